@@ -1,0 +1,104 @@
+// swift-tools-version:6.1
+import PackageDescription
+
+// Every module opts into the same strictness: existentials are spelled `any`, and imports are
+// internal unless a module deliberately re-exports a type in its public face.
+let strictSettings: [SwiftSetting] = [
+    .enableUpcomingFeature("ExistentialAny"),
+    .enableUpcomingFeature("InternalImportsByDefault"),
+]
+
+let package = Package(
+    name: "kioskauth",
+    products: [
+        .executable(name: "kioskauthd", targets: ["kioskauthd"]),
+        .executable(name: "kioskauthctl", targets: ["kioskauthctl"]),
+    ],
+    dependencies: [
+        .package(url: "https://github.com/apple/swift-nio", from: "2.101.2"),
+        .package(url: "https://github.com/apple/swift-log", from: "1.16.2"),
+        .package(url: "https://github.com/apple/swift-argument-parser", from: "1.8.2"),
+        .package(url: "https://github.com/apple/swift-crypto", from: "4.5.2"),
+        .package(url: "https://github.com/swift-server/swift-service-lifecycle", from: "2.13.0"),
+    ],
+    targets: [
+        // C interop, each behind exactly one module.
+        .target(name: "CKioskAuthSystem"),
+        .systemLibrary(name: "CSQLite3", pkgConfig: "sqlite3", providers: [.apt(["libsqlite3-dev"])]),
+        .systemLibrary(name: "CArgon2", pkgConfig: "libargon2", providers: [.apt(["libargon2-dev"])]),
+        .systemLibrary(
+            name: "CFPrint", pkgConfig: "libfprint-2",
+            providers: [.apt(["libfprint-2-dev", "libglib2.0-dev"])]),
+
+        // The domain: people, credentials, policies and the decision state machines. No I/O.
+        .target(name: "KioskAuthCore", swiftSettings: strictSettings),
+
+        // The sealed SQLite store.
+        .target(
+            name: "KioskAuthStore",
+            dependencies: [
+                "KioskAuthCore", "CSQLite3", "CArgon2",
+                .product(name: "Crypto", package: "swift-crypto"),
+                .product(name: "Logging", package: "swift-log"),
+            ],
+            swiftSettings: strictSettings),
+
+        // Varlink framing, the interface description and typed errors; shared by daemon and CLI.
+        .target(name: "KioskAuthProtocol", swiftSettings: strictSettings),
+
+        // The only code that touches libfprint.
+        .target(
+            name: "KioskAuthFingerprint",
+            dependencies: [
+                "CFPrint",
+                .product(name: "Logging", package: "swift-log"),
+            ],
+            swiftSettings: strictSettings),
+
+        // OAuth 2.0 / OpenID Connect client.
+        .target(
+            name: "KioskAuthIdentity",
+            dependencies: [
+                .product(name: "Crypto", package: "swift-crypto"),
+                .product(name: "_CryptoExtras", package: "swift-crypto"),
+                .product(name: "Logging", package: "swift-log"),
+            ],
+            swiftSettings: strictSettings),
+
+        // The long-lived services, the socket server and caller authorisation.
+        .target(
+            name: "KioskAuthDaemon",
+            dependencies: [
+                "KioskAuthCore", "KioskAuthStore", "KioskAuthProtocol", "KioskAuthFingerprint",
+                "KioskAuthIdentity", "CKioskAuthSystem",
+                .product(name: "NIOCore", package: "swift-nio"),
+                .product(name: "NIOPosix", package: "swift-nio"),
+                .product(name: "Logging", package: "swift-log"),
+                .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
+                .product(name: "Crypto", package: "swift-crypto"),
+            ],
+            swiftSettings: strictSettings),
+
+        .executableTarget(
+            name: "kioskauthd",
+            dependencies: [
+                "KioskAuthDaemon",
+                .product(name: "ArgumentParser", package: "swift-argument-parser"),
+                .product(name: "Logging", package: "swift-log"),
+            ],
+            swiftSettings: strictSettings),
+        .executableTarget(
+            name: "kioskauthctl",
+            dependencies: [
+                "KioskAuthProtocol", "CKioskAuthSystem",
+                .product(name: "ArgumentParser", package: "swift-argument-parser"),
+            ],
+            swiftSettings: strictSettings),
+
+        .testTarget(name: "KioskAuthCoreTests", dependencies: ["KioskAuthCore"]),
+        .testTarget(name: "KioskAuthStoreTests", dependencies: ["KioskAuthStore", "KioskAuthCore"]),
+        .testTarget(name: "KioskAuthProtocolTests", dependencies: ["KioskAuthProtocol"]),
+        .testTarget(name: "KioskAuthFingerprintTests", dependencies: ["KioskAuthFingerprint"]),
+        .testTarget(name: "KioskAuthIdentityTests", dependencies: ["KioskAuthIdentity"]),
+    ]
+)

@@ -1,0 +1,1 @@
+// The KioskAuthStore module.
