@@ -1,0 +1,1 @@
+#include "kioskauth_system.h"

@@ -1,0 +1,214 @@
+// Typed inputs and outputs of io.kioskauth methods, shared by the daemon and its clients.
+// Field names are the interface description's; see io.kioskauth.varlink for their meaning.
+
+/// A person as the API shows it; never carries a secret.
+public struct PersonRecord: Codable, Sendable, Equatable {
+    public var name: String
+    public var displayName: String
+    public var primaryRole: String
+    public var roles: [String]
+    public var origin: String
+    public var state: String
+    public var uid: Int?
+    public var hasPasscode: Bool
+    public var fingers: [String]
+    public var passcodeFailures: Int
+    public var passcodeLockedUntil: String?
+    public var passcodeHardLocked: Bool
+    public var fingerprintFailures: Int
+    public var createdAt: String
+    public var lastUnlockAt: String?
+
+    public init(
+        name: String, displayName: String, primaryRole: String, roles: [String], origin: String,
+        state: String, uid: Int?, hasPasscode: Bool, fingers: [String], passcodeFailures: Int,
+        passcodeLockedUntil: String?, passcodeHardLocked: Bool, fingerprintFailures: Int,
+        createdAt: String, lastUnlockAt: String?
+    ) {
+        self.name = name
+        self.displayName = displayName
+        self.primaryRole = primaryRole
+        self.roles = roles
+        self.origin = origin
+        self.state = state
+        self.uid = uid
+        self.hasPasscode = hasPasscode
+        self.fingers = fingers
+        self.passcodeFailures = passcodeFailures
+        self.passcodeLockedUntil = passcodeLockedUntil
+        self.passcodeHardLocked = passcodeHardLocked
+        self.fingerprintFailures = fingerprintFailures
+        self.createdAt = createdAt
+        self.lastUnlockAt = lastUnlockAt
+    }
+}
+
+/// What the PAM module tells the daemon about the login it serves.
+public struct CallerContext: Codable, Sendable, Equatable {
+    public var service: String?
+    public var ruid: Int?
+    public var tty: String?
+    public var remoteHost: String?
+    public var remote: Bool?
+
+    public init(service: String? = nil, ruid: Int? = nil, tty: String? = nil, remoteHost: String? = nil, remote: Bool? = nil) {
+        self.service = service
+        self.ruid = ruid
+        self.tty = tty
+        self.remoteHost = remoteHost
+        self.remote = remote
+    }
+}
+
+/// One audit trail entry as the API shows it.
+public struct AuditEventRecord: Codable, Sendable, Equatable {
+    public var sequence: Int
+    public var time: String
+    public var action: String
+    public var result: String
+    public var person: String?
+    public var method: String?
+    public var callerUid: Int?
+    public var callerPid: Int?
+    public var service: String?
+    public var detail: String?
+    public var mac: String
+
+    public init(
+        sequence: Int, time: String, action: String, result: String, person: String?, method: String?,
+        callerUid: Int?, callerPid: Int?, service: String?, detail: String?, mac: String
+    ) {
+        self.sequence = sequence
+        self.time = time
+        self.action = action
+        self.result = result
+        self.person = person
+        self.method = method
+        self.callerUid = callerUid
+        self.callerPid = callerPid
+        self.service = service
+        self.detail = detail
+        self.mac = mac
+    }
+}
+
+/// Messages of each method, named after it.
+public enum Message {
+    public struct Empty: Codable, Sendable { public init() {} }
+
+    public struct Status: Codable, Sendable {
+        public var version: String
+        public var schemaVersion: Int
+        public var people: Int
+        public var socketActivated: Bool
+        public var developmentKey: Bool
+        public var uptimeSeconds: Int
+        public var auditEvents: Int
+        public var auditHead: String
+        public init(
+            version: String, schemaVersion: Int, people: Int, socketActivated: Bool, developmentKey: Bool,
+            uptimeSeconds: Int, auditEvents: Int, auditHead: String
+        ) {
+            self.version = version
+            self.schemaVersion = schemaVersion
+            self.people = people
+            self.socketActivated = socketActivated
+            self.developmentKey = developmentKey
+            self.uptimeSeconds = uptimeSeconds
+            self.auditEvents = auditEvents
+            self.auditHead = auditHead
+        }
+    }
+
+    public struct Name: Codable, Sendable {
+        public var name: String
+        public init(name: String) { self.name = name }
+    }
+
+    public struct AddPerson: Codable, Sendable {
+        public var name: String
+        public var displayName: String?
+        public var roles: [String]?
+        public var uid: Int?
+        public init(name: String, displayName: String? = nil, roles: [String]? = nil, uid: Int? = nil) {
+            self.name = name
+            self.displayName = displayName
+            self.roles = roles
+            self.uid = uid
+        }
+    }
+
+    public struct PersonReply: Codable, Sendable {
+        public var person: PersonRecord
+        public init(person: PersonRecord) { self.person = person }
+    }
+
+    public struct People: Codable, Sendable {
+        public var people: [PersonRecord]
+        public init(people: [PersonRecord]) { self.people = people }
+    }
+
+    public struct SetPasscode: Codable, Sendable {
+        public var name: String
+        public var passcode: String
+        public var confirmation: String
+        public var ticket: String?
+        public init(name: String, passcode: String, confirmation: String, ticket: String? = nil) {
+            self.name = name
+            self.passcode = passcode
+            self.confirmation = confirmation
+            self.ticket = ticket
+        }
+    }
+
+    public struct VerifyPasscode: Codable, Sendable {
+        public var name: String
+        public var passcode: String
+        public var context: CallerContext?
+        public init(name: String, passcode: String, context: CallerContext? = nil) {
+            self.name = name
+            self.passcode = passcode
+            self.context = context
+        }
+    }
+
+    public struct Verified: Codable, Sendable {
+        public var person: PersonRecord
+        public var ticket: String
+        public var ticketExpiresIn: Int
+        public init(person: PersonRecord, ticket: String, ticketExpiresIn: Int) {
+            self.person = person
+            self.ticket = ticket
+            self.ticketExpiresIn = ticketExpiresIn
+        }
+    }
+
+    public struct GetAudit: Codable, Sendable {
+        public var after: Int?
+        public var limit: Int?
+        public init(after: Int? = nil, limit: Int? = nil) {
+            self.after = after
+            self.limit = limit
+        }
+    }
+
+    public struct AuditEvents: Codable, Sendable {
+        public var events: [AuditEventRecord]
+        public init(events: [AuditEventRecord]) { self.events = events }
+    }
+
+    public struct AuditVerification: Codable, Sendable {
+        public var valid: Bool
+        public var events: Int
+        public var head: String
+        public var brokenAt: Int?
+        public var reason: String?
+        public init(valid: Bool, events: Int, head: String, brokenAt: Int?, reason: String?) {
+            self.valid = valid
+            self.events = events
+            self.head = head
+            self.brokenAt = brokenAt
+            self.reason = reason
+        }
+    }
+}

@@ -1,0 +1,153 @@
+public import Foundation
+
+/// Limits of the socket API, shared by the daemon (which enforces them) and clients.
+public enum VarlinkLimits {
+    /// Largest message, in bytes, excluding the terminating NUL. Nothing on this API comes near
+    /// it: templates and tokens never cross the socket.
+    public static let maximumMessageSize = 64 * 1024
+}
+
+/// A JSON value, as carried in varlink parameters.
+public enum JSONValue: Sendable, Equatable, Codable {
+    case null
+    case bool(Bool)
+    case number(Double)
+    case string(String)
+    case array([JSONValue])
+    case object([String: JSONValue])
+
+    public init(from decoder: any Decoder) throws {
+        let container = try decoder.singleValueContainer()
+        if container.decodeNil() {
+            self = .null
+        } else if let value = try? container.decode(Bool.self) {
+            self = .bool(value)
+        } else if let value = try? container.decode(Double.self) {
+            self = .number(value)
+        } else if let value = try? container.decode(String.self) {
+            self = .string(value)
+        } else if let value = try? container.decode([JSONValue].self) {
+            self = .array(value)
+        } else {
+            self = .object(try container.decode([String: JSONValue].self))
+        }
+    }
+
+    public func encode(to encoder: any Encoder) throws {
+        var container = encoder.singleValueContainer()
+        switch self {
+        case .null: try container.encodeNil()
+        case .bool(let value): try container.encode(value)
+        case .number(let value):
+            if value.rounded() == value, abs(value) < 1e15 {
+                try container.encode(Int64(value))
+            } else {
+                try container.encode(value)
+            }
+        case .string(let value): try container.encode(value)
+        case .array(let value): try container.encode(value)
+        case .object(let value): try container.encode(value)
+        }
+    }
+
+    /// The value of `key` when this is an object.
+    public subscript(key: String) -> JSONValue? {
+        if case .object(let members) = self { return members[key] }
+        return nil
+    }
+
+    /// The string, when this is one.
+    public var stringValue: String? {
+        if case .string(let value) = self { return value }
+        return nil
+    }
+}
+
+/// A call as a client sends it.
+public struct VarlinkCall: Sendable, Codable {
+    /// Fully qualified method name, `interface.Method`.
+    public var method: String
+    /// The method's input; absent means `{}`.
+    public var parameters: JSONValue?
+    /// The client accepts several replies, each but the last with `continues: true`.
+    public var more: Bool?
+    /// The client wants no reply.
+    public var oneway: Bool?
+    /// Protocol upgrade; not supported by this API.
+    public var upgrade: Bool?
+
+    public init(method: String, parameters: JSONValue? = nil, more: Bool? = nil, oneway: Bool? = nil) {
+        self.method = method
+        self.parameters = parameters
+        self.more = more
+        self.oneway = oneway
+    }
+}
+
+/// A reply as the server sends it.
+public struct VarlinkReply: Sendable, Codable {
+    /// The method's output, or the error's parameters.
+    public var parameters: JSONValue?
+    /// More replies to the same call follow.
+    public var continues: Bool?
+    /// Fully qualified error name, when the call failed.
+    public var error: String?
+
+    public init(parameters: JSONValue? = nil, continues: Bool? = nil, error: String? = nil) {
+        self.parameters = parameters
+        self.continues = continues
+        self.error = error
+    }
+}
+
+/// Encoding and decoding of NUL-terminated varlink JSON messages.
+public enum VarlinkCoding {
+    /// Encodes a value as one message, NUL terminator included.
+    public static func frame(_ value: some Encodable) throws -> [UInt8] {
+        let encoder = JSONEncoder()
+        encoder.outputFormatting = [.sortedKeys, .withoutEscapingSlashes]
+        var bytes = [UInt8](try encoder.encode(value))
+        bytes.append(0)
+        return bytes
+    }
+
+    /// Decodes the typed parameters of a call or reply; a missing object decodes as `{}`.
+    public static func decode<T: Decodable>(_ type: T.Type, from parameters: JSONValue?) throws -> T {
+        let data = try JSONEncoder().encode(parameters ?? .object([:]))
+        return try JSONDecoder().decode(type, from: data)
+    }
+
+    /// Encodes typed parameters as a JSON value.
+    public static func encode(_ value: some Encodable) throws -> JSONValue {
+        let data = try JSONEncoder().encode(value)
+        return try JSONDecoder().decode(JSONValue.self, from: data)
+    }
+
+    /// The first parameter a decoding error is about, as varlink's `InvalidParameter` names it.
+    public static func parameterName(of error: any Error) -> String {
+        guard let error = error as? DecodingError else { return "parameters" }
+        let path: [any CodingKey]
+        switch error {
+        case .typeMismatch(_, let context), .valueNotFound(_, let context), .dataCorrupted(let context):
+            path = context.codingPath
+        case .keyNotFound(let key, let context):
+            path = context.codingPath + [key]
+        @unknown default:
+            path = []
+        }
+        return path.first?.stringValue ?? "parameters"
+    }
+}
+
+/// Standard varlink error names and this interface's own.
+public enum VarlinkErrorName {
+    public static let interfaceNotFound = "org.varlink.service.InterfaceNotFound"
+    public static let methodNotFound = "org.varlink.service.MethodNotFound"
+    public static let methodNotImplemented = "org.varlink.service.MethodNotImplemented"
+    public static let invalidParameter = "org.varlink.service.InvalidParameter"
+    public static let permissionDenied = "org.varlink.service.PermissionDenied"
+    public static let expectedMore = "org.varlink.service.ExpectedMore"
+
+    /// A name in the io.kioskauth interface, e.g. `own("NoSuchPerson")`.
+    public static func own(_ name: String) -> String { "\(KioskAuthInterface.name).\(name)" }
+}
