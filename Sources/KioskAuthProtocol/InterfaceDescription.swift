@@ -251,5 +251,8 @@ error IdleTimeout (seconds: int)
 
 # The daemon is shutting down.
 error ShuttingDown ()
+
+# Something failed inside the daemon; the journal has the details.
+error InternalError (reason: string)
 """#
 }

@@ -1,0 +1,433 @@
+public import Foundation
+public import KioskAuthCore
+import KioskAuthProtocol
+public import KioskAuthStore
+public import Logging
+public import NIOPosix
+
+/// The daemon's decisions: who may do what to whom, and the effects on the store. Every
+/// method authorises its caller first, audits what it did (including refusals), and throws
+/// only `APIError`s, each of which is one named varlink error.
+public actor Authority {
+    let store: Store
+    let configuration: DaemonConfiguration
+    let groups: AccessGroups
+    let logger: Logger
+    let now: @Sendable () -> Date
+    let hashingPool: NIOThreadPool
+    let passcodePolicy: PasscodePolicy
+    let credentialGuard: CredentialGuard
+    let hashParameters: PasscodeHashParameters
+    let startedAt: Date
+    let isSocketActivated: Bool
+    let usesDevelopmentKey: Bool
+
+    private struct Ticket {
+        var personID: Int64
+        var connectionID: UInt64
+        var expires: Date
+    }
+    private var tickets: [String: Ticket] = [:]
+
+    public init(
+        store: Store, configuration: DaemonConfiguration, groups: AccessGroups, hashingPool: NIOThreadPool,
+        isSocketActivated: Bool, usesDevelopmentKey: Bool, logger: Logger,
+        now: @escaping @Sendable () -> Date = { Date() }
+    ) {
+        self.store = store
+        self.configuration = configuration
+        self.groups = groups
+        self.hashingPool = hashingPool
+        self.logger = logger
+        self.now = now
+        self.startedAt = now()
+        self.isSocketActivated = isSocketActivated
+        self.usesDevelopmentKey = usesDevelopmentKey
+        self.passcodePolicy = PasscodePolicy(
+            minimumLength: configuration.passcode.minimumLength, maximumLength: configuration.passcode.maximumLength)
+        self.credentialGuard = CredentialGuard(
+            policy: LockoutPolicy(
+                delays: configuration.passcode.lockoutDelays, hardLockAfter: configuration.passcode.hardLockAfter,
+                fingerprintFailuresBeforeFallback: configuration.fingerprint.failuresBeforeFallback))
+        self.hashParameters = PasscodeHashParameters(
+            memoryKiB: configuration.store.passcodeHashMemoryKiB, iterations: configuration.store.passcodeHashIterations,
+            parallelism: configuration.store.passcodeHashParallelism)
+    }
+
+    // MARK: Helpers
+
+    /// Runs a store call, turning its failures into API errors; integrity failures are audited.
+    func withStore<T>(_ caller: Caller?, action: String, person: String? = nil, _ body: () throws(StoreError) -> T) throws(APIError) -> T {
+        do {
+            return try body()
+        } catch {
+            if error.code == .integrity || error.code == .wrongKey {
+                logger.error("store integrity failure", metadata: ["action": "\(action)", "error": "\(error.message)"])
+                audit(caller, action: "store.integrity", result: "failure", person: person, detail: "\(action): \(error.message)")
+            } else {
+                logger.error("store failure", metadata: ["action": "\(action)", "error": "\(error.message)"])
+            }
+            throw APIError.store(error)
+        }
+    }
+
+    /// Appends to the audit chain and writes the new head to the journal. A failure to audit is
+    /// logged loudly; it never hides the outcome from the caller.
+    func audit(
+        _ caller: Caller?, action: String, result: String, person: String? = nil, method: String? = nil,
+        service: String? = nil, detail: String? = nil
+    ) {
+        let record = AuditRecord(
+            action: action, result: result, person: person, method: method, callerUID: caller?.uid, callerPID: caller?.pid,
+            service: service, detail: detail)
+        do {
+            let entry = try store.appendAudit(record, now: now())
+            logger.info(
+                "audit",
+                metadata: [
+                    "action": "\(action)", "result": "\(result)", "person": "\(person ?? "-")",
+                    "audit_seq": "\(entry.sequence)", "audit_head": "\(entry.macHex)",
+                ])
+        } catch {
+            logger.critical("cannot append to the audit trail", metadata: ["action": "\(action)", "error": "\(error.message)"])
+        }
+    }
+
+    func requireAdmin(_ caller: Caller, action: String, person: String? = nil) throws(APIError) {
+        guard groups.isAdmin(caller) else {
+            audit(caller, action: action, result: "refused", person: person, detail: "caller is not an admin")
+            throw APIError.permissionDenied("\(action) needs root or membership in \(configuration.access.adminGroup)")
+        }
+    }
+
+    func loginName(_ text: String) throws(APIError) -> LoginName {
+        do { return try LoginName(text) } catch { throw APIError.invalidInput("name", error.message) }
+    }
+
+    func existingPerson(_ name: LoginName, caller: Caller?, action: String) throws(APIError) -> StoredPerson {
+        guard let person = try withStore(caller, action: action, person: name.rawValue, { () throws(StoreError) in try store.person(named: name) }) else {
+            throw APIError.noSuchPerson(name.rawValue)
+        }
+        return person
+    }
+
+    /// The caller acts on `person`: an admin, or the person bound to the caller's own uid.
+    func isSelf(_ caller: Caller, _ person: StoredPerson) -> Bool {
+        person.uid != nil && person.uid == caller.uid
+    }
+
+    static func timestamp(_ date: Date) -> String {
+        date.formatted(Date.ISO8601FormatStyle(includingFractionalSeconds: false))
+    }
+
+    func record(_ person: StoredPerson) -> PersonRecord {
+        PersonRecord(
+            name: person.name.rawValue, displayName: person.displayName, primaryRole: person.roles.primary.rawValue,
+            roles: person.roles.all.map(\.rawValue), origin: person.origin.rawValue,
+            state: person.state.rawValue.replacingOccurrences(of: "-", with: "_"), uid: person.uid,
+            hasPasscode: person.hasPasscode, fingers: person.fingers, passcodeFailures: person.failures.passcodeFailures,
+            passcodeLockedUntil: person.failures.passcodeLockedUntil.flatMap { $0 > now() ? Self.timestamp($0) : nil },
+            passcodeHardLocked: person.failures.passcodeHardLocked, fingerprintFailures: person.failures.fingerprintFailures,
+            createdAt: Self.timestamp(person.createdAt), lastUnlockAt: person.lastUnlockAt.map(Self.timestamp))
+    }
+
+    // MARK: Status
+
+    func status(_ caller: Caller) throws(APIError) -> Message.Status {
+        let count = try withStore(caller, action: "status") { () throws(StoreError) in try store.peopleCount() }
+        let head = try withStore(caller, action: "status") { () throws(StoreError) in try store.auditHead() }
+        return Message.Status(
+            version: KioskAuthVersion.string, schemaVersion: Store.schemaVersion, people: count,
+            socketActivated: isSocketActivated, developmentKey: usesDevelopmentKey,
+            uptimeSeconds: Int(now().timeIntervalSince(startedAt)), auditEvents: head.events, auditHead: head.headHex)
+    }
+
+    // MARK: People
+
+    func addPerson(_ caller: Caller, _ input: Message.AddPerson) throws(APIError) -> PersonRecord {
+        try requireAdmin(caller, action: "person.add", person: input.name)
+        let name = try loginName(input.name)
+        let displayName = (input.displayName ?? name.rawValue).trimmingCharacters(in: .whitespacesAndNewlines)
+        guard !displayName.isEmpty, displayName.count <= 128, !displayName.contains(where: { $0.isNewline || $0 == "\0" }) else {
+            throw APIError.invalidInput("displayName", "a display name is 1 to 128 characters on one line")
+        }
+        var roles: [Role] = []
+        for text in input.roles ?? ["caregiver"] {
+            guard let role = Role(rawValue: text) else {
+                throw APIError.invalidInput("roles", "unknown role \(text); roles are caregiver, coordinator, family")
+            }
+            roles.append(role)
+        }
+        let roleSet: RoleSet
+        do { roleSet = try RoleSet(roles) } catch { throw APIError.invalidInput("roles", error.message) }
+        if let uid = input.uid, !(0...Int(UInt32.max - 1)).contains(uid) {
+            throw APIError.invalidInput("uid", "not a valid uid")
+        }
+        let person: StoredPerson
+        do {
+            person = try store.addPerson(
+                name: name, displayName: displayName, roles: roleSet, origin: .local, state: .active, uid: input.uid,
+                now: now())
+        } catch {
+            if error.code == .personExists {
+                audit(caller, action: "person.add", result: "failure", person: name.rawValue, detail: error.message)
+                throw APIError.personExists(input.uid.map { "\(name.rawValue) or uid \($0)" } ?? name.rawValue)
+            }
+            throw try failStore(caller, "person.add", error)
+        }
+        audit(caller, action: "person.add", result: "success", person: name.rawValue, detail: "roles=\(roleSet.all.map(\.rawValue).joined(separator: ","))")
+        return record(person)
+    }
+
+    private func failStore(_ caller: Caller, _ action: String, _ error: StoreError) throws(APIError) -> APIError {
+        try withStore(caller, action: action) { () throws(StoreError) in throw error }
+    }
+
+    func listPeople(_ caller: Caller) throws(APIError) -> [PersonRecord] {
+        try requireAdmin(caller, action: "person.list")
+        return try withStore(caller, action: "person.list") { () throws(StoreError) in try store.people() }.map(record)
+    }
+
+    func getPerson(_ caller: Caller, _ name: String) throws(APIError) -> PersonRecord {
+        let name = try loginName(name)
+        let person = try withStore(caller, action: "person.show") { () throws(StoreError) in try store.person(named: name) }
+        if let person, isSelf(caller, person) { return record(person) }
+        try requireAdmin(caller, action: "person.show", person: name.rawValue)
+        guard let person else { throw APIError.noSuchPerson(name.rawValue) }
+        return record(person)
+    }
+
+    func removePerson(_ caller: Caller, _ name: String) throws(APIError) {
+        try requireAdmin(caller, action: "person.remove", person: name)
+        let name = try loginName(name)
+        let person = try existingPerson(name, caller: caller, action: "person.remove")
+        try withStore(caller, action: "person.remove", person: name.rawValue) { () throws(StoreError) in
+            _ = try store.removePerson(person)
+        }
+        tickets = tickets.filter { $0.value.personID != person.id }
+        audit(caller, action: "person.remove", result: "success", person: name.rawValue, detail: "secrets erased")
+    }
+
+    // MARK: Passcodes
+
+    /// Hashes off the actor and off the event loops: Argon2id takes a tenth of a second.
+    private func hash<T: Sendable>(_ body: @escaping @Sendable () throws(StoreError) -> T) async throws(APIError) -> T {
+        do {
+            return try await hashingPool.runIfActive { () throws -> T in try body() }
+        } catch let error as StoreError {
+            throw APIError.store(error)
+        } catch {
+            throw APIError.own("InternalError", ["reason": .string("hashing failed")])
+        }
+    }
+
+    func setPasscode(_ caller: Caller, _ input: Message.SetPasscode) async throws(APIError) -> PersonRecord {
+        let name = try loginName(input.name)
+        let person = try existingPerson(name, caller: caller, action: "passcode.set")
+        if !groups.isAdmin(caller) {
+            guard isSelf(caller, person) else {
+                audit(caller, action: "passcode.set", result: "refused", person: name.rawValue, detail: "not an admin and not self")
+                throw APIError.permissionDenied("only admins set other people's passcodes")
+            }
+            guard let ticket = input.ticket, consumeTicket(ticket, person: person, caller: caller) else {
+                audit(caller, action: "passcode.set", result: "refused", person: name.rawValue, detail: "self-service without a valid ticket")
+                throw APIError.ticketInvalid
+            }
+        }
+        do {
+            try passcodePolicy.validate(input.passcode, confirmation: input.confirmation)
+        } catch {
+            audit(caller, action: "passcode.set", result: "refused", person: name.rawValue, detail: "weak: \(error.reason.rawValue)")
+            throw APIError.own("WeakPasscode", ["reason": .string(error.reason.rawValue), "message": .string(error.description)])
+        }
+        let passcode = input.passcode
+        let parameters = hashParameters
+        let verifier = try await hash { () throws(StoreError) in try PasscodeVerifier.make(passcode: passcode, parameters: parameters) }
+        var current = try existingPerson(name, caller: caller, action: "passcode.set")
+        guard current.id == person.id else { throw APIError.noSuchPerson(name.rawValue) }
+        try withStore(caller, action: "passcode.set", person: name.rawValue) { () throws(StoreError) in
+            try store.setPasscodeVerifier(verifier, for: current, now: now())
+            // A new passcode starts with a clean slate; an admin setting it also activates.
+            var failures = current.failures
+            failures.passcodeFailures = 0
+            failures.passcodeLockedUntil = nil
+            failures.passcodeHardLocked = false
+            try store.saveFailures(failures, for: current, now: now())
+            if current.state == .pendingActivation, groups.isAdmin(caller) {
+                try store.setState(.active, for: current, now: now())
+            }
+        }
+        current = try existingPerson(name, caller: caller, action: "passcode.set")
+        audit(caller, action: "passcode.set", result: "success", person: name.rawValue, method: "passcode")
+        return record(current)
+    }
+
+    /// Why a passcode may not be used for this login, if it may not.
+    func passcodeRefusal(_ caller: Caller, _ person: StoredPerson, _ context: CallerContext?) -> String? {
+        guard let context else { return nil }
+        if context.remote == true || (context.remoteHost.map { !$0.isEmpty } ?? false) {
+            return "passcodes are not accepted over remote sessions"
+        }
+        if let service = context.service {
+            if configuration.access.switchUserServices.contains(service) {
+                guard let ruid = context.ruid, let uid = person.uid, ruid == uid else {
+                    return "\(service) accepts a passcode only for the invoking user"
+                }
+            } else if !configuration.access.passcodeServices.contains(service) {
+                return "the PAM service \(service) is not allowed to use passcodes"
+            }
+        }
+        return nil
+    }
+
+    func verifyPasscode(_ caller: Caller, _ input: Message.VerifyPasscode) async throws(APIError) -> Message.Verified {
+        let name = try loginName(input.name)
+        let service = input.context?.service
+        guard let person = try withStore(caller, action: "passcode.verify", { () throws(StoreError) in try store.person(named: name) }) else {
+            audit(caller, action: "passcode.verify", result: "failure", person: name.rawValue, method: "passcode", service: service, detail: "no such person")
+            throw APIError.noSuchPerson(name.rawValue)
+        }
+        guard groups.isAuthenticator(caller) || isSelf(caller, person) else {
+            audit(caller, action: "passcode.verify", result: "refused", person: name.rawValue, method: "passcode", service: service, detail: "caller may only authenticate as themself")
+            throw APIError.permissionDenied("you may only check your own passcode")
+        }
+        if let reason = passcodeRefusal(caller, person, input.context) {
+            audit(caller, action: "passcode.verify", result: "refused", person: name.rawValue, method: "passcode", service: service, detail: reason)
+            throw APIError.own("PasscodeNotAllowed", ["reason": .string(reason)])
+        }
+        guard person.state == .active else {
+            audit(caller, action: "passcode.verify", result: "refused", person: name.rawValue, method: "passcode", service: service, detail: "state \(person.state.rawValue)")
+            throw APIError.own("PersonNotActive", ["name": .string(name.rawValue), "state": .string(person.state.rawValue.replacingOccurrences(of: "-", with: "_"))])
+        }
+        let started = now()
+        switch credentialGuard.passcodeGate(person.failures, now: started) {
+        case .allowed: break
+        case .delayed(let until):
+            audit(caller, action: "passcode.verify", result: "refused", person: name.rawValue, method: "passcode", service: service, detail: "delayed")
+            throw Self.locked(until: until, now: started)
+        case .hardLocked:
+            audit(caller, action: "passcode.verify", result: "refused", person: name.rawValue, method: "passcode", service: service, detail: "hard-locked")
+            throw Self.locked(until: nil, now: started)
+        }
+        guard let verifier = try withStore(caller, action: "passcode.verify", person: name.rawValue, { () throws(StoreError) in try store.passcodeVerifier(for: person) }) else {
+            audit(caller, action: "passcode.verify", result: "failure", person: name.rawValue, method: "passcode", service: service, detail: "no passcode set")
+            throw APIError.own("NoPasscode", ["name": .string(name.rawValue)])
+        }
+        // Count the attempt as failed, durably, before checking it: a daemon killed mid-check
+        // (or a flood of concurrent attempts) never yields a free try. Success undoes it below.
+        let before = person.failures
+        var pessimistic = before
+        let outcome = credentialGuard.recordPasscode(matched: false, in: &pessimistic, now: started)
+        try withStore(caller, action: "passcode.verify", person: name.rawValue) { () throws(StoreError) in
+            try store.saveFailures(pessimistic, for: person, now: started)
+        }
+        let passcode = input.passcode
+        let matched = try await hash { () throws(StoreError) in try verifier.matches(passcode) }
+        if matched {
+            var cleared = before
+            _ = credentialGuard.recordPasscode(matched: true, in: &cleared, now: now())
+            let current = try withStore(caller, action: "passcode.verify", person: name.rawValue) { () throws(StoreError) in
+                try store.saveFailures(cleared, for: person, now: now())
+                try store.recordUnlock(of: person, now: now())
+                return try store.person(named: name)
+            }
+            audit(caller, action: "passcode.verify", result: "success", person: name.rawValue, method: "passcode", service: service)
+            let ticket = issueTicket(for: person, caller: caller)
+            return Message.Verified(
+                person: record(current ?? person), ticket: ticket, ticketExpiresIn: Int(configuration.access.ticketLifetime))
+        }
+        audit(caller, action: "passcode.verify", result: "failure", person: name.rawValue, method: "passcode", service: service, detail: "failures=\(pessimistic.passcodeFailures)")
+        var parameters: [String: JSONValue] = ["failures": .number(Double(pessimistic.passcodeFailures))]
+        switch outcome {
+        case .rejected(next: .delayed(let until)):
+            parameters["until"] = .string(Self.timestamp(until))
+            parameters["retryAfterSeconds"] = .number(max(0, until.timeIntervalSince(started)).rounded(.up))
+        case .rejected(next: .hardLocked):
+            throw Self.locked(until: nil, now: started)
+        default: break
+        }
+        throw APIError.own("WrongPasscode", parameters)
+    }
+
+    static func locked(until: Date?, now: Date) -> APIError {
+        var parameters: [String: JSONValue] = ["hardLocked": .bool(until == nil)]
+        if let until {
+            parameters["until"] = .string(timestamp(until))
+            parameters["retryAfterSeconds"] = .number(max(0, until.timeIntervalSince(now)).rounded(.up))
+        }
+        return APIError.own("PasscodeLocked", parameters)
+    }
+
+    func resetLockout(_ caller: Caller, _ name: String) throws(APIError) -> PersonRecord {
+        try requireAdmin(caller, action: "lockout.reset", person: name)
+        let name = try loginName(name)
+        let person = try existingPerson(name, caller: caller, action: "lockout.reset")
+        var failures = person.failures
+        credentialGuard.reset(&failures)
+        let updated = try withStore(caller, action: "lockout.reset", person: name.rawValue) { () throws(StoreError) in
+            try store.saveFailures(failures, for: person, now: now())
+            return try store.person(named: name)
+        }
+        audit(caller, action: "lockout.reset", result: "success", person: name.rawValue)
+        return record(updated ?? person)
+    }
+
+    // MARK: Tickets
+
+    private func issueTicket(for person: StoredPerson, caller: Caller) -> String {
+        let current = now()
+        tickets = tickets.filter { $0.value.expires > current }
+        var bytes = [UInt8](repeating: 0, count: 24)
+        var generator = SystemRandomNumberGenerator()
+        for index in bytes.indices { bytes[index] = generator.next() }
+        let ticket = Data(bytes).base64EncodedString()
+        tickets[ticket] = Ticket(
+            personID: person.id, connectionID: caller.connectionID,
+            expires: current.addingTimeInterval(configuration.access.ticketLifetime))
+        return ticket
+    }
+
+    /// Single use; bound to the person and the connection that earned it.
+    private func consumeTicket(_ ticket: String, person: StoredPerson, caller: Caller) -> Bool {
+        guard let entry = tickets.removeValue(forKey: ticket) else { return false }
+        return entry.personID == person.id && entry.connectionID == caller.connectionID && entry.expires > now()
+    }
+
+    /// Forgets every ticket of a closed connection.
+    func connectionClosed(_ connectionID: UInt64) {
+        tickets = tickets.filter { $0.value.connectionID != connectionID }
+    }
+
+    // MARK: Audit
+
+    func auditEvents(_ caller: Caller, _ input: Message.GetAudit) throws(APIError) -> [AuditEventRecord] {
+        try requireAdmin(caller, action: "audit.read")
+        let limit = min(max(input.limit ?? 1000, 1), 10_000)
+        let entries = try withStore(caller, action: "audit.read") { () throws(StoreError) in
+            try store.auditEntries(after: max(input.after ?? 0, 0), limit: limit)
+        }
+        return entries.map { entry in
+            AuditEventRecord(
+                sequence: entry.sequence,
+                time: entry.time.formatted(Date.ISO8601FormatStyle(includingFractionalSeconds: true)),
+                action: entry.record.action, result: entry.record.result, person: entry.record.person,
+                method: entry.record.method, callerUid: entry.record.callerUID, callerPid: entry.record.callerPID,
+                service: entry.record.service, detail: entry.record.detail, mac: entry.macHex)
+        }
+    }
+
+    func verifyAudit(_ caller: Caller) throws(APIError) -> Message.AuditVerification {
+        try requireAdmin(caller, action: "audit.verify")
+        let result = try withStore(caller, action: "audit.verify") { () throws(StoreError) in try store.verifyAudit() }
+        if !result.isValid {
+            logger.critical("audit chain broken", metadata: ["at": "\(result.brokenAt ?? 0)", "reason": "\(result.reason ?? "")"])
+        }
+        return Message.AuditVerification(
+            valid: result.isValid, events: result.events, head: result.headHex, brokenAt: result.brokenAt, reason: result.reason)
+    }
+}
+
+/// The version kioskauthd reports.
+public enum KioskAuthVersion {
+    public static let string = "0.1.0"
+}

@@ -1,0 +1,190 @@
+public import Foundation
+
+/// The daemon's configuration: `kioskauthd.conf` plus drop-ins, systemd-style INI
+/// (`[Section]`, `Key=value`, `#`/`;` comments). Every key has an embedded default, so the
+/// daemon runs with no file at all. The README and kioskauthd.conf(5) list every key.
+public struct DaemonConfiguration: Sendable {
+    /// Limits of the socket API.
+    public struct Socket: Sendable {
+        /// Connections open at once, in total.
+        public var maxConnections = 128
+        /// Connections open at once from one uid (root is exempt).
+        public var maxConnectionsPerUID = 16
+        /// Largest request in bytes.
+        public var maxMessageSize = 64 * 1024
+        /// A connection with no call in progress is closed after this long.
+        public var idleTimeout: TimeInterval = 60
+    }
+
+    /// Who may ask what.
+    public struct Access: Sendable {
+        /// Members may call admin methods.
+        public var adminGroup = "kioskauth-admin"
+        /// Members may authenticate anyone and run walk-up identify.
+        public var authenticatorGroup = "kioskauth"
+        /// PAM services from which passcodes are accepted.
+        public var passcodeServices: Set<String> = [
+            "kioskauth", "gdm-password", "gdm-fingerprint", "lightdm", "lightdm-greeter", "sddm", "sddm-greeter",
+            "greetd", "login", "xscreensaver", "gnome-screensaver", "kde", "kscreensaver", "swaylock", "i3lock",
+            "xlock", "cinnamon-screensaver", "mate-screensaver", "xfce4-screensaver", "light-locker",
+        ]
+        /// PAM services that act for another user: passcodes only for the invoking user.
+        public var switchUserServices: Set<String> = [
+            "su", "su-l", "sudo", "sudo-i", "runuser", "runuser-l", "pkexec", "polkit-1", "doas",
+        ]
+        /// Lifetime of a self-service ticket.
+        public var ticketLifetime: TimeInterval = 120
+    }
+
+    /// The sealed store.
+    public struct Store: Sendable {
+        /// Allow a key file in the state directory instead of a systemd credential.
+        public var developmentKeyFile = false
+        /// Argon2id memory in KiB for new passcodes.
+        public var passcodeHashMemoryKiB = 64 * 1024
+        /// Argon2id passes for new passcodes.
+        public var passcodeHashIterations = 3
+        /// Argon2id lanes for new passcodes.
+        public var passcodeHashParallelism = 1
+    }
+
+    /// Passcode rules and lockout.
+    public struct Passcode: Sendable {
+        public var minimumLength = 6
+        public var maximumLength = 12
+        /// Delay after the Nth consecutive failure, N = 1, 2, ...
+        public var lockoutDelays: [TimeInterval] = [0, 0, 60, 300, 900, 1800, 1800, 1800, 1800]
+        /// Consecutive failures that hard-lock the passcode.
+        public var hardLockAfter = 10
+    }
+
+    /// Fingerprint policy.
+    public struct Fingerprint: Sendable {
+        /// Consecutive failed matches before the fallback is required.
+        public var failuresBeforeFallback = 3
+    }
+
+    public var socket = Socket()
+    public var access = Access()
+    public var store = Store()
+    public var passcode = Passcode()
+    public var fingerprint = Fingerprint()
+    /// Log level: trace, debug, info, notice, warning, error, critical.
+    public var logLevel = "info"
+
+    public init() {}
+
+    /// A configuration problem, with where it is.
+    public struct ParseError: Error, CustomStringConvertible, Sendable {
+        public var file: String
+        public var line: Int
+        public var message: String
+        public var description: String { "\(file):\(line): \(message)" }
+    }
+
+    /// Loads `path` (absent is fine) and then `path.d/*.conf` in lexical order; later files
+    /// override earlier ones. Unknown keys are reported through `warn` and ignored.
+    public static func load(path: String, warn: (String) -> Void) throws(ParseError) -> DaemonConfiguration {
+        var configuration = DaemonConfiguration()
+        var files: [String] = []
+        if FileManager.default.fileExists(atPath: path) { files.append(path) }
+        let dropInDirectory = path + ".d"
+        if let names = try? FileManager.default.contentsOfDirectory(atPath: dropInDirectory) {
+            files += names.filter { $0.hasSuffix(".conf") }.sorted().map { dropInDirectory + "/" + $0 }
+        }
+        for file in files {
+            guard let text = try? String(contentsOfFile: file, encoding: .utf8) else {
+                throw ParseError(file: file, line: 0, message: "cannot read")
+            }
+            try configuration.apply(text, file: file, warn: warn)
+        }
+        return configuration
+    }
+
+    /// Applies one file's text.
+    public mutating func apply(_ text: String, file: String, warn: (String) -> Void) throws(ParseError) {
+        var section = ""
+        for (index, rawLine) in text.split(separator: "\n", omittingEmptySubsequences: false).enumerated() {
+            let line = rawLine.trimmingCharacters(in: .whitespaces)
+            let number = index + 1
+            if line.isEmpty || line.hasPrefix("#") || line.hasPrefix(";") { continue }
+            if line.hasPrefix("[") {
+                guard line.hasSuffix("]") else { throw ParseError(file: file, line: number, message: "bad section header") }
+                section = String(line.dropFirst().dropLast())
+                continue
+            }
+            guard let equals = line.firstIndex(of: "=") else {
+                throw ParseError(file: file, line: number, message: "expected Key=value")
+            }
+            let key = line[..<equals].trimmingCharacters(in: .whitespaces)
+            let value = line[line.index(after: equals)...].trimmingCharacters(in: .whitespaces)
+            do {
+                if try !set(section: section, key: key, value: value) {
+                    warn("\(file):\(number): unknown key [\(section)] \(key), ignoring")
+                }
+            } catch let error as ValueError {
+                throw ParseError(file: file, line: number, message: "[\(section)] \(key)=\(value): \(error.message)")
+            } catch {
+                throw ParseError(file: file, line: number, message: "\(error)")
+            }
+        }
+    }
+
+    struct ValueError: Error { var message: String }
+
+    private func int(_ value: String, _ range: ClosedRange<Int>) throws -> Int {
+        guard let number = Int(value), range.contains(number) else {
+            throw ValueError(message: "expected a whole number in \(range.lowerBound)...\(range.upperBound)")
+        }
+        return number
+    }
+
+    private func seconds(_ value: String) throws -> TimeInterval {
+        guard let number = Double(value), number >= 0, number.isFinite else {
+            throw ValueError(message: "expected a number of seconds")
+        }
+        return number
+    }
+
+    private func bool(_ value: String) throws -> Bool {
+        switch value.lowercased() {
+        case "1", "yes", "true", "on": return true
+        case "0", "no", "false", "off": return false
+        default: throw ValueError(message: "expected yes or no")
+        }
+    }
+
+    private func words(_ value: String) -> [String] {
+        value.split(whereSeparator: { $0 == " " || $0 == "," || $0 == "\t" }).map(String.init)
+    }
+
+    /// Sets one key; returns false when the key is unknown.
+    private mutating func set(section: String, key: String, value: String) throws -> Bool {
+        switch (section, key) {
+        case ("Daemon", "LogLevel"):
+            let levels = ["trace", "debug", "info", "notice", "warning", "error", "critical"]
+            guard levels.contains(value) else { throw ValueError(message: "expected one of \(levels.joined(separator: ", "))") }
+            logLevel = value
+        case ("Socket", "MaxConnections"): socket.maxConnections = try int(value, 1...4096)
+        case ("Socket", "MaxConnectionsPerUID"): socket.maxConnectionsPerUID = try int(value, 1...4096)
+        case ("Socket", "MaxMessageSize"): socket.maxMessageSize = try int(value, 1024...(1024 * 1024))
+        case ("Socket", "IdleTimeoutSec"): socket.idleTimeout = try seconds(value)
+        case ("Access", "AdminGroup"): access.adminGroup = value
+        case ("Access", "AuthenticatorGroup"): access.authenticatorGroup = value
+        case ("Access", "PasscodeServices"): access.passcodeServices = Set(words(value))
+        case ("Access", "SwitchUserServices"): access.switchUserServices = Set(words(value))
+        case ("Access", "TicketLifetimeSec"): access.ticketLifetime = try seconds(value)
+        case ("Store", "DevelopmentKeyFile"): store.developmentKeyFile = try bool(value)
+        case ("Store", "PasscodeHashMemoryKiB"): store.passcodeHashMemoryKiB = try int(value, 8...(4 * 1024 * 1024))
+        case ("Store", "PasscodeHashIterations"): store.passcodeHashIterations = try int(value, 1...100)
+        case ("Store", "PasscodeHashParallelism"): store.passcodeHashParallelism = try int(value, 1...16)
+        case ("Passcode", "MinimumLength"): passcode.minimumLength = try int(value, 4...64)
+        case ("Passcode", "MaximumLength"): passcode.maximumLength = try int(value, 4...64)
+        case ("Passcode", "LockoutDelaysSec"): passcode.lockoutDelays = try words(value).map(seconds)
+        case ("Passcode", "HardLockAfter"): passcode.hardLockAfter = try int(value, 1...1000)
+        case ("Fingerprint", "FailuresBeforeFallback"): fingerprint.failuresBeforeFallback = try int(value, 1...100)
+        default: return false
+        }
+        return true
+    }
+}

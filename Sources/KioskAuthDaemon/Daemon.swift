@@ -1,0 +1,179 @@
+public import Foundation
+import KioskAuthStore
+public import Logging
+import NIOPosix
+import ServiceLifecycle
+
+#if canImport(Glibc)
+    import Glibc
+#endif
+
+/// Where the daemon keeps things, resolved from options, then systemd's variables, then the
+/// built-in defaults.
+public struct DaemonPaths: Sendable {
+    public var configuration: String
+    public var stateDirectory: String
+    public var runtimeDirectory: String
+    public var socket: String
+    public var credentialsDirectory: String?
+
+    public init(
+        configuration: String?, stateDirectory: String?, runtimeDirectory: String?, socket: String?,
+        environment: [String: String] = ProcessInfo.processInfo.environment
+    ) {
+        // systemd may pass several directories separated by ':'; the first is ours.
+        func first(_ value: String?) -> String? { value?.split(separator: ":").first.map(String.init) }
+        self.configuration = configuration ?? "/etc/kioskauth/kioskauthd.conf"
+        self.stateDirectory = stateDirectory ?? first(environment["STATE_DIRECTORY"]) ?? "/var/lib/kioskauth"
+        self.runtimeDirectory = runtimeDirectory ?? first(environment["RUNTIME_DIRECTORY"]) ?? "/run/kioskauth"
+        self.socket = socket ?? (self.runtimeDirectory + "/io.kioskauth")
+        self.credentialsDirectory = environment["CREDENTIALS_DIRECTORY"].flatMap { $0.isEmpty ? nil : $0 }
+    }
+
+    /// The database file.
+    public var database: String { stateDirectory + "/" + Store.databaseFileName }
+}
+
+/// A start-up failure: one line for the journal, and the exit status.
+public struct StartupError: Error, CustomStringConvertible {
+    public var message: String
+    public var description: String { message }
+}
+
+/// Composes the daemon's services and runs them until SIGTERM/SIGINT.
+public enum Daemon {
+    /// Runs the daemon: loads configuration and key, opens the store, serves the socket, and
+    /// shuts down gracefully. Throws `StartupError` for anything that stops it from starting.
+    public static func run(paths: DaemonPaths, developmentKeyFile: Bool, logger baseLogger: Logger) async throws {
+        var logger = baseLogger
+        let configuration: DaemonConfiguration
+        do {
+            configuration = try DaemonConfiguration.load(path: paths.configuration) { warning in
+                baseLogger.warning("\(warning)")
+            }
+        } catch {
+            throw StartupError(message: "configuration: \(error)")
+        }
+        if let level = Logger.Level(rawValue: configuration.logLevel), baseLogger.logLevel == .info {
+            logger.logLevel = level
+        }
+        let notifier = SystemdNotifier()
+        let readyLogger = logger
+
+        try createDirectory(paths.stateDirectory, mode: 0o700)
+        let storeExists = FileManager.default.fileExists(atPath: paths.database)
+        let key: StoreKey
+        let source: StoreKeySource
+        do {
+            (key, source) = try StoreKeyLoader.load(
+                credentialsDirectory: paths.credentialsDirectory, stateDirectory: paths.stateDirectory,
+                storeExists: storeExists, allowDevelopmentKeyFile: developmentKeyFile || configuration.store.developmentKeyFile,
+                logger: logger)
+        } catch {
+            throw StartupError(message: error.message)
+        }
+        let store: Store
+        do {
+            store = try Store(path: paths.database, key: key, logger: logger)
+        } catch {
+            throw StartupError(message: "\(paths.database): \(error.message)")
+        }
+        defer { store.close() }
+        let verification = try? store.verifyAudit()
+        if let verification, !verification.isValid {
+            logger.critical("the audit chain does not verify", metadata: ["reason": "\(verification.reason ?? "")"])
+        }
+
+        let listenFD = SystemdNotifier.listenedSocket()
+        SystemdNotifier.unsetListenEnvironment()
+        if listenFD == nil {
+            try createDirectory(paths.runtimeDirectory, mode: 0o755)
+        }
+
+        let eventLoops = MultiThreadedEventLoopGroup(numberOfThreads: 1)
+        let hashingPool = NIOThreadPool(numberOfThreads: 2)
+        hashingPool.start()
+        let groups = AccessGroups.resolve(admin: configuration.access.adminGroup, authenticator: configuration.access.authenticatorGroup)
+        let authority = Authority(
+            store: store, configuration: configuration, groups: groups, hashingPool: hashingPool,
+            isSocketActivated: listenFD != nil, usesDevelopmentKey: { if case .developmentKeyFile = source { true } else { false } }(),
+            logger: logger)
+        await authority.audit(nil, action: "daemon.start", result: "success", detail: "schema \(Store.schemaVersion)")
+
+        let server = VarlinkServer(
+            target: listenFD.map { .inherited(fd: $0) } ?? .path(paths.socket), authority: authority,
+            configuration: configuration.socket, eventLoopGroup: eventLoops, logger: logger
+        ) {
+            notifier.notify("READY=1\nSTATUS=Serving")
+            readyLogger.info("ready", metadata: ["version": "\(KioskAuthVersion.string)"])
+        }
+        var services: [ServiceGroupConfiguration.ServiceConfiguration] = [
+            .init(service: server, successTerminationBehavior: .gracefullyShutdownGroup, failureTerminationBehavior: .gracefullyShutdownGroup)
+        ]
+        if let interval = SystemdNotifier.watchdogInterval() {
+            services.append(.init(service: WatchdogService(interval: interval, notifier: notifier, authority: authority, logger: logger)))
+        }
+        var groupConfiguration = ServiceGroupConfiguration(services: services, logger: logger)
+        groupConfiguration.gracefulShutdownSignals = [.sigterm, .sigint]
+        let group = ServiceGroup(configuration: groupConfiguration)
+        do {
+            try await withGracefulShutdownHandler {
+                try await group.run()
+            } onGracefulShutdown: {
+                notifier.notify("STOPPING=1\nSTATUS=Shutting down")
+            }
+        } catch {
+            logger.error("stopped with an error", metadata: ["error": "\(error)"])
+            await authority.audit(nil, action: "daemon.stop", result: "failure", detail: "\(error)")
+            try? await hashingPool.shutdownGracefully()
+            try? await eventLoops.shutdownGracefully()
+            throw StartupError(message: "\(error)")
+        }
+        notifier.notify("STOPPING=1\nSTATUS=Stopped")
+        await authority.audit(nil, action: "daemon.stop", result: "success")
+        try? await hashingPool.shutdownGracefully()
+        try? await eventLoops.shutdownGracefully()
+        logger.info("stopped")
+    }
+
+    static func createDirectory(_ path: String, mode: mode_t) throws {
+        var status = stat()
+        if stat(path, &status) == 0 {
+            guard status.st_mode & S_IFMT == S_IFDIR else { throw StartupError(message: "\(path) is not a directory") }
+            return
+        }
+        do {
+            try FileManager.default.createDirectory(
+                atPath: path, withIntermediateDirectories: true, attributes: [.posixPermissions: Int(mode)])
+        } catch {
+            throw StartupError(message: "cannot create \(path): \(error.localizedDescription)")
+        }
+    }
+}
+
+/// Tells the service manager the daemon is alive, but only while the authority answers: a
+/// wedged actor stops the pings and systemd restarts the daemon.
+struct WatchdogService: Service {
+    let interval: Duration
+    let notifier: SystemdNotifier
+    let authority: Authority
+    let logger: Logger
+
+    func run() async throws {
+        logger.info("watchdog enabled", metadata: ["interval": "\(interval)"])
+        while !Task.isCancelled && !Task.isShuttingDownGracefully {
+            await authority.ping()
+            notifier.notify("WATCHDOG=1")
+            do {
+                try await cancelWhenGracefulShutdown { try await Task.sleep(for: interval / 2) }
+            } catch {
+                return
+            }
+        }
+    }
+}
+
+extension Authority {
+    /// Answers when the actor is not wedged.
+    func ping() {}
+}

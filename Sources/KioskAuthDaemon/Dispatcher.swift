@@ -1,0 +1,163 @@
+import Foundation
+import KioskAuthProtocol
+
+/// Where a method's replies go. A `more` call may send several, each but the last with
+/// `continues: true`; other calls send exactly one.
+public struct ReplySink: Sendable {
+    let send: @Sendable (VarlinkReply) async throws -> Void
+    /// Whether the client asked for several replies.
+    public let wantsMore: Bool
+
+    /// Sends an intermediate reply of a `more` call.
+    func progress(_ value: some Encodable & Sendable) async throws {
+        try await send(VarlinkReply(parameters: try VarlinkCoding.encode(value), continues: true))
+    }
+}
+
+/// A method's implementation: decode input, call the authority, encode the output.
+typealias MethodHandler = @Sendable (Caller, JSONValue?, ReplySink) async throws -> JSONValue
+
+/// Routes calls to methods: `org.varlink.service` for introspection, `io.kioskauth` for the rest.
+public struct Dispatcher: Sendable {
+    private var methods: [String: MethodHandler] = [:]
+
+    static let serviceInterfaceDescription = """
+        # The Varlink Service Interface is provided by every varlink service. It
+        # describes the service and the interfaces it implements.
+        interface org.varlink.service
+
+        # Get a list of all the interfaces a service provides and information
+        # about the implementation.
+        method GetInfo() -> (
+          vendor: string,
+          product: string,
+          version: string,
+          url: string,
+          interfaces: []string
+        )
+
+        # Get the description of an interface that is implemented by this service.
+        method GetInterfaceDescription(interface: string) -> (description: string)
+
+        # The requested interface was not found.
+        error InterfaceNotFound (interface: string)
+
+        # The requested method was not found
+        error MethodNotFound (method: string)
+
+        # The interface defines the requested method, but the service does not
+        # implement it.
+        error MethodNotImplemented (method: string)
+
+        # One of the passed parameters is invalid.
+        error InvalidParameter (parameter: string)
+
+        # Client is denied access
+        error PermissionDenied ()
+
+        # Method is expected to be called with 'more' set to true, but wasn't
+        error ExpectedMore ()
+        """
+
+    /// Routes every method of the interface to `authority`.
+    public init(authority: Authority) {
+        register("org.varlink.service.GetInfo") { (_: Message.Empty, _, _) in
+            ServiceInfo(
+                vendor: "kioskauth", product: "kioskauthd", version: KioskAuthVersion.string,
+                url: "https://github.com/kioskauth/kioskauth", interfaces: ["org.varlink.service", KioskAuthInterface.name])
+        }
+        register("org.varlink.service.GetInterfaceDescription") { (input: InterfaceRequest, _, _) in
+            switch input.interface {
+            case "org.varlink.service": return InterfaceDescriptionReply(description: Self.serviceInterfaceDescription)
+            case KioskAuthInterface.name: return InterfaceDescriptionReply(description: KioskAuthInterface.description)
+            default: throw APIError.interfaceNotFound(input.interface)
+            }
+        }
+        let prefix = KioskAuthInterface.name + "."
+        register(prefix + "GetStatus") { (_: Message.Empty, caller, _) in
+            try await authority.status(caller)
+        }
+        register(prefix + "AddPerson") { (input: Message.AddPerson, caller, _) in
+            Message.PersonReply(person: try await authority.addPerson(caller, input))
+        }
+        register(prefix + "ListPeople") { (_: Message.Empty, caller, _) in
+            Message.People(people: try await authority.listPeople(caller))
+        }
+        register(prefix + "GetPerson") { (input: Message.Name, caller, _) in
+            Message.PersonReply(person: try await authority.getPerson(caller, input.name))
+        }
+        register(prefix + "RemovePerson") { (input: Message.Name, caller, _) in
+            try await authority.removePerson(caller, input.name)
+            return Message.Empty()
+        }
+        register(prefix + "SetPasscode") { (input: Message.SetPasscode, caller, _) in
+            Message.PersonReply(person: try await authority.setPasscode(caller, input))
+        }
+        register(prefix + "VerifyPasscode") { (input: Message.VerifyPasscode, caller, _) in
+            try await authority.verifyPasscode(caller, input)
+        }
+        register(prefix + "ResetLockout") { (input: Message.Name, caller, _) in
+            Message.PersonReply(person: try await authority.resetLockout(caller, input.name))
+        }
+        register(prefix + "GetAudit") { (input: Message.GetAudit, caller, _) in
+            Message.AuditEvents(events: try await authority.auditEvents(caller, input))
+        }
+        register(prefix + "VerifyAudit") { (_: Message.Empty, caller, _) in
+            try await authority.verifyAudit(caller)
+        }
+    }
+
+    /// Registers a typed handler; input that does not decode is `InvalidParameter` naming the
+    /// first offending field.
+    mutating func register<Input: Decodable, Output: Encodable>(
+        _ method: String, _ body: @escaping @Sendable (Input, Caller, ReplySink) async throws -> Output
+    ) {
+        methods[method] = { (caller: Caller, parameters: JSONValue?, sink: ReplySink) async throws -> JSONValue in
+            if let parameters, case .object = parameters {} else if parameters != nil, parameters != .null {
+                throw APIError.invalidParameter("parameters")
+            }
+            let input: Input
+            do { input = try VarlinkCoding.decode(Input.self, from: parameters == .null ? nil : parameters) } catch {
+                throw APIError.invalidParameter(VarlinkCoding.parameterName(of: error))
+            }
+            let output = try await body(input, caller, sink)
+            do { return try VarlinkCoding.encode(output) } catch {
+                throw APIError.own("InternalError", ["reason": .string("reply did not encode")])
+            }
+        }
+    }
+
+    /// Runs `method`, or says it does not exist.
+    func call(_ method: String, caller: Caller, parameters: JSONValue?, sink: ReplySink) async throws(APIError) -> JSONValue {
+        guard let handler = methods[method] else {
+            let interface = method.split(separator: ".").dropLast().joined(separator: ".")
+            if interface != "org.varlink.service" && interface != KioskAuthInterface.name {
+                throw APIError.interfaceNotFound(interface)
+            }
+            throw APIError.methodNotFound(method)
+        }
+        do {
+            return try await handler(caller, parameters, sink)
+        } catch let error as APIError {
+            throw error
+        } catch {
+            throw APIError.own("InternalError", ["reason": .string("the call failed: \(type(of: error))")])
+        }
+    }
+}
+
+struct ServiceInfo: Codable, Sendable {
+    var vendor: String
+    var product: String
+    var version: String
+    var url: String
+    var interfaces: [String]
+}
+
+struct InterfaceRequest: Codable, Sendable {
+    var interface: String
+}
+
+struct InterfaceDescriptionReply: Codable, Sendable {
+    var description: String
+}

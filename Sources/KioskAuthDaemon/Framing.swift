@@ -1,0 +1,111 @@
+import NIOCore
+
+/// Splits the inbound byte stream into NUL-terminated varlink messages and refuses to buffer
+/// more than the limit: a client that sends a huge message, or no NUL at all, costs at most
+/// `maximumSize` bytes before it is told and disconnected.
+struct NULFrameDecoder: ByteToMessageDecoder {
+    typealias InboundOut = ByteBuffer
+
+    /// Raised when a message exceeds the limit.
+    struct MessageTooLarge: Error {}
+
+    let maximumSize: Int
+
+    mutating func decode(context: ChannelHandlerContext, buffer: inout ByteBuffer) throws -> DecodingState {
+        guard let end = buffer.readableBytesView.firstIndex(of: 0) else {
+            if buffer.readableBytes > maximumSize { throw MessageTooLarge() }
+            return .needMoreData
+        }
+        let length = end - buffer.readerIndex
+        if length > maximumSize { throw MessageTooLarge() }
+        let frame = buffer.readSlice(length: length)!
+        buffer.moveReaderIndex(forwardBy: 1)
+        context.fireChannelRead(Self.wrapInboundOut(frame))
+        return .continue
+    }
+
+    mutating func decodeLast(context: ChannelHandlerContext, buffer: inout ByteBuffer, seenEOF: Bool) throws -> DecodingState {
+        while try decode(context: context, buffer: &buffer) == .continue {}
+        // Trailing bytes without a NUL at EOF are an incomplete message; drop them.
+        buffer.moveReaderIndex(to: buffer.writerIndex)
+        return .needMoreData
+    }
+}
+
+/// Tells the idle guard that a call finished (its last reply was written).
+struct CallFinished: Sendable {}
+
+/// Closes a connection that has no call in progress for longer than the idle timeout, after
+/// telling the client why. A call in progress (an enrolment waiting for fingers) is never idle.
+final class IdleGuard: ChannelDuplexHandler, @unchecked Sendable {
+    typealias InboundIn = ByteBuffer
+    typealias InboundOut = ByteBuffer
+    typealias OutboundIn = ByteBuffer
+    typealias OutboundOut = ByteBuffer
+
+    private let timeout: TimeAmount
+    private let timeoutReply: ByteBuffer
+    private var callsInProgress = 0
+    private var timer: Scheduled<Void>?
+    private var closeWhenIdle = false
+
+    init(timeout: TimeAmount, timeoutReply: ByteBuffer) {
+        self.timeout = timeout
+        self.timeoutReply = timeoutReply
+    }
+
+    func handlerAdded(context: ChannelHandlerContext) {
+        if context.channel.isActive { arm(context) }
+    }
+
+    func channelActive(context: ChannelHandlerContext) {
+        arm(context)
+        context.fireChannelActive()
+    }
+
+    func channelRead(context: ChannelHandlerContext, data: NIOAny) {
+        callsInProgress += 1
+        timer?.cancel()
+        timer = nil
+        context.fireChannelRead(data)
+    }
+
+    func triggerUserOutboundEvent(context: ChannelHandlerContext, event: Any, promise: EventLoopPromise<Void>?) {
+        if event is CallFinished {
+            callsInProgress = max(0, callsInProgress - 1)
+            if callsInProgress == 0 {
+                if closeWhenIdle {
+                    context.close(promise: nil)
+                } else {
+                    arm(context)
+                }
+            }
+            promise?.succeed()
+        } else if event is DrainRequest {
+            closeWhenIdle = true
+            if callsInProgress == 0 { context.close(promise: nil) }
+            promise?.succeed()
+        } else {
+            context.triggerUserOutboundEvent(event, promise: promise)
+        }
+    }
+
+    func channelInactive(context: ChannelHandlerContext) {
+        timer?.cancel()
+        timer = nil
+        context.fireChannelInactive()
+    }
+
+    private func arm(_ context: ChannelHandlerContext) {
+        timer?.cancel()
+        let loopBound = NIOLoopBound(context, eventLoop: context.eventLoop)
+        let reply = timeoutReply
+        timer = context.eventLoop.scheduleTask(in: timeout) {
+            let context = loopBound.value
+            context.writeAndFlush(NIOAny(reply)).whenComplete { _ in context.close(promise: nil) }
+        }
+    }
+}
+
+/// Asks a connection to close as soon as it has no call in progress (graceful shutdown).
+struct DrainRequest: Sendable {}

@@ -1,0 +1,295 @@
+import CKioskAuthSystem
+public import Foundation
+import KioskAuthProtocol
+public import Logging
+import NIOConcurrencyHelpers
+import NIOCore
+public import NIOPosix
+public import ServiceLifecycle
+
+#if canImport(Glibc)
+    import Glibc
+#endif
+
+/// Where the server listens.
+public enum ListenTarget: Sendable {
+    /// A socket passed by the service manager (`LISTEN_FDS`); never unlinked by us.
+    case inherited(fd: Int32)
+    /// A path we bind ourselves (mode 0666: every method authorises its caller), and unlink at exit.
+    case path(String)
+}
+
+/// Counts open connections, in total and per uid, and keeps them reachable for draining.
+final class ConnectionRegistry: Sendable {
+    private struct State {
+        var total = 0
+        var perUID: [Int: Int] = [:]
+        var channels: [UInt64: any Channel] = [:]
+        var nextID: UInt64 = 1
+        var draining = false
+    }
+    private let state = NIOLockedValueBox(State())
+    let maxTotal: Int
+    let maxPerUID: Int
+
+    init(maxTotal: Int, maxPerUID: Int) {
+        self.maxTotal = maxTotal
+        self.maxPerUID = maxPerUID
+    }
+
+    enum Admission { case admitted(UInt64), rejected(limit: Int), draining }
+
+    /// Admits a connection from `uid`, or says which limit it hit. Root is exempt from the
+    /// per-uid limit, not from the total.
+    func admit(uid: Int, channel: any Channel) -> Admission {
+        state.withLockedValue { state in
+            if state.draining { return .draining }
+            if state.total >= maxTotal { return .rejected(limit: maxTotal) }
+            if uid != 0, state.perUID[uid, default: 0] >= maxPerUID { return .rejected(limit: maxPerUID) }
+            state.total += 1
+            state.perUID[uid, default: 0] += 1
+            let id = state.nextID
+            state.nextID += 1
+            state.channels[id] = channel
+            return .admitted(id)
+        }
+    }
+
+    func release(id: UInt64, uid: Int) {
+        state.withLockedValue { state in
+            guard state.channels.removeValue(forKey: id) != nil else { return }
+            state.total -= 1
+            state.perUID[uid, default: 1] -= 1
+            if state.perUID[uid] == 0 { state.perUID[uid] = nil }
+        }
+    }
+
+    /// Stops admitting and asks every open connection to close once its current call is done.
+    func drain() {
+        let channels = state.withLockedValue { state -> [any Channel] in
+            state.draining = true
+            return Array(state.channels.values)
+        }
+        for channel in channels {
+            channel.triggerUserOutboundEvent(DrainRequest(), promise: nil)
+        }
+    }
+
+    var openConnections: Int { state.withLockedValue { $0.total } }
+}
+
+/// The varlink socket server: a `Service` that accepts until graceful shutdown, then lets calls
+/// in progress finish and closes.
+public final class VarlinkServer: Service, Sendable {
+    private let target: ListenTarget
+    private let dispatcher: Dispatcher
+    private let authority: Authority
+    private let configuration: DaemonConfiguration.Socket
+    private let logger: Logger
+    private let group: MultiThreadedEventLoopGroup
+    private let registry: ConnectionRegistry
+    private let onListening: @Sendable () -> Void
+
+    /// How long calls in progress may run after shutdown begins before they are cancelled.
+    public static let drainTimeout: Duration = .seconds(10)
+
+    public init(
+        target: ListenTarget, authority: Authority, configuration: DaemonConfiguration.Socket,
+        eventLoopGroup: MultiThreadedEventLoopGroup, logger: Logger, onListening: @escaping @Sendable () -> Void
+    ) {
+        self.target = target
+        self.authority = authority
+        self.dispatcher = Dispatcher(authority: authority)
+        self.configuration = configuration
+        self.group = eventLoopGroup
+        self.logger = logger
+        self.onListening = onListening
+        self.registry = ConnectionRegistry(
+            maxTotal: configuration.maxConnections, maxPerUID: configuration.maxConnectionsPerUID)
+    }
+
+    struct Connection: Sendable {
+        var channel: NIOAsyncChannel<ByteBuffer, ByteBuffer>
+        var caller: Caller?
+        var admission: ConnectionRegistry.Admission
+    }
+
+    public func run() async throws {
+        let maximumSize = min(configuration.maxMessageSize, VarlinkLimits.maximumMessageSize)
+        let idleSeconds = Int(configuration.idleTimeout)
+        let idleReply = Self.encode(APIError.idleTimeout(idleSeconds))
+        let idleTimeout = TimeAmount.milliseconds(Int64(configuration.idleTimeout * 1000))
+        let registry = self.registry
+
+        let bootstrap = ServerBootstrap(group: group)
+            .serverChannelOption(.backlog, value: 128)
+            .childChannelOption(.allowRemoteHalfClosure, value: true)
+
+        let initializer: @Sendable (any Channel) -> EventLoopFuture<Connection> = { channel in
+            Self.peerCredentials(of: channel).flatMapThrowing { caller in
+                let admission: ConnectionRegistry.Admission =
+                    caller.map { registry.admit(uid: $0.uid, channel: channel) } ?? .rejected(limit: 0)
+                try channel.pipeline.syncOperations.addHandler(ByteToMessageHandler(NULFrameDecoder(maximumSize: maximumSize)))
+                try channel.pipeline.syncOperations.addHandler(
+                    IdleGuard(timeout: idleTimeout, timeoutReply: ByteBuffer(bytes: idleReply)))
+                let asyncChannel = try NIOAsyncChannel<ByteBuffer, ByteBuffer>(wrappingChannelSynchronously: channel)
+                var identified = caller
+                if case .admitted(let id) = admission { identified?.connectionID = id }
+                return Connection(channel: asyncChannel, caller: identified, admission: admission)
+            }
+        }
+
+        let server: NIOAsyncChannel<Connection, Never>
+        switch target {
+        case .inherited(let fd):
+            server = try await bootstrap.bind(fd, childChannelInitializer: initializer)
+            logger.info("listening on the socket passed by the service manager")
+        case .path(let path):
+            let previousMask = umask(0o111)
+            defer { umask(previousMask) }
+            server = try await bootstrap.bind(unixDomainSocketPath: path, cleanupExistingSocketFile: true, childChannelInitializer: initializer)
+            chmod(path, 0o666)
+            logger.info("listening", metadata: ["socket": "\(path)"])
+        }
+        onListening()
+
+        try await withGracefulShutdownHandler {
+            try await withThrowingTaskGroup(of: Void.self) { outer in
+                outer.addTask {
+                    try await withThrowingDiscardingTaskGroup { connections in
+                        try await server.executeThenClose { inbound in
+                            for try await connection in inbound {
+                                connections.addTask { await self.serve(connection) }
+                            }
+                        }
+                    }
+                }
+                // Once shutdown begins, calls in progress get a bounded time to finish.
+                outer.addTask {
+                    try await gracefulShutdown()
+                    try await Task.sleep(for: Self.drainTimeout)
+                }
+                _ = try await outer.next()
+                outer.cancelAll()
+            }
+        } onGracefulShutdown: {
+            self.logger.info("shutting down: no new connections; finishing calls in progress")
+            server.channel.close(promise: nil)
+            registry.drain()
+        }
+        if case .path(let path) = target {
+            unlink(path)
+        }
+    }
+
+    /// Reads the peer's credentials from the kernel. Groups that cannot be read become nil,
+    /// which grants nothing.
+    static func peerCredentials(of channel: any Channel) -> EventLoopFuture<Caller?> {
+        guard let provider = channel as? any SocketOptionProvider else {
+            return channel.eventLoop.makeSucceededFuture(nil)
+        }
+        let credentials: EventLoopFuture<kioskauth_peer_credentials> = provider.unsafeGetSocketOption(
+            level: SocketOptionLevel(SOL_SOCKET), name: SocketOptionName(kioskauth_so_peercred()))
+        return credentials.flatMap { credentials in
+            let groups: EventLoopFuture<kioskauth_peer_groups> = provider.unsafeGetSocketOption(
+                level: SocketOptionLevel(SOL_SOCKET), name: SocketOptionName(kioskauth_so_peergroups()))
+            return groups.map { list -> Set<Int>? in
+                // The buffer is zero-filled past the peer's groups; gid 0 never grants anything.
+                withUnsafeBytes(of: list.gids) { raw in
+                    Set(raw.bindMemory(to: gid_t.self).filter { $0 != 0 }.map { Int($0) })
+                }
+            }.recover { _ in nil }
+            .map { groups -> Caller? in
+                Caller(uid: Int(credentials.uid), gid: Int(credentials.gid), pid: Int(credentials.pid), groups: groups, connectionID: 0)
+            }
+        }.recover { _ in nil }
+    }
+
+    static func encode(_ error: APIError) -> [UInt8] {
+        (try? VarlinkCoding.frame(VarlinkReply(parameters: error.parameters, error: error.name))) ?? [0]
+    }
+
+    /// Serves one connection: calls in order, one reply (or a stream for `more`) each.
+    private func serve(_ connection: Connection) async {
+        let channel = connection.channel
+        guard case .admitted(let connectionID) = connection.admission, let caller = connection.caller else {
+            let error: APIError
+            switch connection.admission {
+            case .rejected(let limit): error = .tooManyConnections(limit)
+            case .draining: error = .shuttingDown
+            case .admitted: error = .permissionDenied("peer credentials unavailable")
+            }
+            logger.notice("connection refused", metadata: ["error": "\(error.name)"])
+            try? await channel.executeThenClose { _, outbound in
+                try await outbound.write(ByteBuffer(bytes: Self.encode(error)))
+            }
+            return
+        }
+        defer {
+            registry.release(id: connectionID, uid: caller.uid)
+        }
+        var logger = self.logger
+        logger[metadataKey: "peer_uid"] = "\(caller.uid)"
+        logger[metadataKey: "peer_pid"] = "\(caller.pid)"
+        do {
+            try await channel.executeThenClose { inbound, outbound in
+                do {
+                    for try await frame in inbound {
+                        let keepOpen = await handle(frame: frame, caller: caller, outbound: outbound, logger: logger)
+                        channel.channel.triggerUserOutboundEvent(CallFinished(), promise: nil)
+                        if !keepOpen { break }
+                    }
+                } catch is NULFrameDecoder.MessageTooLarge {
+                    logger.notice("message too large; disconnecting")
+                    try? await outbound.write(ByteBuffer(bytes: Self.encode(.tooLarge(configuration.maxMessageSize))))
+                }
+            }
+        } catch {
+            logger.debug("connection ended", metadata: ["error": "\(error)"])
+        }
+        await authority.connectionClosed(connectionID)
+    }
+
+    /// Handles one message; returns false when the connection must close.
+    private func handle(
+        frame: ByteBuffer, caller: Caller, outbound: NIOAsyncChannelOutboundWriter<ByteBuffer>, logger: Logger
+    ) async -> Bool {
+        let call: VarlinkCall
+        do {
+            call = try JSONDecoder().decode(VarlinkCall.self, from: Data(frame.readableBytesView))
+        } catch {
+            logger.notice("malformed message; disconnecting")
+            try? await outbound.write(ByteBuffer(bytes: Self.encode(.malformed("not a varlink call: expected a JSON object with a \"method\" string"))))
+            return false
+        }
+        if call.upgrade == true {
+            try? await outbound.write(ByteBuffer(bytes: Self.encode(.malformed("protocol upgrades are not supported"))))
+            return false
+        }
+        let oneway = call.oneway == true
+        let wantsMore = call.more == true && !oneway
+        let sink = ReplySink(
+            send: { reply in
+                guard wantsMore else { return }
+                try await outbound.write(ByteBuffer(bytes: try VarlinkCoding.frame(reply)))
+            }, wantsMore: wantsMore)
+        let reply: VarlinkReply
+        var keepOpen = true
+        do {
+            let parameters = try await dispatcher.call(call.method, caller: caller, parameters: call.parameters, sink: sink)
+            reply = VarlinkReply(parameters: parameters)
+        } catch {
+            reply = VarlinkReply(parameters: error.parameters, error: error.name)
+            keepOpen = !error.closesConnection
+            logger.debug("call failed", metadata: ["method": "\(call.method)", "error": "\(error.name)"])
+        }
+        if !oneway {
+            do {
+                try await outbound.write(ByteBuffer(bytes: try VarlinkCoding.frame(reply)))
+            } catch {
+                return false
+            }
+        }
+        return keepOpen
+    }
+}

@@ -1,0 +1,190 @@
+import Crypto
+public import Foundation
+
+/// What is recorded for every authentication and admin action. Never a secret.
+public struct AuditRecord: Sendable, Equatable {
+    public var action: String
+    public var result: String
+    public var person: String?
+    public var method: String?
+    public var callerUID: Int?
+    public var callerPID: Int?
+    public var service: String?
+    public var detail: String?
+
+    public init(
+        action: String, result: String, person: String? = nil, method: String? = nil, callerUID: Int? = nil,
+        callerPID: Int? = nil, service: String? = nil, detail: String? = nil
+    ) {
+        self.action = action
+        self.result = result
+        self.person = person
+        self.method = method
+        self.callerUID = callerUID
+        self.callerPID = callerPID
+        self.service = service
+        self.detail = detail
+    }
+}
+
+/// An audit record in the chain.
+public struct AuditEntry: Sendable, Equatable {
+    public var sequence: Int
+    /// Microseconds since 1970, as stored (so the MAC input is exact).
+    public var timeMicroseconds: Int64
+    public var record: AuditRecord
+    /// HMAC-SHA256 over the previous MAC and this entry.
+    public var mac: [UInt8]
+
+    public var time: Date { Date(timeIntervalSince1970: Double(timeMicroseconds) / 1_000_000) }
+    public var macHex: String { mac.map { String(format: "%02x", $0) }.joined() }
+}
+
+/// Outcome of checking the chain.
+public struct AuditChainVerification: Sendable, Equatable {
+    public var isValid: Bool
+    public var events: Int
+    public var headHex: String
+    public var brokenAt: Int?
+    public var reason: String?
+}
+
+extension Store {
+    /// The chain's starting MAC, bound to this store's identity so chains cannot be spliced
+    /// between stores.
+    private var genesis: [UInt8] {
+        Array(HMAC<SHA256>.authenticationCode(for: Array("kioskauth audit genesis".utf8) + storeID, using: auditKey))
+    }
+
+    private func mac(previous: [UInt8], sequence: Int, timeMicroseconds: Int64, record: AuditRecord) -> [UInt8] {
+        // Length-prefixed fields: no two different entries serialise alike.
+        var input = previous
+        func field(_ text: String?) {
+            guard let text else {
+                input += [0xff, 0xff, 0xff, 0xff]
+                return
+            }
+            let bytes = Array(text.utf8)
+            withUnsafeBytes(of: UInt32(bytes.count).bigEndian) { input += $0 }
+            input += bytes
+        }
+        field(String(sequence))
+        field(String(timeMicroseconds))
+        field(record.action)
+        field(record.result)
+        field(record.person)
+        field(record.method)
+        field(record.callerUID.map(String.init))
+        field(record.callerPID.map(String.init))
+        field(record.service)
+        field(record.detail)
+        return Array(HMAC<SHA256>.authenticationCode(for: input, using: auditKey))
+    }
+
+    /// Appends a record to the chain, durably, and returns it with its MAC (the new head).
+    @discardableResult
+    public func appendAudit(_ record: AuditRecord, now: Date) throws(StoreError) -> AuditEntry {
+        let genesis = self.genesis
+        return try transaction { db in
+            let last = try db.query("SELECT seq, mac FROM audit ORDER BY seq DESC LIMIT 1").first
+            let previous = last?["mac"].bytes ?? genesis
+            let sequence = (last?["seq"].int ?? 0) + 1
+            let time = Int64((now.timeIntervalSince1970 * 1_000_000).rounded())
+            let mac = mac(previous: previous, sequence: sequence, timeMicroseconds: time, record: record)
+            try db.query(
+                "INSERT INTO audit (seq, time_us, action, result, person, method, caller_uid, caller_pid, service, detail, mac) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                [
+                    .integer(Int64(sequence)), .integer(time), .text(record.action), .text(record.result),
+                    record.person.map { .text($0) } ?? .null, record.method.map { .text($0) } ?? .null,
+                    record.callerUID.map { .integer(Int64($0)) } ?? .null,
+                    record.callerPID.map { .integer(Int64($0)) } ?? .null,
+                    record.service.map { .text($0) } ?? .null, record.detail.map { .text($0) } ?? .null, .blob(mac),
+                ])
+            try db.query(
+                "INSERT INTO meta (key, value) VALUES ('audit_head', ?) ON CONFLICT (key) DO UPDATE SET value = excluded.value",
+                [.blob(Array(String(sequence).utf8) + [0] + mac)])
+            return AuditEntry(sequence: sequence, timeMicroseconds: time, record: record, mac: mac)
+        }
+    }
+
+    private func decodeAudit(_ row: SQLRow) -> AuditEntry {
+        AuditEntry(
+            sequence: row["seq"].int ?? 0,
+            timeMicroseconds: Int64(row["time_us"].int ?? 0),
+            record: AuditRecord(
+                action: row["action"].string ?? "", result: row["result"].string ?? "", person: row["person"].string,
+                method: row["method"].string, callerUID: row["caller_uid"].int, callerPID: row["caller_pid"].int,
+                service: row["service"].string, detail: row["detail"].string),
+            mac: row["mac"].bytes ?? [])
+    }
+
+    /// Audit entries after `sequence`, oldest first, at most `limit`.
+    public func auditEntries(after sequence: Int = 0, limit: Int = 1000) throws(StoreError) -> [AuditEntry] {
+        try locked {
+            try connection.query(
+                "SELECT * FROM audit WHERE seq > ? ORDER BY seq LIMIT ?", [.integer(Int64(sequence)), .integer(Int64(limit))]
+            ).map(decodeAudit)
+        }
+    }
+
+    /// Number of audit entries and the head MAC.
+    public func auditHead() throws(StoreError) -> (events: Int, headHex: String) {
+        try locked {
+            let row = try connection.query("SELECT seq, mac FROM audit ORDER BY seq DESC LIMIT 1").first
+            let mac = row?["mac"].bytes ?? []
+            return (row?["seq"].int ?? 0, mac.map { String(format: "%02x", $0) }.joined())
+        }
+    }
+
+    /// Recomputes the chain from its genesis: an edited, deleted, inserted or reordered entry, a
+    /// recomputed MAC without the key, or a head that disagrees with the recorded one is found.
+    /// Truncating the newest entries together with the recorded head is only visible against a
+    /// head kept elsewhere: pass the one from the journal as `expectedHead`.
+    public func verifyAudit(expectedHead: (sequence: Int, macHex: String)? = nil) throws(StoreError) -> AuditChainVerification {
+        let genesis = self.genesis
+        return try locked {
+            var previous = genesis
+            var expectedSequence = 1
+            var count = 0
+            var headHex = ""
+            for row in try connection.query("SELECT * FROM audit ORDER BY seq") {
+                let entry = decodeAudit(row)
+                if entry.sequence != expectedSequence {
+                    return AuditChainVerification(
+                        isValid: false, events: count, headHex: headHex, brokenAt: expectedSequence,
+                        reason: "entry \(expectedSequence) is missing")
+                }
+                let expected = mac(previous: previous, sequence: entry.sequence, timeMicroseconds: entry.timeMicroseconds, record: entry.record)
+                guard expected == entry.mac else {
+                    return AuditChainVerification(
+                        isValid: false, events: count, headHex: headHex, brokenAt: entry.sequence,
+                        reason: "entry \(entry.sequence) does not match its MAC (edited, or the chain was recomputed without the key)")
+                }
+                previous = entry.mac
+                headHex = entry.macHex
+                count += 1
+                expectedSequence += 1
+            }
+            let recorded = try connection.query("SELECT value FROM meta WHERE key = 'audit_head'").first?["value"].bytes
+            if let recorded {
+                let parts = recorded.split(separator: 0, maxSplits: 1)
+                let recordedSequence = Int(String(decoding: parts.first ?? [], as: UTF8.self)) ?? -1
+                let recordedMac = parts.count > 1 ? Array(parts[1]) : []
+                if recordedSequence != count || (count > 0 && recordedMac != previous) {
+                    return AuditChainVerification(
+                        isValid: false, events: count, headHex: headHex, brokenAt: min(count + 1, recordedSequence),
+                        reason: "the chain ends at entry \(count) but its recorded head is entry \(recordedSequence): entries were deleted")
+                }
+            } else if count > 0 {
+                return AuditChainVerification(
+                    isValid: false, events: count, headHex: headHex, brokenAt: 1, reason: "the recorded head is missing")
+            }
+            if let expectedHead, expectedHead.sequence > count || (expectedHead.sequence == count && expectedHead.macHex != headHex) {
+                return AuditChainVerification(
+                    isValid: false, events: count, headHex: headHex, brokenAt: count + 1,
+                    reason: "the journal recorded head entry \(expectedHead.sequence), the store ends at \(count): truncated")
+            }
+            return AuditChainVerification(isValid: true, events: count, headHex: headHex, brokenAt: nil, reason: nil)
+        }
+    }
+}

@@ -1,0 +1,183 @@
+import CSQLite3
+public import Foundation
+
+/// An SQLite failure: the result code, SQLite's message, and where it happened.
+public struct SQLiteError: Error, CustomStringConvertible, Sendable {
+    /// The extended result code.
+    public var code: Int32
+    /// SQLite's message for it.
+    public var message: String
+    /// The statement, when there was one (never with bound values).
+    public var sql: String?
+    public var file: String
+    public var line: Int
+
+    public var description: String {
+        "SQLite error \(code): \(message)" + (sql.map { " in `\($0)`" } ?? "") + " (\(file):\(line))"
+    }
+
+    /// The database is busy or locked by another connection.
+    public var isBusy: Bool { code & 0xff == SQLITE_BUSY || code & 0xff == SQLITE_LOCKED }
+    /// The file is not a database, or is corrupt.
+    public var isCorrupt: Bool { code & 0xff == SQLITE_NOTADB || code & 0xff == SQLITE_CORRUPT }
+}
+
+/// A value bound to or read from a statement.
+enum SQLValue: Sendable, Equatable {
+    case null
+    case integer(Int64)
+    case real(Double)
+    case text(String)
+    case blob([UInt8])
+
+    var int: Int? {
+        if case .integer(let value) = self { return Int(value) }
+        return nil
+    }
+    var double: Double? {
+        switch self {
+        case .real(let value): return value
+        case .integer(let value): return Double(value)
+        default: return nil
+        }
+    }
+    var string: String? {
+        if case .text(let value) = self { return value }
+        return nil
+    }
+    var bytes: [UInt8]? {
+        if case .blob(let value) = self { return value }
+        return nil
+    }
+}
+
+/// One result row, by column name.
+struct SQLRow {
+    var values: [String: SQLValue]
+    subscript(_ column: String) -> SQLValue { values[column] ?? .null }
+}
+
+/// The tiny SQLite wrapper the store needs: one connection, prepared statements, and every C call
+/// funnelled through `check` so a failure becomes one typed error.
+///
+/// Not thread-safe on its own; `Store` serialises access.
+final class SQLiteConnection {
+    private var handle: OpaquePointer?
+    let path: String
+
+    private static let transient = unsafeBitCast(-1, to: sqlite3_destructor_type.self)
+
+    init(path: String, readOnly: Bool = false) throws(SQLiteError) {
+        self.path = path
+        var db: OpaquePointer?
+        let flags =
+            (readOnly ? SQLITE_OPEN_READONLY : SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE) | SQLITE_OPEN_NOMUTEX
+            | SQLITE_OPEN_NOFOLLOW
+        let rc = sqlite3_open_v2(path, &db, flags, nil)
+        guard rc == SQLITE_OK, let db else {
+            let message = db.map { String(cString: sqlite3_errmsg($0)) } ?? "cannot open"
+            sqlite3_close_v2(db)
+            throw SQLiteError(code: rc, message: message, sql: nil, file: #fileID, line: #line)
+        }
+        sqlite3_extended_result_codes(db, 1)
+        sqlite3_busy_timeout(db, 5000)
+        handle = db
+    }
+
+    deinit { close() }
+
+    /// Closes the connection; later calls fail.
+    func close() {
+        if let handle {
+            sqlite3_close_v2(handle)
+            self.handle = nil
+        }
+    }
+
+    private func check(_ rc: Int32, _ sql: String?, file: String = #fileID, line: Int = #line) throws(SQLiteError) {
+        guard rc == SQLITE_OK || rc == SQLITE_ROW || rc == SQLITE_DONE else {
+            let message = handle.map { String(cString: sqlite3_errmsg($0)) } ?? "connection closed"
+            throw SQLiteError(code: rc, message: message, sql: sql, file: file, line: line)
+        }
+    }
+
+    /// Runs one or more statements without parameters.
+    func execute(_ sql: String, file: String = #fileID, line: Int = #line) throws(SQLiteError) {
+        var errorMessage: UnsafeMutablePointer<CChar>?
+        let rc = sqlite3_exec(handle, sql, nil, nil, &errorMessage)
+        if let errorMessage {
+            let message = String(cString: errorMessage)
+            sqlite3_free(errorMessage)
+            throw SQLiteError(code: rc, message: message, sql: sql, file: file, line: line)
+        }
+        try check(rc, sql, file: file, line: line)
+    }
+
+    /// Runs one statement with bound parameters and returns every row.
+    @discardableResult
+    func query(_ sql: String, _ parameters: [SQLValue] = [], file: String = #fileID, line: Int = #line) throws(SQLiteError)
+        -> [SQLRow]
+    {
+        var statement: OpaquePointer?
+        try check(sqlite3_prepare_v2(handle, sql, -1, &statement, nil), sql, file: file, line: line)
+        defer { sqlite3_finalize(statement) }
+        for (index, value) in parameters.enumerated() {
+            let position = Int32(index + 1)
+            let rc: Int32
+            switch value {
+            case .null: rc = sqlite3_bind_null(statement, position)
+            case .integer(let v): rc = sqlite3_bind_int64(statement, position, v)
+            case .real(let v): rc = sqlite3_bind_double(statement, position, v)
+            case .text(let v): rc = sqlite3_bind_text(statement, position, v, -1, Self.transient)
+            case .blob(let v):
+                rc = v.withUnsafeBytes { sqlite3_bind_blob(statement, position, $0.baseAddress, Int32($0.count), Self.transient) }
+            }
+            try check(rc, sql, file: file, line: line)
+        }
+        var rows: [SQLRow] = []
+        while true {
+            let rc = sqlite3_step(statement)
+            if rc == SQLITE_DONE { break }
+            try check(rc, sql, file: file, line: line)
+            var values: [String: SQLValue] = [:]
+            for column in 0..<sqlite3_column_count(statement) {
+                let name = String(cString: sqlite3_column_name(statement, column))
+                switch sqlite3_column_type(statement, column) {
+                case SQLITE_INTEGER: values[name] = .integer(sqlite3_column_int64(statement, column))
+                case SQLITE_FLOAT: values[name] = .real(sqlite3_column_double(statement, column))
+                case SQLITE_TEXT: values[name] = .text(String(cString: sqlite3_column_text(statement, column)))
+                case SQLITE_BLOB:
+                    let count = Int(sqlite3_column_bytes(statement, column))
+                    if count == 0 {
+                        values[name] = .blob([])
+                    } else {
+                        let pointer = sqlite3_column_blob(statement, column)!
+                        values[name] = .blob([UInt8](UnsafeRawBufferPointer(start: pointer, count: count)))
+                    }
+                default: values[name] = .null
+                }
+            }
+            rows.append(SQLRow(values: values))
+        }
+        return rows
+    }
+
+    /// The rowid of the last insert.
+    var lastInsertRowID: Int64 { sqlite3_last_insert_rowid(handle) }
+
+    /// Rows changed by the last statement.
+    var changes: Int { Int(sqlite3_changes(handle)) }
+
+    /// Runs `body` in an immediate transaction, committing on return and rolling back on throw.
+    func transaction<T>(_ body: () throws -> T) throws -> T {
+        try execute("BEGIN IMMEDIATE")
+        do {
+            let result = try body()
+            try execute("COMMIT")
+            return result
+        } catch {
+            try? execute("ROLLBACK")
+            throw error
+        }
+    }
+}

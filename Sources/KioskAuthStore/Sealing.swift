@@ -1,0 +1,88 @@
+public import Crypto
+public import Foundation
+
+/// The store key: 32 secret bytes from which every other key is derived. Held as a
+/// `SymmetricKey`, which wipes itself; never logged.
+public struct StoreKey: Sendable {
+    /// Size of the key in bytes, as systemd hands the credential over.
+    public static let byteCount = 32
+
+    let key: SymmetricKey
+
+    /// Wraps exactly 32 bytes; anything else is refused.
+    public init(bytes: some ContiguousBytes) throws(StoreError) {
+        let key = SymmetricKey(data: bytes)
+        guard key.bitCount == Self.byteCount * 8 else {
+            throw StoreError(.keyUnavailable("the store key must be exactly \(Self.byteCount) bytes, got \(key.bitCount / 8)"))
+        }
+        self.key = key
+    }
+
+    /// A fresh random key.
+    public static func random() -> StoreKey {
+        // A random key of the right size cannot fail validation.
+        try! StoreKey(bytes: SymmetricKey(size: .bits256).withUnsafeBytes { Array($0) })
+    }
+
+    /// The raw bytes, for writing a development key file only.
+    func withUnsafeBytes<R>(_ body: (UnsafeRawBufferPointer) throws -> R) rethrows -> R {
+        try key.withUnsafeBytes(body)
+    }
+
+    /// A subkey for one purpose; purposes never share a key.
+    func derived(for purpose: String) -> SymmetricKey {
+        HKDF<SHA256>.deriveKey(
+            inputKeyMaterial: key, salt: Data("kioskauth store v1".utf8), info: Data(purpose.utf8), outputByteCount: 32)
+    }
+}
+
+/// What a sealed value is bound to: its table, column, row and owner. The binding is the AEAD's
+/// associated data, so a ciphertext moved to another row, column or person fails to open.
+public struct SealBinding: Sendable, Equatable, CustomStringConvertible {
+    public var table: String
+    public var column: String
+    public var row: String
+    public var owner: String
+
+    public init(table: String, column: String, row: String, owner: String) {
+        self.table = table
+        self.column = column
+        self.row = row
+        self.owner = owner
+    }
+
+    var associatedData: Data {
+        Data("kioskauth.seal.v1\u{0}\(table)\u{0}\(column)\u{0}\(row)\u{0}\(owner)".utf8)
+    }
+
+    public var description: String { "\(table).\(column) row \(row)" }
+}
+
+/// Seals and opens secrets with ChaCha20-Poly1305 under a key derived from the store key.
+struct Sealer: Sendable {
+    private static let version: UInt8 = 1
+    private let key: SymmetricKey
+
+    init(storeKey: StoreKey) {
+        key = storeKey.derived(for: "seal")
+    }
+
+    func seal(_ plaintext: some DataProtocol, binding: SealBinding) throws -> [UInt8] {
+        let box = try ChaChaPoly.seal(plaintext, using: key, authenticating: binding.associatedData)
+        return [Self.version] + Array(box.combined)
+    }
+
+    /// Opens a sealed value; any mismatch (wrong key, edited bytes, another row's ciphertext) is
+    /// an integrity error naming the binding, never a crash and never a silent success.
+    func open(_ sealed: [UInt8], binding: SealBinding) throws(StoreError) -> [UInt8] {
+        guard sealed.first == Self.version, sealed.count > 1 + 12 + 16 else {
+            throw StoreError(.integrity("\(binding): unknown seal format"))
+        }
+        do {
+            let box = try ChaChaPoly.SealedBox(combined: sealed.dropFirst())
+            return Array(try ChaChaPoly.open(box, using: key, authenticating: binding.associatedData))
+        } catch {
+            throw StoreError(.integrity("\(binding): sealed value does not open (edited, moved, or another key)"))
+        }
+    }
+}

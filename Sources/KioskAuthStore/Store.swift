@@ -1,0 +1,423 @@
+import CSQLite3
+import Crypto
+public import Foundation
+public import KioskAuthCore
+public import Logging
+
+/// A person as stored, without secrets.
+public struct StoredPerson: Sendable, Equatable {
+    /// Stable row id; never reused, so old ciphertexts can never be bound to a new person.
+    public var id: Int64
+    public var name: LoginName
+    public var displayName: String
+    public var roles: RoleSet
+    public var origin: Origin
+    public var state: PersonState
+    /// The Unix uid bound to this person.
+    public var uid: Int?
+    public var createdAt: Date
+    public var lastUnlockAt: Date?
+    /// Persisted failure counters.
+    public var failures: CredentialFailureState
+    public var hasPasscode: Bool
+    /// Enrolled fingers by name.
+    public var fingers: [String]
+}
+
+/// The sealed SQLite store: people, sealed secrets, failure counters, the audit chain.
+///
+/// WAL with `synchronous=FULL`, so every commit (failure counters included) is durable before
+/// the call returns; `secure_delete` and a truncating checkpoint when erasing. One connection,
+/// serialised by a lock; calls are short.
+public final class Store: @unchecked Sendable {
+    /// The schema version this code writes.
+    public static let schemaVersion = 1
+    /// File name of the database in the state directory.
+    public static let databaseFileName = "kioskauth.sqlite"
+
+    let connection: SQLiteConnection
+    private let lock = NSLock()
+    private let sealer: Sealer
+    let auditKey: SymmetricKey
+    private let logger: Logger
+
+    /// Opens (creating if needed) the store at `path` with `key`. Refuses a store from a newer
+    /// schema and a key that does not open it, without writing anything.
+    public init(path: String, key: StoreKey, logger: Logger, now: Date = Date()) throws(StoreError) {
+        self.logger = logger
+        self.sealer = Sealer(storeKey: key)
+        self.auditKey = key.derived(for: "audit")
+        do {
+            connection = try SQLiteConnection(path: path)
+        } catch {
+            throw StoreError(.database(error))
+        }
+        do {
+            try openSchema(now: now)
+        } catch {
+            connection.close()
+            throw error
+        }
+    }
+
+    /// Closes the database after a final checkpoint.
+    public func close() {
+        lock.withLock {
+            _ = try? connection.query("PRAGMA wal_checkpoint(TRUNCATE)")
+            connection.close()
+        }
+    }
+
+    // MARK: Schema
+
+    private static let migrations: [String] = [
+        // 1: people, sealed secrets, fingers, the audit chain, terminal-wide state.
+        """
+        CREATE TABLE meta (key TEXT PRIMARY KEY NOT NULL, value BLOB NOT NULL);
+        CREATE TABLE people (
+          id INTEGER PRIMARY KEY AUTOINCREMENT,
+          name TEXT NOT NULL UNIQUE,
+          display_name TEXT NOT NULL,
+          roles TEXT NOT NULL,
+          origin TEXT NOT NULL,
+          state TEXT NOT NULL,
+          uid INTEGER UNIQUE,
+          created_at REAL NOT NULL,
+          updated_at REAL NOT NULL,
+          last_unlock_at REAL,
+          passcode_failures INTEGER NOT NULL DEFAULT 0,
+          passcode_locked_until REAL,
+          passcode_hard_locked INTEGER NOT NULL DEFAULT 0,
+          fingerprint_failures INTEGER NOT NULL DEFAULT 0
+        );
+        CREATE TABLE secrets (
+          person_id INTEGER NOT NULL REFERENCES people(id) ON DELETE CASCADE,
+          kind TEXT NOT NULL,
+          sealed BLOB NOT NULL,
+          updated_at REAL NOT NULL,
+          PRIMARY KEY (person_id, kind)
+        );
+        CREATE TABLE fingers (
+          id INTEGER PRIMARY KEY AUTOINCREMENT,
+          person_id INTEGER NOT NULL REFERENCES people(id) ON DELETE CASCADE,
+          finger TEXT NOT NULL,
+          template BLOB NOT NULL,
+          created_at REAL NOT NULL,
+          UNIQUE (person_id, finger)
+        );
+        CREATE TABLE audit (
+          seq INTEGER PRIMARY KEY,
+          time_us INTEGER NOT NULL,
+          action TEXT NOT NULL,
+          result TEXT NOT NULL,
+          person TEXT,
+          method TEXT,
+          caller_uid INTEGER,
+          caller_pid INTEGER,
+          service TEXT,
+          detail TEXT,
+          mac BLOB NOT NULL
+        );
+        CREATE TABLE terminal_state (key TEXT PRIMARY KEY NOT NULL, value TEXT NOT NULL);
+        """
+    ]
+
+    private func openSchema(now: Date) throws(StoreError) {
+        do {
+            // WAL before anything else; FULL makes each commit durable (counters survive a kill).
+            try connection.execute("PRAGMA journal_mode=WAL")
+            try connection.execute("PRAGMA synchronous=FULL; PRAGMA foreign_keys=ON; PRAGMA secure_delete=ON")
+            let version = try connection.query("PRAGMA user_version").first?["user_version"].int ?? 0
+            guard version <= Self.migrations.count else {
+                throw StoreError(.futureSchema(found: version, supported: Self.migrations.count))
+            }
+            if version > 0 {
+                try checkKey()
+            }
+            if version < Self.migrations.count {
+                try connection.transaction {
+                    for index in version..<Self.migrations.count {
+                        try connection.execute(Self.migrations[index])
+                        logger.info("store schema migrated", metadata: ["version": "\(index + 1)"])
+                    }
+                    if version == 0 {
+                        try initialiseMeta()
+                    }
+                    try connection.execute("PRAGMA user_version=\(Self.migrations.count)")
+                }
+            }
+        } catch let error as StoreError {
+            throw error
+        } catch let error as SQLiteError {
+            if error.isCorrupt { throw StoreError(.integrity("the database file is not a valid kioskauth store: \(error.message)")) }
+            throw StoreError(.database(error))
+        } catch {
+            throw StoreError(.integrity("\(error)"))
+        }
+    }
+
+    private static let keyCheckBinding = SealBinding(table: "meta", column: "value", row: "key_check", owner: "store")
+    private static let keyCheckPlaintext = Array("kioskauth store key check".utf8)
+
+    private func initialiseMeta() throws {
+        var storeID = [UInt8](repeating: 0, count: 16)
+        SymmetricKey(size: .bits128).withUnsafeBytes { storeID = Array($0) }
+        try connection.query("INSERT INTO meta (key, value) VALUES ('store_id', ?)", [.blob(storeID)])
+        let check = try sealer.seal(Self.keyCheckPlaintext, binding: Self.keyCheckBinding)
+        try connection.query("INSERT INTO meta (key, value) VALUES ('key_check', ?)", [.blob(check)])
+    }
+
+    private func checkKey() throws {
+        guard let sealed = try connection.query("SELECT value FROM meta WHERE key = 'key_check'").first?["value"].bytes else {
+            throw StoreError(.integrity("the store has no key check"))
+        }
+        do {
+            guard try sealer.open(sealed, binding: Self.keyCheckBinding) == Self.keyCheckPlaintext else {
+                throw StoreError(.wrongKey)
+            }
+        } catch {
+            throw StoreError(.wrongKey)
+        }
+    }
+
+    /// The schema version of the open store.
+    public var openSchemaVersion: Int { Self.schemaVersion }
+
+    /// The store's random identity, bound into the audit chain's genesis.
+    var storeID: [UInt8] {
+        (try? connection.query("SELECT value FROM meta WHERE key = 'store_id'").first?["value"].bytes) ?? []
+    }
+
+    // MARK: Serialised access
+
+    /// Runs `body` under the store lock, turning SQLite failures into store errors.
+    func locked<T>(_ body: () throws -> T) throws(StoreError) -> T {
+        lock.lock()
+        defer { lock.unlock() }
+        do {
+            return try body()
+        } catch let error as StoreError {
+            throw error
+        } catch let error as SQLiteError {
+            throw StoreError(.database(error))
+        } catch {
+            throw StoreError(.integrity("\(error)"))
+        }
+    }
+
+    /// Runs `body` in one durable transaction under the store lock.
+    func transaction<T>(_ body: (SQLiteConnection) throws -> T) throws(StoreError) -> T {
+        try locked { try connection.transaction { try body(connection) } }
+    }
+
+    // MARK: People
+
+    private static let personColumns =
+        "id, name, display_name, roles, origin, state, uid, created_at, last_unlock_at, passcode_failures, passcode_locked_until, passcode_hard_locked, fingerprint_failures, (SELECT COUNT(*) FROM secrets s WHERE s.person_id = people.id AND s.kind = 'passcode') AS has_passcode, (SELECT group_concat(finger) FROM (SELECT finger FROM fingers f WHERE f.person_id = people.id ORDER BY f.id)) AS fingers"
+
+    private func decodePerson(_ row: SQLRow) throws -> StoredPerson {
+        let roleNames = (row["roles"].string ?? "").split(separator: ",").map(String.init)
+        let roles = try RoleSet(roleNames.map { name in
+            guard let role = Role(rawValue: name) else { throw StoreError(.integrity("unknown role \(name) in people row")) }
+            return role
+        })
+        guard let origin = Origin(rawValue: row["origin"].string ?? ""),
+            let state = PersonState(rawValue: row["state"].string ?? "")
+        else { throw StoreError(.integrity("bad origin or state in people row")) }
+        var failures = CredentialFailureState()
+        failures.passcodeFailures = row["passcode_failures"].int ?? 0
+        failures.passcodeLockedUntil = row["passcode_locked_until"].double.map(Date.init(timeIntervalSince1970:))
+        failures.passcodeHardLocked = (row["passcode_hard_locked"].int ?? 0) != 0
+        failures.fingerprintFailures = row["fingerprint_failures"].int ?? 0
+        return StoredPerson(
+            id: Int64(row["id"].int ?? 0),
+            name: try LoginName(row["name"].string ?? ""),
+            displayName: row["display_name"].string ?? "",
+            roles: roles,
+            origin: origin,
+            state: state,
+            uid: row["uid"].int,
+            createdAt: Date(timeIntervalSince1970: row["created_at"].double ?? 0),
+            lastUnlockAt: row["last_unlock_at"].double.map(Date.init(timeIntervalSince1970:)),
+            failures: failures,
+            hasPasscode: (row["has_passcode"].int ?? 0) > 0,
+            fingers: (row["fingers"].string ?? "").split(separator: ",").map(String.init))
+    }
+
+    /// Creates a person. Names and bound uids are unique.
+    public func addPerson(
+        name: LoginName, displayName: String, roles: RoleSet, origin: Origin, state: PersonState, uid: Int?, now: Date
+    ) throws(StoreError) -> StoredPerson {
+        try transaction { db in
+            if try !db.query("SELECT id FROM people WHERE name = ?", [.text(name.rawValue)]).isEmpty {
+                throw StoreError(.personExists(name.rawValue))
+            }
+            if let uid, try !db.query("SELECT id FROM people WHERE uid = ?", [.integer(Int64(uid))]).isEmpty {
+                throw StoreError(.personExists("uid \(uid)"))
+            }
+            try db.query(
+                "INSERT INTO people (name, display_name, roles, origin, state, uid, created_at, updated_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                [
+                    .text(name.rawValue), .text(displayName), .text(roles.all.map(\.rawValue).joined(separator: ",")),
+                    .text(origin.rawValue), .text(state.rawValue), uid.map { .integer(Int64($0)) } ?? .null,
+                    .real(now.timeIntervalSince1970), .real(now.timeIntervalSince1970),
+                ])
+            let id = db.lastInsertRowID
+            return try decodePerson(db.query("SELECT \(Self.personColumns) FROM people WHERE id = ?", [.integer(id)])[0])
+        }
+    }
+
+    /// The person with this name, if any.
+    public func person(named name: LoginName) throws(StoreError) -> StoredPerson? {
+        try locked {
+            try connection.query("SELECT \(Self.personColumns) FROM people WHERE name = ?", [.text(name.rawValue)]).first.map(decodePerson)
+        }
+    }
+
+    /// The person bound to this Unix uid, if any.
+    public func person(boundTo uid: Int) throws(StoreError) -> StoredPerson? {
+        try locked {
+            try connection.query("SELECT \(Self.personColumns) FROM people WHERE uid = ?", [.integer(Int64(uid))]).first.map(decodePerson)
+        }
+    }
+
+    /// Everyone, by name.
+    public func people() throws(StoreError) -> [StoredPerson] {
+        try locked { try connection.query("SELECT \(Self.personColumns) FROM people ORDER BY name").map(decodePerson) }
+    }
+
+    /// Number of people.
+    public func peopleCount() throws(StoreError) -> Int {
+        try locked { try connection.query("SELECT COUNT(*) AS n FROM people").first?["n"].int ?? 0 }
+    }
+
+    /// Removes a person and erases every secret of theirs. Freed pages are zeroed
+    /// (`secure_delete`) and the WAL is checkpointed and truncated so no old frame keeps them.
+    /// Returns the removed person's fingers' templates so on-sensor prints can be deleted too.
+    @discardableResult
+    public func removePerson(_ person: StoredPerson) throws(StoreError) -> [[UInt8]] {
+        let templates = try transaction { db -> [[UInt8]] in
+            let fingers = try db.query("SELECT id, finger, template FROM fingers WHERE person_id = ?", [.integer(person.id)])
+            var opened: [[UInt8]] = []
+            for row in fingers {
+                if let sealed = row["template"].bytes,
+                    let template = try? sealer.open(
+                        sealed, binding: Self.fingerBinding(personID: person.id, name: person.name, finger: row["finger"].string ?? ""))
+                {
+                    opened.append(template)
+                }
+            }
+            try db.query("DELETE FROM secrets WHERE person_id = ?", [.integer(person.id)])
+            try db.query("DELETE FROM fingers WHERE person_id = ?", [.integer(person.id)])
+            try db.query("DELETE FROM people WHERE id = ?", [.integer(person.id)])
+            guard db.changes == 1 else { throw StoreError(.noSuchPerson(person.name.rawValue)) }
+            return opened
+        }
+        try locked { _ = try connection.query("PRAGMA wal_checkpoint(TRUNCATE)") }
+        return templates
+    }
+
+    /// Persists a person's failure counters; durable when this returns.
+    public func saveFailures(_ failures: CredentialFailureState, for person: StoredPerson, now: Date) throws(StoreError) {
+        try transaction { db in
+            try db.query(
+                "UPDATE people SET passcode_failures = ?, passcode_locked_until = ?, passcode_hard_locked = ?, fingerprint_failures = ?, updated_at = ? WHERE id = ?",
+                [
+                    .integer(Int64(failures.passcodeFailures)),
+                    failures.passcodeLockedUntil.map { .real($0.timeIntervalSince1970) } ?? .null,
+                    .integer(failures.passcodeHardLocked ? 1 : 0), .integer(Int64(failures.fingerprintFailures)),
+                    .real(now.timeIntervalSince1970), .integer(person.id),
+                ])
+            guard db.changes == 1 else { throw StoreError(.noSuchPerson(person.name.rawValue)) }
+        }
+    }
+
+    /// Changes a person's state.
+    public func setState(_ state: PersonState, for person: StoredPerson, now: Date) throws(StoreError) {
+        try transaction { db in
+            try db.query(
+                "UPDATE people SET state = ?, updated_at = ? WHERE id = ?",
+                [.text(state.rawValue), .real(now.timeIntervalSince1970), .integer(person.id)])
+        }
+    }
+
+    /// Records a successful unlock (orders the walk-up identify roster).
+    public func recordUnlock(of person: StoredPerson, now: Date) throws(StoreError) {
+        try transaction { db in
+            try db.query(
+                "UPDATE people SET last_unlock_at = ? WHERE id = ?", [.real(now.timeIntervalSince1970), .integer(person.id)])
+        }
+    }
+
+    // MARK: Secrets
+
+    static func secretBinding(personID: Int64, name: LoginName, kind: String) -> SealBinding {
+        SealBinding(table: "secrets", column: kind, row: "\(personID)", owner: name.rawValue)
+    }
+
+    static func fingerBinding(personID: Int64, name: LoginName, finger: String) -> SealBinding {
+        SealBinding(table: "fingers", column: finger, row: "\(personID)", owner: name.rawValue)
+    }
+
+    /// Seals and stores a person's passcode verifier, replacing any earlier one.
+    public func setPasscodeVerifier(_ verifier: PasscodeVerifier, for person: StoredPerson, now: Date) throws(StoreError) {
+        try setSecret(try JSONEncoder().encodeOrThrow(verifier), kind: "passcode", for: person, now: now)
+    }
+
+    /// The person's passcode verifier, opened; nil when none is set. A verifier that does not
+    /// open (edited, swapped, wrong key) is an integrity error.
+    public func passcodeVerifier(for person: StoredPerson) throws(StoreError) -> PasscodeVerifier? {
+        guard let bytes = try secret(kind: "passcode", for: person) else { return nil }
+        do { return try JSONDecoder().decode(PasscodeVerifier.self, from: Data(bytes)) } catch {
+            throw StoreError(.integrity("passcode verifier of \(person.name) does not decode"))
+        }
+    }
+
+    /// Seals and stores a secret of `kind` for a person.
+    public func setSecret(_ plaintext: [UInt8], kind: String, for person: StoredPerson, now: Date) throws(StoreError) {
+        let sealed: [UInt8]
+        do { sealed = try sealer.seal(plaintext, binding: Self.secretBinding(personID: person.id, name: person.name, kind: kind)) } catch {
+            throw StoreError(.integrity("sealing failed: \(error)"))
+        }
+        try transaction { db in
+            try db.query(
+                "INSERT INTO secrets (person_id, kind, sealed, updated_at) VALUES (?, ?, ?, ?) ON CONFLICT (person_id, kind) DO UPDATE SET sealed = excluded.sealed, updated_at = excluded.updated_at",
+                [.integer(person.id), .text(kind), .blob(sealed), .real(now.timeIntervalSince1970)])
+        }
+    }
+
+    /// Opens a stored secret of `kind`; nil when absent.
+    public func secret(kind: String, for person: StoredPerson) throws(StoreError) -> [UInt8]? {
+        let sealed = try locked {
+            try connection.query("SELECT sealed FROM secrets WHERE person_id = ? AND kind = ?", [.integer(person.id), .text(kind)])
+                .first?["sealed"].bytes
+        }
+        guard let sealed else { return nil }
+        return try sealer.open(sealed, binding: Self.secretBinding(personID: person.id, name: person.name, kind: kind))
+    }
+
+    // MARK: Terminal-wide state
+
+    /// A terminal-wide value (JSON), e.g. the identify throttle.
+    public func terminalValue<T: Decodable>(_ type: T.Type, forKey key: String) throws(StoreError) -> T? {
+        let text = try locked { try connection.query("SELECT value FROM terminal_state WHERE key = ?", [.text(key)]).first?["value"].string }
+        guard let text else { return nil }
+        return try? JSONDecoder().decode(type, from: Data(text.utf8))
+    }
+
+    /// Stores a terminal-wide value (JSON), durably.
+    public func setTerminalValue(_ value: some Encodable, forKey key: String) throws(StoreError) {
+        let text = String(decoding: try JSONEncoder().encodeOrThrow(value), as: UTF8.self)
+        try transaction { db in
+            try db.query(
+                "INSERT INTO terminal_state (key, value) VALUES (?, ?) ON CONFLICT (key) DO UPDATE SET value = excluded.value",
+                [.text(key), .text(text)])
+        }
+    }
+}
+
+extension JSONEncoder {
+    func encodeOrThrow(_ value: some Encodable) throws(StoreError) -> [UInt8] {
+        do { return Array(try encode(value)) } catch { throw StoreError(.integrity("encoding failed: \(error)")) }
+    }
+}

@@ -1,0 +1,327 @@
+import ArgumentParser
+import Foundation
+import KioskAuthProtocol
+
+#if canImport(Glibc)
+    import Glibc
+#endif
+
+/// Options every subcommand shares.
+struct GlobalOptions: ParsableArguments {
+    @Option(help: "The daemon's socket (default: $KIOSKAUTH_SOCKET, else /run/kioskauth/io.kioskauth).")
+    var socket: String?
+
+    @Flag(help: "Print the daemon's replies as JSON.")
+    var json = false
+
+    var socketPath: String {
+        socket ?? ProcessInfo.processInfo.environment["KIOSKAUTH_SOCKET"].flatMap { $0.isEmpty ? nil : $0 }
+            ?? "/run/kioskauth/io.kioskauth"
+    }
+
+    func connect() throws -> VarlinkClient {
+        try VarlinkClient(socketPath: socketPath)
+    }
+
+    /// Calls `method` and prints the reply as JSON when asked to.
+    @discardableResult
+    func call<Output: Decodable>(_ method: String, _ input: some Encodable, as output: Output.Type) throws -> Output {
+        let client = try connect()
+        let parameters = try VarlinkCoding.encode(input)
+        let reply = try client.call("io.kioskauth." + method, parameters: parameters)
+        if json { printJSON(reply) }
+        return try VarlinkCoding.decode(output, from: reply)
+    }
+}
+
+func printJSON(_ value: some Encodable) {
+    let encoder = JSONEncoder()
+    encoder.outputFormatting = [.prettyPrinted, .sortedKeys, .withoutEscapingSlashes]
+    if let data = try? encoder.encode(value) {
+        print(String(decoding: data, as: UTF8.self))
+    }
+}
+
+/// Reads one secret line: without echo from a terminal, else a plain line from stdin.
+func readSecret(prompt: String) throws -> String {
+    if isatty(STDIN_FILENO) != 0 {
+        FileHandle.standardError.write(Data(prompt.utf8))
+        var saved = termios()
+        tcgetattr(STDIN_FILENO, &saved)
+        var silent = saved
+        silent.c_lflag &= ~tcflag_t(ECHO)
+        tcsetattr(STDIN_FILENO, TCSAFLUSH, &silent)
+        defer {
+            tcsetattr(STDIN_FILENO, TCSAFLUSH, &saved)
+            FileHandle.standardError.write(Data("\n".utf8))
+        }
+        guard let line = Swift.readLine(strippingNewline: true) else { throw CleanExit.message("no input") }
+        return line
+    }
+    guard let line = Swift.readLine(strippingNewline: true) else {
+        throw ValidationError("expected the passcode on standard input")
+    }
+    return line
+}
+
+func iso(_ text: String?) -> String { text ?? "-" }
+
+@main
+struct KioskAuthCtl: ParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "kioskauthctl",
+        abstract: "Manage kioskauth: people, passcodes, fingerprints and the audit trail.",
+        discussion: "Speaks only kioskauthd's socket API; what you may do depends on who you are (root, kioskauth-admin, kioskauth).",
+        version: "0.1.0",
+        subcommands: [Status.self, User.self, Passcode.self, Lockout.self, Audit.self])
+
+    /// Runs the command; usage errors exit 2, failures print one line and exit 1.
+    static func main() {
+        do {
+            var command = try parseAsRoot()
+            try command.run()
+        } catch let error as VarlinkClientError {
+            FileHandle.standardError.write(Data("kioskauthctl: \(describe(error))\n".utf8))
+            Foundation.exit(1)
+        } catch {
+            let code = exitCode(for: error)
+            if code == .validationFailure {
+                FileHandle.standardError.write(Data((fullMessage(for: error) + "\n").utf8))
+                Foundation.exit(2)
+            }
+            exit(withError: error)
+        }
+    }
+
+    /// One plain line for a named error.
+    static func describe(_ error: VarlinkClientError) -> String {
+        let p = error.parameters
+        func string(_ key: String) -> String? { p?[key]?.stringValue }
+        func number(_ key: String) -> Int? {
+            if case .number(let value)? = p?[key] { return Int(value) }
+            return nil
+        }
+        switch error.shortName {
+        case "Unreachable": return "cannot reach kioskauthd: \(p?.stringValue ?? "")"
+        case "Disconnected": return "kioskauthd closed the connection: \(p?.stringValue ?? "")"
+        case "NoSuchPerson": return "no person named \(string("name") ?? "that")"
+        case "PersonExists": return "\(string("name") ?? "that person") already exists"
+        case "PermissionDenied": return "permission denied: \(string("reason") ?? "")"
+        case "InvalidInput": return "invalid \(string("field") ?? "input"): \(string("message") ?? "")"
+        case "InvalidParameter": return "invalid parameter \(string("parameter") ?? "")"
+        case "WeakPasscode": return string("message") ?? "passcode refused"
+        case "WrongPasscode":
+            let failures = number("failures") ?? 0
+            let count = "\(failures) failed attempt\(failures == 1 ? "" : "s") in a row"
+            if let seconds = number("retryAfterSeconds") {
+                return "wrong passcode (\(count)); try again in \(seconds) s"
+            }
+            return "wrong passcode (\(count))"
+        case "PasscodeLocked":
+            if case .bool(true)? = p?["hardLocked"] {
+                return "passcode locked after too many failures: an admin must reset it (kioskauthctl lockout reset NAME), or sign in online; fingerprint unlock still works"
+            }
+            return "passcode locked for \(number("retryAfterSeconds") ?? 0) s after failed attempts; fingerprint unlock still works"
+        case "NoPasscode": return "\(string("name") ?? "that person") has no passcode"
+        case "PersonNotActive": return "\(string("name") ?? "that person") cannot unlock: \(string("state") ?? "not active")"
+        case "PasscodeNotAllowed": return "passcode not allowed: \(string("reason") ?? "")"
+        case "TicketInvalid": return "authenticate first: the ticket is missing, expired or from another connection"
+        case "StoreIntegrity": return "store integrity failure: \(string("reason") ?? "")"
+        case "TooManyConnections": return "kioskauthd is refusing connections: too many open"
+        default: return error.description
+        }
+    }
+}
+
+struct Status: ParsableCommand {
+    static let configuration = CommandConfiguration(abstract: "Show the daemon's status.")
+    @OptionGroup var global: GlobalOptions
+
+    func run() throws {
+        let status = try global.call("GetStatus", Message.Empty(), as: Message.Status.self)
+        guard !global.json else { return }
+        print("kioskauthd \(status.version), store schema \(status.schemaVersion)")
+        print("people:       \(status.people)")
+        print("socket:       \(global.socketPath)\(status.socketActivated ? " (socket-activated)" : "")")
+        print("store key:    \(status.developmentKey ? "DEVELOPMENT KEY FILE (not for production)" : "systemd credential")")
+        print("uptime:       \(status.uptimeSeconds) s")
+        print("audit:        \(status.auditEvents) events, head \(status.auditHead.prefix(16))…")
+    }
+}
+
+struct User: ParsableCommand {
+    static let configuration = CommandConfiguration(
+        abstract: "Add, list, show and remove people.", subcommands: [Add.self, List.self, Show.self, Remove.self])
+
+    struct Add: ParsableCommand {
+        static let configuration = CommandConfiguration(abstract: "Add a local person.")
+        @OptionGroup var global: GlobalOptions
+        @Argument(help: "Login name.") var name: String
+        @Option(help: "Name shown to the person.") var displayName: String?
+        @Option(help: "Role: caregiver, coordinator or family; repeat for several, the first is primary.")
+        var role: [String] = []
+        @Option(help: "Unix uid to bind the person to.") var uid: Int?
+
+        func validate() throws {
+            for role in role where !["caregiver", "coordinator", "family"].contains(role) {
+                throw ValidationError("unknown role '\(role)': use caregiver, coordinator or family")
+            }
+        }
+
+        func run() throws {
+            let reply = try global.call(
+                "AddPerson", Message.AddPerson(name: name, displayName: displayName, roles: role.isEmpty ? nil : role, uid: uid),
+                as: Message.PersonReply.self)
+            if !global.json { print("added \(reply.person.name) (\(reply.person.roles.joined(separator: ", ")))") }
+        }
+    }
+
+    struct List: ParsableCommand {
+        static let configuration = CommandConfiguration(abstract: "List everyone on this terminal.")
+        @OptionGroup var global: GlobalOptions
+
+        func run() throws {
+            let reply = try global.call("ListPeople", Message.Empty(), as: Message.People.self)
+            guard !global.json else { return }
+            let rows = [["NAME", "DISPLAY NAME", "ROLES", "ORIGIN", "STATE", "UID", "PASSCODE", "FINGERS"]]
+                + reply.people.map { p in
+                    [
+                        p.name, p.displayName, p.roles.joined(separator: ","), p.origin, p.state, p.uid.map(String.init) ?? "-",
+                        p.passcodeHardLocked ? "locked" : (p.hasPasscode ? "set" : "-"), p.fingers.isEmpty ? "-" : p.fingers.joined(separator: ","),
+                    ]
+                }
+            let widths = (0..<rows[0].count).map { column in rows.map { $0[column].count }.max() ?? 0 }
+            for row in rows {
+                print(zip(row, widths).map { $0.padding(toLength: $1, withPad: " ", startingAt: 0) }.joined(separator: "  "))
+            }
+        }
+    }
+
+    struct Show: ParsableCommand {
+        static let configuration = CommandConfiguration(abstract: "Show one person.")
+        @OptionGroup var global: GlobalOptions
+        @Argument(help: "Login name.") var name: String
+
+        func run() throws {
+            let p = try global.call("GetPerson", Message.Name(name: name), as: Message.PersonReply.self).person
+            guard !global.json else { return }
+            print("name:          \(p.name)")
+            print("display name:  \(p.displayName)")
+            print("roles:         \(p.roles.joined(separator: ", ")) (primary: \(p.primaryRole))")
+            print("origin:        \(p.origin)")
+            print("state:         \(p.state)")
+            print("uid:           \(p.uid.map(String.init) ?? "-")")
+            print("passcode:      \(p.hasPasscode ? "set" : "not set")\(p.passcodeHardLocked ? ", HARD-LOCKED" : "")\(p.passcodeLockedUntil.map { ", delayed until \($0)" } ?? "")")
+            print("failures:      passcode \(p.passcodeFailures), fingerprint \(p.fingerprintFailures)")
+            print("fingers:       \(p.fingers.isEmpty ? "-" : p.fingers.joined(separator: ", "))")
+            print("created:       \(p.createdAt)")
+            print("last unlock:   \(iso(p.lastUnlockAt))")
+        }
+    }
+
+    struct Remove: ParsableCommand {
+        static let configuration = CommandConfiguration(
+            abstract: "Remove a person and erase their passcode, fingerprints, tokens and sessions.")
+        @OptionGroup var global: GlobalOptions
+        @Argument(help: "Login name.") var name: String
+
+        func run() throws {
+            try global.call("RemovePerson", Message.Name(name: name), as: Message.Empty.self)
+            if !global.json { print("removed \(name); their secrets are erased") }
+        }
+    }
+}
+
+struct Passcode: ParsableCommand {
+    static let configuration = CommandConfiguration(
+        abstract: "Set or check a passcode.", subcommands: [Set.self, Verify.self])
+
+    struct Set: ParsableCommand {
+        static let configuration = CommandConfiguration(
+            abstract: "Set a person's passcode: typed twice on a terminal, or two lines on standard input.")
+        @OptionGroup var global: GlobalOptions
+        @Argument(help: "Login name.") var name: String
+
+        func run() throws {
+            let first = try readSecret(prompt: "New passcode for \(name): ")
+            let second = try readSecret(prompt: "Again: ")
+            try global.call(
+                "SetPasscode", Message.SetPasscode(name: name, passcode: first, confirmation: second), as: Message.PersonReply.self)
+            if !global.json { print("passcode set for \(name)") }
+        }
+    }
+
+    struct Verify: ParsableCommand {
+        static let configuration = CommandConfiguration(
+            abstract: "Check a passcode (one line on standard input); exits 0 only when it matches.")
+        @OptionGroup var global: GlobalOptions
+        @Argument(help: "Login name.") var name: String
+
+        func run() throws {
+            let passcode = try readSecret(prompt: "Passcode for \(name): ")
+            let reply = try global.call("VerifyPasscode", Message.VerifyPasscode(name: name, passcode: passcode), as: Message.Verified.self)
+            if !global.json { print("passcode accepted for \(reply.person.displayName)") }
+        }
+    }
+}
+
+struct Lockout: ParsableCommand {
+    static let configuration = CommandConfiguration(abstract: "Clear failure counts.", subcommands: [Reset.self])
+
+    struct Reset: ParsableCommand {
+        static let configuration = CommandConfiguration(
+            abstract: "Clear a person's passcode and fingerprint failure counts, including a hard lock.")
+        @OptionGroup var global: GlobalOptions
+        @Argument(help: "Login name.") var name: String
+
+        func run() throws {
+            try global.call("ResetLockout", Message.Name(name: name), as: Message.PersonReply.self)
+            if !global.json { print("lockout cleared for \(name)") }
+        }
+    }
+}
+
+struct Audit: ParsableCommand {
+    static let configuration = CommandConfiguration(
+        abstract: "Show the audit trail, or verify its HMAC chain.", subcommands: [Show.self, Verify.self],
+        defaultSubcommand: Show.self)
+
+    struct Show: ParsableCommand {
+        static let configuration = CommandConfiguration(commandName: "show", abstract: "Show audit events, oldest first.")
+        @OptionGroup var global: GlobalOptions
+        @Option(help: "Only events after this sequence number.") var after: Int?
+        @Option(help: "At most this many events.") var limit: Int?
+
+        func run() throws {
+            let reply = try global.call("GetAudit", Message.GetAudit(after: after, limit: limit), as: Message.AuditEvents.self)
+            guard !global.json else { return }
+            for e in reply.events {
+                var line = "\(e.sequence)\t\(e.time)\t\(e.action)\t\(e.result)"
+                if let person = e.person { line += "\tperson=\(person)" }
+                if let method = e.method { line += "\tmethod=\(method)" }
+                if let uid = e.callerUid { line += "\tuid=\(uid)" }
+                if let pid = e.callerPid { line += "\tpid=\(pid)" }
+                if let service = e.service { line += "\tservice=\(service)" }
+                if let detail = e.detail { line += "\t\(detail)" }
+                print(line)
+            }
+        }
+    }
+
+    struct Verify: ParsableCommand {
+        static let configuration = CommandConfiguration(abstract: "Check the audit trail's HMAC chain; exits 1 when broken.")
+        @OptionGroup var global: GlobalOptions
+
+        func run() throws {
+            let result = try global.call("VerifyAudit", Message.Empty(), as: Message.AuditVerification.self)
+            if !global.json {
+                if result.valid {
+                    print("audit chain intact: \(result.events) events, head \(result.head)")
+                } else {
+                    print("AUDIT CHAIN BROKEN at event \(result.brokenAt ?? 0): \(result.reason ?? "")")
+                }
+            }
+            if !result.valid { throw ExitCode(1) }
+        }
+    }
+}
