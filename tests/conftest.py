@@ -1,0 +1,39 @@
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from kioskauth_testing import KIOSKAUTHD, Daemon  # noqa: E402
+
+
+def pytest_collection_modifyitems(config, items):
+    if not KIOSKAUTHD.exists():
+        skip = pytest.mark.skip(reason=f"{KIOSKAUTHD} is not built (run swift build first)")
+        for item in items:
+            if "daemon" in item.fixturenames:
+                item.add_marker(skip)
+
+
+@pytest.fixture
+def daemon():
+    """A running kioskauthd with fresh directories and a development key."""
+    d = Daemon().start()
+    yield d
+    d.close()
+
+
+@pytest.fixture
+def make_daemon():
+    """Factory for daemons with custom configuration; all are stopped at the end."""
+    made = []
+
+    def factory(**kwargs):
+        d = Daemon(**kwargs)
+        made.append(d)
+        return d
+
+    yield factory
+    for d in made:
+        d.close()
