@@ -1,0 +1,224 @@
+public import Logging
+import Synchronization
+
+/// The fingerprint reader service: the only code in kioskauth that touches libfprint.
+///
+/// **Threading.** `start()` launches one thread that owns GLib's default main context and runs
+/// its main loop until `shutdown()`. libfprint's asynchronous API is driven only from closures
+/// scheduled onto that loop; results come back through continuations. Because the loop always
+/// runs, hotplug (`device-added`/`device-removed`) and cancellation are handled while idle as
+/// well as mid-scan. GLib's default context is process-wide, so one process runs at most one
+/// started reader at a time (a second `start()` throws `.busy`).
+///
+/// **One operation at a time.** Operations are serialised: a caller that arrives while another
+/// operation runs *waits* its turn (first come, first served) rather than failing with `.busy`;
+/// its own cancellation applies while it waits. The wait is not part of the scan timeout.
+///
+/// **Cancellation and timeouts.** Cancelling the awaiting task (or dropping the enrolment
+/// stream) cancels the scan through its `GCancellable` and throws `.cancelled`. Each touch has
+/// `Configuration.scanTimeout`; when it passes the scan is cancelled and `.timeout` is thrown.
+///
+/// **Readers.** Operations use the first usable reader (``readers``' first element). With none,
+/// they throw `.noReader` at once. A reader unplugged mid-scan ends that operation with
+/// `.removed`; a reader plugged in later is opened and used.
+///
+/// **Fresh touches.** verify and identify (including enrolment's duplicate check) refuse a
+/// result whose scan began with a finger already on the sensor (`.fingerAlreadyPresent`),
+/// judged from libfprint's finger-status reports (see `TouchFreshness`). Drivers that do not
+/// report finger status cannot be judged; their results are accepted. Enrolment stages rely on
+/// the driver, which already requires the finger to be lifted between touches.
+///
+/// Templates are biometric data: this type never logs them.
+public final class FingerprintReader: Sendable {
+    /// Tunables of the reader service.
+    public struct Configuration: Sendable {
+        /// How long one touch may take before the scan ends with `.timeout`.
+        public var scanTimeout: Duration
+
+        /// Creates a configuration.
+        public init(scanTimeout: Duration = .seconds(30)) {
+            self.scanTimeout = scanTimeout
+        }
+    }
+
+    private enum Lifecycle { case created, running, stopped }
+
+    private let logger: Logger
+    private let loop = MainLoopThread()
+    private let hub = ReaderHub()
+    private let gate = OperationGate()
+    private let engine: Engine
+    private let lifecycle = Mutex(Lifecycle.created)
+
+    /// Creates the service; nothing runs until ``start()``.
+    public init(configuration: Configuration, logger: Logger) {
+        self.logger = logger
+        self.engine = Engine(logger: logger, hub: hub, loop: loop, scanTimeout: configuration.scanTimeout)
+    }
+
+    /// Starts the reader thread, creates the libfprint context, enumerates and opens the readers
+    /// present, and starts following hotplug. Returns once the readers present are usable.
+    /// Having no reader is not an error. A reader can be started once.
+    public func start() async throws {
+        let fresh = lifecycle.withLock { state in
+            guard state == .created else { return false }
+            state = .running
+            return true
+        }
+        guard fresh else { throw FingerprintError(.busy, "the reader service was already started") }
+        do {
+            try await loop.start()
+        } catch {
+            lifecycle.withLock { $0 = .stopped }
+            hub.finish()
+            throw error
+        }
+        await withCheckedContinuation { (continuation: CheckedContinuation<Void, Never>) in
+            loop.perform { [engine] in engine.start { continuation.resume() } }
+        }
+        logger.debug("fingerprint reader service started", metadata: ["readers": "\(hub.readers.count)"])
+    }
+
+    /// Cancels the running operation (and any waiting ones), closes the readers and stops the
+    /// thread. Event streams finish. Safe to call more than once, or without `start()`.
+    public func shutdown() async {
+        let wasRunning = lifecycle.withLock { state in
+            defer { state = .stopped }
+            return state == .running
+        }
+        guard wasRunning else {
+            hub.finish()
+            return
+        }
+        loop.perform { [engine] in engine.beginShutdown() }
+        await gate.closeAndDrain(
+            failingWaitersWith: FingerprintError(.cancelled, "the reader service is shutting down"))
+        await withCheckedContinuation { (continuation: CheckedContinuation<Void, Never>) in
+            loop.perform { [engine] in engine.finishShutdown { continuation.resume() } }
+        }
+        hub.finish()
+        await loop.stop()
+        logger.debug("fingerprint reader service stopped")
+    }
+
+    /// The usable readers, in discovery order; operations use the first.
+    public var readers: [ReaderInfo] {
+        get async { hub.readers }
+    }
+
+    /// Hotplug events. Each access returns a new stream that first yields `.added` for every
+    /// reader present at that moment, then every later `.added`/`.removed`, and finishes at
+    /// ``shutdown()``.
+    public var events: AsyncStream<ReaderEvent> { hub.makeStream() }
+
+    /// Enrols a finger with live progress.
+    ///
+    /// The stream yields, in order:
+    /// 1. when `duplicateGallery` is not empty: on a reader that can identify,
+    ///    `.progress(stage: 0, of: N, hint: EnrollHint.checkingForDuplicates)` and then one
+    ///    identify touch over the gallery; a match ends the stream with `.duplicate`. On a
+    ///    verify-only reader, `.progress(stage: 0, of: N, hint: EnrollHint.duplicatesNotChecked)`
+    ///    and enrolment goes on unchecked;
+    /// 2. `.progress(stage: 0, of: N, hint: nil)` when the reader waits for the first touch;
+    /// 3. `.progress(stage: k, of: N, hint:)` after each touch (`hint` set, `k` unchanged, when
+    ///    the touch was rejected: "centre your finger");
+    /// 4. `.completed(template:)`, then the stream finishes.
+    ///
+    /// Readers that detect duplicates themselves may also end the stream with `.duplicate`.
+    /// Terminating the stream (or cancelling its consumer) cancels the enrolment.
+    public func enroll(
+        finger: Finger, username: String, duplicateGallery: [GalleryEntry]
+    )
+        -> AsyncThrowingStream<EnrollEvent, any Error>
+    {
+        let (stream, continuation) = AsyncThrowingStream.makeStream(of: EnrollEvent.self)
+        let task = Task { [self] in
+            do {
+                let template = try await runOperation { engine, control, completion in
+                    engine.enroll(
+                        finger: finger, username: username, duplicateGallery: duplicateGallery,
+                        control: control, emit: { continuation.yield($0) }, completion: completion)
+                }
+                continuation.yield(.completed(template: template))
+                continuation.finish()
+            } catch {
+                continuation.finish(throwing: error)
+            }
+        }
+        continuation.onTermination = { _ in task.cancel() }
+        return stream
+    }
+
+    /// Scans once and compares the touch with `template` (1:1). Returns whether it matched.
+    public func verify(template: [UInt8]) async throws -> Bool {
+        try await runOperation { engine, control, completion in
+            engine.verify(template: template, control: control, completion: completion)
+        }
+    }
+
+    /// Scans once and looks the touch up in `gallery`, tried in the given order (the caller
+    /// orders by recency and caps the size); the first entry above the match threshold wins.
+    /// Entries whose template cannot be used on this reader are skipped (and logged by id).
+    /// Throws `.notSupported` on readers that cannot identify.
+    public func identify(gallery: [GalleryEntry]) async throws -> MatchResult {
+        try await runOperation { engine, control, completion in
+            engine.identify(gallery: gallery, control: control, completion: completion)
+        }
+    }
+
+    /// Deletes the print `template` refers to from the sensor's own storage. A print already
+    /// absent counts as deleted. Does nothing on readers without storage.
+    public func deleteFromSensor(template: [UInt8]) async throws {
+        try await runOperation { engine, control, completion in
+            engine.deleteFromSensor(template: template, control: control, completion: completion)
+        }
+    }
+
+    /// The prints stored on the sensor (as templates), for reconciling with the store at start.
+    /// Empty on readers without storage; `.notSupported` on storage readers that cannot list.
+    /// Compare entries with stored templates using ``isSamePrint(_:_:)``, not byte equality.
+    public func sensorPrints() async throws -> [[UInt8]] {
+        try await runOperation { engine, control, completion in
+            engine.sensorPrints(control: control, completion: completion)
+        }
+    }
+
+    /// Whether two templates denote the same print for libfprint (same reader and same data;
+    /// for storage readers, the same on-sensor record). Needs no touch and no reader.
+    public func isSamePrint(_ first: [UInt8], _ second: [UInt8]) async -> Bool {
+        guard lifecycle.withLock({ $0 == .running }) else { return false }
+        return await withCheckedContinuation { continuation in
+            loop.perform { [engine] in continuation.resume(returning: engine.areSamePrint(first, second)) }
+        }
+    }
+
+    /// Runs one operation on the loop thread, serialised, cancellable from the awaiting task.
+    private func runOperation<Value: Sendable>(
+        _ start: @escaping @Sendable (Engine, ScanControl, @escaping Engine.Completion<Value>) -> Void
+    ) async throws -> Value {
+        try ensureReaderPresent()
+        try await gate.acquire(closedError: FingerprintError(.noReader, "the reader service is not running"))
+        defer { gate.release() }
+        try ensureReaderPresent()
+        let control = ScanControl()
+        return try await withTaskCancellationHandler {
+            try await withCheckedThrowingContinuation { (continuation: CheckedContinuation<Value, any Error>) in
+                loop.perform { [engine] in
+                    start(engine, control) { continuation.resume(with: $0.mapError { $0 as any Error }) }
+                }
+            }
+        } onCancel: {
+            control.cancel(on: loop)
+        }
+    }
+
+    /// Fails fast, without queueing, when nothing could serve the operation.
+    private func ensureReaderPresent() throws {
+        guard lifecycle.withLock({ $0 == .running }) else {
+            throw FingerprintError(.noReader, "the reader service is not running")
+        }
+        guard !hub.readers.isEmpty else {
+            throw FingerprintError(.noReader, "no fingerprint reader is attached")
+        }
+    }
+}
