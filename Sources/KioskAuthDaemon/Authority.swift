@@ -4,6 +4,7 @@ import KioskAuthProtocol
 public import KioskAuthStore
 public import Logging
 public import NIOPosix
+public import KioskAuthFingerprint
 
 /// The daemon's decisions: who may do what to whom, and the effects on the store. Every
 /// method authorises its caller first, audits what it did (including refusals), and throws
@@ -21,6 +22,8 @@ public actor Authority {
     let startedAt: Date
     let isSocketActivated: Bool
     let usesDevelopmentKey: Bool
+    /// The fingerprint reader service; nil when fingerprints are disabled.
+    let reader: FingerprintReader?
 
     private struct Ticket {
         var personID: Int64
@@ -31,7 +34,7 @@ public actor Authority {
 
     public init(
         store: Store, configuration: DaemonConfiguration, groups: AccessGroups, hashingPool: NIOThreadPool,
-        isSocketActivated: Bool, usesDevelopmentKey: Bool, logger: Logger,
+        isSocketActivated: Bool, usesDevelopmentKey: Bool, reader: FingerprintReader?, logger: Logger,
         now: @escaping @Sendable () -> Date = { Date() }
     ) {
         self.store = store
@@ -43,6 +46,7 @@ public actor Authority {
         self.startedAt = now()
         self.isSocketActivated = isSocketActivated
         self.usesDevelopmentKey = usesDevelopmentKey
+        self.reader = reader
         self.passcodePolicy = PasscodePolicy(
             minimumLength: configuration.passcode.minimumLength, maximumLength: configuration.passcode.maximumLength)
         self.credentialGuard = CredentialGuard(
@@ -179,7 +183,7 @@ public actor Authority {
         return record(person)
     }
 
-    private func failStore(_ caller: Caller, _ action: String, _ error: StoreError) throws(APIError) -> APIError {
+    func failStore(_ caller: Caller, _ action: String, _ error: StoreError) throws(APIError) -> APIError {
         try withStore(caller, action: action) { () throws(StoreError) in throw error }
     }
 
@@ -197,13 +201,14 @@ public actor Authority {
         return record(person)
     }
 
-    func removePerson(_ caller: Caller, _ name: String) throws(APIError) {
+    func removePerson(_ caller: Caller, _ name: String) async throws(APIError) {
         try requireAdmin(caller, action: "person.remove", person: name)
         let name = try loginName(name)
         let person = try existingPerson(name, caller: caller, action: "person.remove")
-        try withStore(caller, action: "person.remove", person: name.rawValue) { () throws(StoreError) in
-            _ = try store.removePerson(person)
+        let templates = try withStore(caller, action: "person.remove", person: name.rawValue) { () throws(StoreError) in
+            try store.removePerson(person)
         }
+        await deleteFromSensor(templates)
         tickets = tickets.filter { $0.value.personID != person.id }
         audit(caller, action: "person.remove", result: "success", person: name.rawValue, detail: "secrets erased")
     }
@@ -374,7 +379,7 @@ public actor Authority {
 
     // MARK: Tickets
 
-    private func issueTicket(for person: StoredPerson, caller: Caller) -> String {
+    func issueTicket(for person: StoredPerson, caller: Caller) -> String {
         let current = now()
         tickets = tickets.filter { $0.value.expires > current }
         var bytes = [UInt8](repeating: 0, count: 24)
@@ -388,7 +393,7 @@ public actor Authority {
     }
 
     /// Single use; bound to the person and the connection that earned it.
-    private func consumeTicket(_ ticket: String, person: StoredPerson, caller: Caller) -> Bool {
+    func consumeTicket(_ ticket: String, person: StoredPerson, caller: Caller) -> Bool {
         guard let entry = tickets.removeValue(forKey: ticket) else { return false }
         return entry.personID == person.id && entry.connectionID == caller.connectionID && entry.expires > now()
     }

@@ -60,8 +60,22 @@ public struct DaemonConfiguration: Sendable {
 
     /// Fingerprint policy.
     public struct Fingerprint: Sendable {
+        /// Use fingerprint readers at all.
+        public var enabled = true
         /// Consecutive failed matches before the fallback is required.
         public var failuresBeforeFallback = 3
+        /// How long one touch may take.
+        public var scanTimeout: TimeInterval = 30
+        /// Walk-up identify tries at most this many fingers (most recent unlocks first).
+        public var identifyRosterCap = 40
+        /// Unknown fingers in a row that pause walk-up identify.
+        public var identifyPauseAfter = 5
+        /// How long walk-up identify pauses.
+        public var identifyPause: TimeInterval = 60
+        /// People may enrol their own fingers (with a fresh authentication ticket).
+        public var selfEnrollment = true
+        /// Fingers one person may enrol.
+        public var maxFingersPerPerson = 10
     }
 
     public var socket = Socket()
@@ -182,7 +196,14 @@ public struct DaemonConfiguration: Sendable {
         case ("Passcode", "MaximumLength"): passcode.maximumLength = try int(value, 4...64)
         case ("Passcode", "LockoutDelaysSec"): passcode.lockoutDelays = try words(value).map(seconds)
         case ("Passcode", "HardLockAfter"): passcode.hardLockAfter = try int(value, 1...1000)
+        case ("Fingerprint", "Enabled"): fingerprint.enabled = try bool(value)
         case ("Fingerprint", "FailuresBeforeFallback"): fingerprint.failuresBeforeFallback = try int(value, 1...100)
+        case ("Fingerprint", "ScanTimeoutSec"): fingerprint.scanTimeout = try seconds(value)
+        case ("Fingerprint", "IdentifyRosterCap"): fingerprint.identifyRosterCap = try int(value, 1...10_000)
+        case ("Fingerprint", "IdentifyPauseAfter"): fingerprint.identifyPauseAfter = try int(value, 1...1000)
+        case ("Fingerprint", "IdentifyPauseSec"): fingerprint.identifyPause = try seconds(value)
+        case ("Fingerprint", "SelfEnrollment"): fingerprint.selfEnrollment = try bool(value)
+        case ("Fingerprint", "MaxFingersPerPerson"): fingerprint.maxFingersPerPerson = try int(value, 1...10)
         default: return false
         }
         return true

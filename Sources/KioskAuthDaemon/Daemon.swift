@@ -1,4 +1,5 @@
 public import Foundation
+import KioskAuthFingerprint
 import KioskAuthStore
 public import Logging
 import NIOPosix
@@ -94,11 +95,27 @@ public enum Daemon {
         let hashingPool = NIOThreadPool(numberOfThreads: 2)
         hashingPool.start()
         let groups = AccessGroups.resolve(admin: configuration.access.adminGroup, authenticator: configuration.access.authenticatorGroup)
+        // The reader starts before the socket is served, so READY=1 means readers present are usable.
+        var reader: FingerprintReader?
+        if configuration.fingerprint.enabled {
+            let candidate = FingerprintReader(
+                configuration: .init(scanTimeout: .milliseconds(Int64(configuration.fingerprint.scanTimeout * 1000))),
+                logger: logger)
+            do {
+                try await candidate.start()
+                reader = candidate
+                let present = await candidate.readers
+                logger.info("fingerprint readers", metadata: ["readers": "\(present.map { "\($0.driver) (\($0.name))" }.joined(separator: ", "))"])
+            } catch {
+                logger.error("fingerprint support unavailable; passcodes only", metadata: ["error": "\(error)"])
+            }
+        }
         let authority = Authority(
             store: store, configuration: configuration, groups: groups, hashingPool: hashingPool,
             isSocketActivated: listenFD != nil, usesDevelopmentKey: { if case .developmentKeyFile = source { true } else { false } }(),
-            logger: logger)
+            reader: reader, logger: logger)
         await authority.audit(nil, action: "daemon.start", result: "success", detail: "schema \(Store.schemaVersion)")
+        await authority.reconcileSensor()
 
         let server = VarlinkServer(
             target: listenFD.map { .inherited(fd: $0) } ?? .path(paths.socket), authority: authority,
@@ -110,6 +127,9 @@ public enum Daemon {
         var services: [ServiceGroupConfiguration.ServiceConfiguration] = [
             .init(service: server, successTerminationBehavior: .gracefullyShutdownGroup, failureTerminationBehavior: .gracefullyShutdownGroup)
         ]
+        if let reader {
+            services.append(.init(service: ReaderService(reader: reader, authority: authority, logger: logger)))
+        }
         if let interval = SystemdNotifier.watchdogInterval() {
             services.append(.init(service: WatchdogService(interval: interval, notifier: notifier, authority: authority, logger: logger)))
         }
@@ -176,4 +196,26 @@ struct WatchdogService: Service {
 extension Authority {
     /// Answers when the actor is not wedged.
     func ping() {}
+}
+
+/// Follows reader hotplug for the audit trail and the journal, and closes the reader at shutdown.
+struct ReaderService: Service {
+    let reader: FingerprintReader
+    let authority: Authority
+    let logger: Logger
+
+    func run() async throws {
+        for await event in reader.events.cancelOnGracefulShutdown() {
+            switch event {
+            case .added(let info):
+                logger.info("reader added", metadata: ["driver": "\(info.driver)", "reader": "\(info.name)"])
+                await authority.audit(nil, action: "reader.added", result: "success", detail: "\(info.driver): \(info.name)")
+                await authority.reconcileSensor()
+            case .removed(let id):
+                logger.info("reader removed", metadata: ["reader": "\(id)"])
+                await authority.audit(nil, action: "reader.removed", result: "success", detail: id)
+            }
+        }
+        await reader.shutdown()
+    }
 }

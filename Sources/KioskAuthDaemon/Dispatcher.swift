@@ -99,6 +99,24 @@ public struct Dispatcher: Sendable {
         register(prefix + "ResetLockout") { (input: Message.Name, caller, _) in
             Message.PersonReply(person: try await authority.resetLockout(caller, input.name))
         }
+        register(prefix + "GetReaders") { (_: Message.Empty, caller, _) in
+            Message.Readers(readers: await authority.readers(caller))
+        }
+        register(prefix + "EnrollFinger") { (input: Message.EnrollFinger, caller, sink) in
+            try await authority.enrollFinger(caller, input, sink: sink)
+        }
+        register(prefix + "ListFingers") { (input: Message.Name, caller, _) in
+            Message.Fingers(fingers: try await authority.listFingers(caller, input.name))
+        }
+        register(prefix + "RemoveFinger") { (input: Message.RemoveFinger, caller, _) in
+            Message.Removed(removed: try await authority.removeFinger(caller, input))
+        }
+        register(prefix + "VerifyFinger") { (input: Message.VerifyFinger, caller, sink) in
+            try await authority.verifyFinger(caller, input, sink: sink)
+        }
+        register(prefix + "Identify") { (input: Message.Identify, caller, sink) in
+            try await authority.identify(caller, input, sink: sink)
+        }
         register(prefix + "GetAudit") { (input: Message.GetAudit, caller, _) in
             Message.AuditEvents(events: try await authority.auditEvents(caller, input))
         }

@@ -123,7 +123,7 @@ public final class VarlinkServer: Service, Sendable {
 
         let bootstrap = ServerBootstrap(group: group)
             .serverChannelOption(.backlog, value: 128)
-            .childChannelOption(.allowRemoteHalfClosure, value: true)
+            .childChannelOption(.allowRemoteHalfClosure, value: false)
 
         let initializer: @Sendable (any Channel) -> EventLoopFuture<Connection> = { channel in
             Self.peerCredentials(of: channel).flatMapThrowing { caller in
@@ -231,21 +231,30 @@ public final class VarlinkServer: Service, Sendable {
         var logger = self.logger
         logger[metadataKey: "peer_uid"] = "\(caller.uid)"
         logger[metadataKey: "peer_pid"] = "\(caller.pid)"
-        do {
-            try await channel.executeThenClose { inbound, outbound in
-                do {
-                    for try await frame in inbound {
-                        let keepOpen = await handle(frame: frame, caller: caller, outbound: outbound, logger: logger)
-                        channel.channel.triggerUserOutboundEvent(CallFinished(), promise: nil)
-                        if !keepOpen { break }
+        // A client that goes away cancels its call: a scan in progress stops at once.
+        let work = Task {
+            do {
+                try await channel.executeThenClose { inbound, outbound in
+                    do {
+                        for try await frame in inbound {
+                            let keepOpen = await handle(frame: frame, caller: caller, outbound: outbound, logger: logger)
+                            channel.channel.triggerUserOutboundEvent(CallFinished(), promise: nil)
+                            if !keepOpen { break }
+                        }
+                    } catch is NULFrameDecoder.MessageTooLarge {
+                        logger.notice("message too large; disconnecting")
+                        try? await outbound.write(ByteBuffer(bytes: Self.encode(.tooLarge(configuration.maxMessageSize))))
                     }
-                } catch is NULFrameDecoder.MessageTooLarge {
-                    logger.notice("message too large; disconnecting")
-                    try? await outbound.write(ByteBuffer(bytes: Self.encode(.tooLarge(configuration.maxMessageSize))))
                 }
+            } catch {
+                logger.debug("connection ended", metadata: ["error": "\(error)"])
             }
-        } catch {
-            logger.debug("connection ended", metadata: ["error": "\(error)"])
+        }
+        channel.channel.closeFuture.whenComplete { _ in work.cancel() }
+        await withTaskCancellationHandler {
+            await work.value
+        } onCancel: {
+            work.cancel()
         }
         await authority.connectionClosed(connectionID)
     }

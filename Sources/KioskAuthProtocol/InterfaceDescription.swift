@@ -59,6 +59,37 @@ type Person (
   lastUnlockAt: ?string
 )
 
+# A fingerprint reader the daemon can use.
+type Reader (
+  # libfprint's device id.
+  id: string,
+  # libfprint driver name, e.g. "elan", "virtual_image".
+  driver: string,
+  # Human-readable device name.
+  name: string,
+  # The reader can identify (1:N); walk-up unlock and duplicate checks need it.
+  canIdentify: bool,
+  # The reader keeps prints on the sensor.
+  hasStorage: bool,
+  # Touches an enrolment takes.
+  enrollStages: int,
+  # "press" or "swipe".
+  scanType: string
+)
+
+# Progress of a scan, streamed to callers that set "more".
+type ScanProgress (
+  # "touch" (waiting for a finger), "stage" (an enrolment touch was taken), "retry" (the
+  # touch was not usable: see hint), "duplicate-check" (an identify touch before enrolment).
+  state: string,
+  # Enrolment stage reached, from 0.
+  stage: ?int,
+  # Enrolment stages in all.
+  stages: ?int,
+  # What to tell the person, e.g. "Touch the fingerprint reader", "centre your finger".
+  hint: ?string
+)
+
 # What the PAM module (running as root) tells the daemon about the login it serves.
 type CallerContext (
   # PAM service name (PAM_SERVICE), e.g. "kioskauth", "gdm-password", "sudo".
@@ -197,6 +228,73 @@ method VerifyAudit() -> (
   reason: ?string
 )
 
+# The fingerprint readers present, first the one operations use.
+method GetReaders() -> (readers: []Reader)
+
+# Enrol a finger (admin, or the person themself with a fresh ticket when self-enrolment is
+# allowed). With "more", streams ScanProgress until the final reply. Where the reader can
+# identify, a first touch checks the finger is not already enrolled to anyone.
+method EnrollFinger(
+  # Login name.
+  name: string,
+  # Which finger: left-thumb ... right-little; default right-index.
+  finger: ?string,
+  # Self-service only: the ticket a fresh authentication returned on this connection.
+  ticket: ?string
+) -> (
+  # Progress, when this is not the final reply.
+  progress: ?ScanProgress,
+  # The person, on the final reply.
+  person: ?Person,
+  # The finger enrolled, on the final reply.
+  finger: ?string,
+  # Whether the duplicate check ran (false on verify-only readers).
+  duplicateChecked: ?bool
+)
+
+# A person's enrolled fingers (admin, or the person themself).
+method ListFingers(name: string) -> (fingers: []string)
+
+# Remove one finger, or all of a person's fingers, including copies on the sensor (admin).
+method RemoveFinger(
+  # Login name.
+  name: string,
+  # The finger; all fingers when absent.
+  finger: ?string
+) -> (removed: []string)
+
+# Scan once and match a named person (1:1). Callers in the kioskauth group (or root) may
+# verify anyone; others only themselves. With "more", streams a "touch" prompt first.
+method VerifyFinger(
+  # Login name.
+  name: string,
+  # What the PAM module knows about the login being served.
+  context: ?CallerContext
+) -> (
+  # A "touch" prompt, when this is not the final reply.
+  progress: ?ScanProgress,
+  # The person matched, on the final reply.
+  person: ?Person,
+  # A short-lived ticket for self-service, on the final reply.
+  ticket: ?string,
+  # Seconds the ticket stays valid.
+  ticketExpiresIn: ?int
+)
+
+# Walk-up unlock: scan once and find the person among this terminal's roster (the most
+# recent unlocks first, capped). Root and the kioskauth group only.
+method Identify(
+  # What the PAM module knows about the login being served.
+  context: ?CallerContext
+) -> (
+  # A "touch" prompt, when this is not the final reply.
+  progress: ?ScanProgress,
+  # The person recognised, on the final reply.
+  person: ?Person,
+  # Fingers tried.
+  rosterSize: ?int
+)
+
 # No person by that name on this terminal.
 error NoSuchPerson (name: string)
 
@@ -248,6 +346,54 @@ error TooManyConnections (limit: int)
 
 # The connection sent nothing for too long; it is closed.
 error IdleTimeout (seconds: int)
+
+# No fingerprint reader is present. Offer the passcode; this is not a failure to show.
+error NoReader ()
+
+# The finger did not match. At the limit, fallbackRequired is true and the person must use
+# their fallback (passcode, or the identity provider login for people without one).
+error FingerprintNotRecognized (failures: int, fallbackRequired: bool, fallback: string)
+
+# Too many failed matches in a row: fingerprint is refused until the fallback succeeds.
+error FallbackRequired (name: string, fallback: string)
+
+# Walk-up identify found nobody. askForName is true when the roster was larger than the cap:
+# ask for a name and verify instead.
+error NotIdentified (unknownInARow: int, askForName: bool)
+
+# Walk-up identify is paused after too many unknown fingers in a row.
+error IdentifyPaused (retryAfterSeconds: int)
+
+# The person has no enrolled finger.
+error NoFingers (name: string)
+
+# That finger is already enrolled (to this person or, where the reader can tell, anyone).
+error FingerAlreadyEnrolled (finger: string)
+
+# A person may enrol at most max fingers.
+error TooManyFingers (max: int)
+
+# The reader could not take a usable touch (hint says why), or it began with a finger already
+# on the sensor. Try again.
+error ScanRetry (hint: string)
+
+# No finger was presented in time.
+error ScanTimeout (seconds: int)
+
+# The reader was unplugged during the scan.
+error ReaderRemoved ()
+
+# The reader is busy or too hot; try again later.
+error ReaderUnavailable (reason: string)
+
+# The reader's on-sensor storage is full.
+error ReaderFull ()
+
+# The scan was cancelled.
+error ScanCancelled ()
+
+# Fingerprints are not accepted for this login (remote session, or forbidden by policy).
+error FingerprintNotAllowed (reason: string)
 
 # The daemon is shutting down.
 error ShuttingDown ()

@@ -212,3 +212,113 @@ public enum Message {
         }
     }
 }
+
+/// A fingerprint reader as the API shows it.
+public struct ReaderRecord: Codable, Sendable, Equatable {
+    public var id: String
+    public var driver: String
+    public var name: String
+    public var canIdentify: Bool
+    public var hasStorage: Bool
+    public var enrollStages: Int
+    public var scanType: String
+
+    public init(id: String, driver: String, name: String, canIdentify: Bool, hasStorage: Bool, enrollStages: Int, scanType: String) {
+        self.id = id
+        self.driver = driver
+        self.name = name
+        self.canIdentify = canIdentify
+        self.hasStorage = hasStorage
+        self.enrollStages = enrollStages
+        self.scanType = scanType
+    }
+}
+
+/// Progress of a scan, streamed to `more` callers.
+public struct ScanProgress: Codable, Sendable, Equatable {
+    public var state: String
+    public var stage: Int?
+    public var stages: Int?
+    public var hint: String?
+
+    public init(state: String, stage: Int? = nil, stages: Int? = nil, hint: String? = nil) {
+        self.state = state
+        self.stage = stage
+        self.stages = stages
+        self.hint = hint
+    }
+}
+
+extension Message {
+    public struct Readers: Codable, Sendable {
+        public var readers: [ReaderRecord]
+        public init(readers: [ReaderRecord]) { self.readers = readers }
+    }
+
+    public struct EnrollFinger: Codable, Sendable {
+        public var name: String
+        public var finger: String?
+        public var ticket: String?
+        public init(name: String, finger: String? = nil, ticket: String? = nil) {
+            self.name = name
+            self.finger = finger
+            self.ticket = ticket
+        }
+    }
+
+    /// Each reply of a scanning method: progress while scanning, the result at the end.
+    public struct ScanReply: Codable, Sendable {
+        public var progress: ScanProgress?
+        public var person: PersonRecord?
+        public var finger: String?
+        public var duplicateChecked: Bool?
+        public var ticket: String?
+        public var ticketExpiresIn: Int?
+        public var rosterSize: Int?
+        public init(
+            progress: ScanProgress? = nil, person: PersonRecord? = nil, finger: String? = nil, duplicateChecked: Bool? = nil,
+            ticket: String? = nil, ticketExpiresIn: Int? = nil, rosterSize: Int? = nil
+        ) {
+            self.progress = progress
+            self.person = person
+            self.finger = finger
+            self.duplicateChecked = duplicateChecked
+            self.ticket = ticket
+            self.ticketExpiresIn = ticketExpiresIn
+            self.rosterSize = rosterSize
+        }
+    }
+
+    public struct Fingers: Codable, Sendable {
+        public var fingers: [String]
+        public init(fingers: [String]) { self.fingers = fingers }
+    }
+
+    public struct RemoveFinger: Codable, Sendable {
+        public var name: String
+        public var finger: String?
+        public init(name: String, finger: String? = nil) {
+            self.name = name
+            self.finger = finger
+        }
+    }
+
+    public struct Removed: Codable, Sendable {
+        public var removed: [String]
+        public init(removed: [String]) { self.removed = removed }
+    }
+
+    public struct VerifyFinger: Codable, Sendable {
+        public var name: String
+        public var context: CallerContext?
+        public init(name: String, context: CallerContext? = nil) {
+            self.name = name
+            self.context = context
+        }
+    }
+
+    public struct Identify: Codable, Sendable {
+        public var context: CallerContext?
+        public init(context: CallerContext? = nil) { self.context = context }
+    }
+}

@@ -37,7 +37,7 @@ public final class Store: @unchecked Sendable {
 
     let connection: SQLiteConnection
     private let lock = NSLock()
-    private let sealer: Sealer
+    let sealer: Sealer
     let auditKey: SymmetricKey
     private let logger: Logger
 

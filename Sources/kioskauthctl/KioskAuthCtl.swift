@@ -73,7 +73,10 @@ struct KioskAuthCtl: ParsableCommand {
         abstract: "Manage kioskauth: people, passcodes, fingerprints and the audit trail.",
         discussion: "Speaks only kioskauthd's socket API; what you may do depends on who you are (root, kioskauth-admin, kioskauth).",
         version: "0.1.0",
-        subcommands: [Status.self, User.self, Passcode.self, Lockout.self, Audit.self])
+        subcommands: [
+            Status.self, User.self, Passcode.self, FingerCommand.self, VerifyCommand.self, IdentifyCommand.self, ReaderCommand.self,
+            Lockout.self, Audit.self,
+        ])
 
     /// Runs the command; usage errors exit 2, failures print one line and exit 1.
     static func main() {
@@ -128,6 +131,28 @@ struct KioskAuthCtl: ParsableCommand {
         case "TicketInvalid": return "authenticate first: the ticket is missing, expired or from another connection"
         case "StoreIntegrity": return "store integrity failure: \(string("reason") ?? "")"
         case "TooManyConnections": return "kioskauthd is refusing connections: too many open"
+        case "NoReader": return "no fingerprint reader is present; use the passcode"
+        case "FingerprintNotRecognized":
+            if case .bool(true)? = p?["fallbackRequired"] {
+                return "finger not recognised (\(number("failures") ?? 0) in a row): use your \(string("fallback") == "idp" ? "email and password" : "passcode") now"
+            }
+            return "finger not recognised (\(number("failures") ?? 0) in a row)"
+        case "FallbackRequired":
+            return "too many unrecognised fingers: \(string("name") ?? "this person") must use the \(string("fallback") == "idp" ? "email and password login" : "passcode") first"
+        case "NotIdentified":
+            if case .bool(true)? = p?["askForName"] { return "finger not recognised among the most recent users: give your name and verify instead" }
+            return "finger not recognised"
+        case "IdentifyPaused": return "walk-up identify is paused after unknown fingers; try again in \(number("retryAfterSeconds") ?? 0) s or give your name"
+        case "NoFingers": return "\(string("name") ?? "that person") has no enrolled finger"
+        case "FingerAlreadyEnrolled": return "that finger is already enrolled\(string("finger").map { $0.isEmpty ? "" : " (\($0))" } ?? "")"
+        case "TooManyFingers": return "at most \(number("max") ?? 10) fingers per person"
+        case "ScanRetry": return "the touch was not usable: \(string("hint") ?? "try again")"
+        case "ScanTimeout": return "no finger was presented within \(number("seconds") ?? 0) s"
+        case "ReaderRemoved": return "the reader was unplugged during the scan"
+        case "ReaderUnavailable": return "the reader is unavailable: \(string("reason") ?? "")"
+        case "ReaderFull": return "the reader's storage is full"
+        case "ScanCancelled": return "the scan was cancelled"
+        case "FingerprintNotAllowed": return "fingerprint not allowed: \(string("reason") ?? "")"
         default: return error.description
         }
     }
@@ -322,6 +347,136 @@ struct Audit: ParsableCommand {
                 }
             }
             if !result.valid { throw ExitCode(1) }
+        }
+    }
+}
+
+/// Streams a scanning call, showing progress on standard error; returns the final reply.
+func scan(_ global: GlobalOptions, _ method: String, _ input: some Encodable) throws -> Message.ScanReply {
+    let client = try global.connect()
+    let parameters = try VarlinkCoding.encode(input)
+    var final: Message.ScanReply?
+    let interactive = isatty(STDERR_FILENO) != 0
+    try client.callMore("io.kioskauth." + method, parameters: parameters) { reply in
+        let decoded = try VarlinkCoding.decode(Message.ScanReply.self, from: reply)
+        if global.json { printJSON(reply) }
+        guard let progress = decoded.progress else {
+            final = decoded
+            return
+        }
+        guard !global.json else { return }
+        var line: String
+        if let stage = progress.stage, let stages = progress.stages, stages > 0, progress.state != "duplicate-check" {
+            let width = 20
+            let filled = min(width, stage * width / stages)
+            line = "[" + String(repeating: "#", count: filled) + String(repeating: "-", count: width - filled) + "] stage \(stage)/\(stages)"
+            if let hint = progress.hint { line += ": \(hint)" }
+        } else {
+            line = progress.hint ?? progress.state
+        }
+        if interactive {
+            FileHandle.standardError.write(Data(("\r\u{1B}[K" + line).utf8))
+        } else {
+            FileHandle.standardError.write(Data((line + "\n").utf8))
+        }
+    }
+    if interactive { FileHandle.standardError.write(Data("\n".utf8)) }
+    guard let final else { throw ValidationError("the daemon sent no result") }
+    return final
+}
+
+let fingerNames = [
+    "left-thumb", "left-index", "left-middle", "left-ring", "left-little",
+    "right-thumb", "right-index", "right-middle", "right-ring", "right-little",
+]
+
+struct FingerCommand: ParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "finger", abstract: "Enrol, list and remove fingers.", subcommands: [Enroll.self, List.self, Remove.self])
+
+    struct Enroll: ParsableCommand {
+        static let configuration = CommandConfiguration(abstract: "Enrol a finger, with live progress.")
+        @OptionGroup var global: GlobalOptions
+        @Argument(help: "Login name.") var name: String
+        @Option(help: "Which finger: left-thumb ... right-little.") var finger = "right-index"
+
+        func validate() throws {
+            guard fingerNames.contains(finger) else { throw ValidationError("unknown finger '\(finger)': use \(fingerNames.joined(separator: ", "))") }
+        }
+
+        func run() throws {
+            let reply = try scan(global, "EnrollFinger", Message.EnrollFinger(name: name, finger: finger))
+            guard !global.json else { return }
+            print("enrolled \(reply.finger ?? finger) for \(name)")
+            if reply.duplicateChecked == false {
+                print("note: this reader cannot identify, so duplicates could not be checked")
+            }
+        }
+    }
+
+    struct List: ParsableCommand {
+        static let configuration = CommandConfiguration(abstract: "List a person's enrolled fingers.")
+        @OptionGroup var global: GlobalOptions
+        @Argument(help: "Login name.") var name: String
+
+        func run() throws {
+            let reply = try global.call("ListFingers", Message.Name(name: name), as: Message.Fingers.self)
+            if !global.json { reply.fingers.forEach { print($0) } }
+        }
+    }
+
+    struct Remove: ParsableCommand {
+        static let configuration = CommandConfiguration(abstract: "Remove one finger, or all of a person's fingers (also from the sensor).")
+        @OptionGroup var global: GlobalOptions
+        @Argument(help: "Login name.") var name: String
+        @Option(help: "The finger; all fingers when absent.") var finger: String?
+
+        func validate() throws {
+            if let finger, !fingerNames.contains(finger) { throw ValidationError("unknown finger '\(finger)'") }
+        }
+
+        func run() throws {
+            let reply = try global.call("RemoveFinger", Message.RemoveFinger(name: name, finger: finger), as: Message.Removed.self)
+            if !global.json { print(reply.removed.isEmpty ? "nothing to remove" : "removed \(reply.removed.joined(separator: ", "))") }
+        }
+    }
+}
+
+struct VerifyCommand: ParsableCommand {
+    static let configuration = CommandConfiguration(commandName: "verify", abstract: "Scan a finger and match one person; exits 0 only on a match.")
+    @OptionGroup var global: GlobalOptions
+    @Argument(help: "Login name.") var name: String
+
+    func run() throws {
+        let reply = try scan(global, "VerifyFinger", Message.VerifyFinger(name: name))
+        if !global.json { print("matched \(reply.person?.displayName ?? name)") }
+    }
+}
+
+struct IdentifyCommand: ParsableCommand {
+    static let configuration = CommandConfiguration(commandName: "identify", abstract: "Scan a finger and say whose it is; exits 0 only when recognised.")
+    @OptionGroup var global: GlobalOptions
+
+    func run() throws {
+        let reply = try scan(global, "Identify", Message.Identify())
+        guard !global.json, let person = reply.person else { return }
+        print("Welcome back, \(person.displayName) (\(person.name))")
+    }
+}
+
+struct ReaderCommand: ParsableCommand {
+    static let configuration = CommandConfiguration(commandName: "reader", abstract: "Show the fingerprint readers present.")
+    @OptionGroup var global: GlobalOptions
+
+    func run() throws {
+        let reply = try global.call("GetReaders", Message.Empty(), as: Message.Readers.self)
+        guard !global.json else { return }
+        if reply.readers.isEmpty { print("no fingerprint reader present (passcodes still work)") }
+        for r in reply.readers {
+            var features: [String] = [r.scanType]
+            if r.canIdentify { features.append("identify") }
+            if r.hasStorage { features.append("storage") }
+            print("\(r.name)\tdriver \(r.driver)\t\(r.enrollStages) enrol stages\t\(features.joined(separator: ", "))")
         }
     }
 }

@@ -1,0 +1,338 @@
+import Foundation
+import KioskAuthCore
+import KioskAuthFingerprint
+import KioskAuthProtocol
+import KioskAuthStore
+
+extension Authority {
+    static let identifyThrottleKey = "identify-throttle"
+
+    /// The one-line prompt shown while a scan waits for a finger.
+    static let touchPrompt = "Touch the fingerprint reader"
+
+    /// Every reader failure as exactly one named API error.
+    static func apiError(_ error: any Error, scanTimeout: TimeInterval) -> APIError {
+        if error is CancellationError { return APIError.own("ScanCancelled") }
+        guard let error = error as? FingerprintError else {
+            return APIError.own("InternalError", ["reason": .string("reader failure")])
+        }
+        switch error.code {
+        case .noReader: return APIError.own("NoReader")
+        case .busy: return APIError.own("ReaderUnavailable", ["reason": .string("the reader is busy")])
+        case .tooHot: return APIError.own("ReaderUnavailable", ["reason": .string("the reader is too hot; try again in a few minutes")])
+        case .removed: return APIError.own("ReaderRemoved")
+        case .retry: return APIError.own("ScanRetry", ["hint": .string(error.message)])
+        case .fingerAlreadyPresent:
+            return APIError.own("ScanRetry", ["hint": .string("lift your finger, then touch the reader again")])
+        case .dataFull: return APIError.own("ReaderFull")
+        case .duplicate: return APIError.own("FingerAlreadyEnrolled", ["finger": .string("")])
+        case .timeout: return APIError.own("ScanTimeout", ["seconds": .number(scanTimeout)])
+        case .cancelled: return APIError.own("ScanCancelled")
+        case .notSupported: return APIError.own("ReaderUnavailable", ["reason": .string("the reader cannot do this")])
+        case .invalidTemplate, .deviceFailure: return APIError.own("ReaderUnavailable", ["reason": .string(error.message)])
+        }
+    }
+
+    func requireReader() throws(APIError) -> FingerprintReader {
+        guard let reader else { throw APIError.own("NoReader") }
+        return reader
+    }
+
+    func readers(_ caller: Caller) async -> [ReaderRecord] {
+        guard let reader else { return [] }
+        return await reader.readers.map {
+            ReaderRecord(
+                id: $0.id, driver: $0.driver, name: $0.name, canIdentify: $0.canIdentify, hasStorage: $0.hasStorage,
+                enrollStages: $0.enrollStages, scanType: $0.scanType)
+        }
+    }
+
+    /// What a person falls back to after too many failed matches.
+    func fallback(for person: StoredPerson) -> String {
+        person.hasPasscode || person.origin == .local ? "passcode" : "idp"
+    }
+
+    func fingerprintRefusal(_ context: CallerContext?) -> String? {
+        guard let context else { return nil }
+        if context.remote == true || (context.remoteHost.map { !$0.isEmpty } ?? false) {
+            return "fingerprints are not accepted over remote sessions"
+        }
+        return nil
+    }
+
+    // MARK: Enrolment
+
+    func enrollFinger(_ caller: Caller, _ input: Message.EnrollFinger, sink: ReplySink) async throws(APIError) -> Message.ScanReply {
+        let name = try loginName(input.name)
+        let person = try existingPerson(name, caller: caller, action: "finger.enroll")
+        if !groups.isAdmin(caller) {
+            guard configuration.fingerprint.selfEnrollment, isSelf(caller, person) else {
+                audit(caller, action: "finger.enroll", result: "refused", person: name.rawValue, detail: "not an admin and not self")
+                throw APIError.permissionDenied("only admins enrol other people's fingers")
+            }
+            guard let ticket = input.ticket, consumeTicket(ticket, person: person, caller: caller) else {
+                audit(caller, action: "finger.enroll", result: "refused", person: name.rawValue, detail: "self-service without a valid ticket")
+                throw APIError.ticketInvalid
+            }
+        }
+        let fingerName = input.finger ?? Finger.rightIndex.rawValue
+        guard let finger = Finger(rawValue: fingerName) else {
+            throw APIError.invalidInput("finger", "unknown finger \(fingerName); use left-thumb ... right-little")
+        }
+        guard !person.fingers.contains(finger.rawValue) else {
+            throw APIError.own("FingerAlreadyEnrolled", ["finger": .string(finger.rawValue)])
+        }
+        guard person.fingers.count < configuration.fingerprint.maxFingersPerPerson else {
+            throw APIError.own("TooManyFingers", ["max": .number(Double(configuration.fingerprint.maxFingersPerPerson))])
+        }
+        let reader = try requireReader()
+        let gallery = try withStore(caller, action: "finger.enroll", person: name.rawValue) { () throws(StoreError) in
+            try store.allFingers()
+        }.map { GalleryEntry(id: "\($0.personID)/\($0.finger)", template: $0.template) }
+
+        var template: [UInt8]?
+        var duplicateChecked = false
+        do {
+            for try await event in reader.enroll(finger: finger, username: name.rawValue, duplicateGallery: gallery) {
+                switch event {
+                case .progress(let stage, let stages, let hint):
+                    let state: String
+                    if hint == EnrollHint.checkingForDuplicates {
+                        state = "duplicate-check"
+                        duplicateChecked = true
+                    } else if hint == EnrollHint.duplicatesNotChecked {
+                        state = "duplicate-check"
+                    } else if hint != nil {
+                        state = "retry"
+                    } else {
+                        state = stage == 0 ? "touch" : "stage"
+                    }
+                    try? await sink.progress(
+                        Message.ScanReply(progress: ScanProgress(state: state, stage: stage, stages: stages, hint: hint ?? (stage == 0 ? Self.touchPrompt : nil))))
+                case .completed(let bytes):
+                    template = bytes
+                }
+            }
+        } catch {
+            let apiError = Self.apiError(error, scanTimeout: configuration.fingerprint.scanTimeout)
+            audit(caller, action: "finger.enroll", result: "failure", person: name.rawValue, method: "fingerprint", detail: "\(finger.rawValue): \(apiError.name)")
+            if (error as? FingerprintError)?.code == .duplicate {
+                throw APIError.own("FingerAlreadyEnrolled", ["finger": .string(finger.rawValue)])
+            }
+            throw apiError
+        }
+        guard let template else { throw APIError.own("ScanCancelled") }
+        // The person may have been removed while the scan ran.
+        let current = try existingPerson(name, caller: caller, action: "finger.enroll")
+        guard current.id == person.id else { throw APIError.noSuchPerson(name.rawValue) }
+        do {
+            try store.addFinger(finger.rawValue, template: template, for: current, now: now())
+        } catch {
+            if error.code == .personExists { throw APIError.own("FingerAlreadyEnrolled", ["finger": .string(finger.rawValue)]) }
+            throw try failStore(caller, "finger.enroll", error)
+        }
+        audit(caller, action: "finger.enroll", result: "success", person: name.rawValue, method: "fingerprint", detail: finger.rawValue + (duplicateChecked ? "" : " (duplicates not checked)"))
+        let updated = try existingPerson(name, caller: caller, action: "finger.enroll")
+        return Message.ScanReply(person: record(updated), finger: finger.rawValue, duplicateChecked: duplicateChecked)
+    }
+
+    func listFingers(_ caller: Caller, _ name: String) throws(APIError) -> [String] {
+        let name = try loginName(name)
+        let person = try existingPerson(name, caller: caller, action: "finger.list")
+        if !isSelf(caller, person) { try requireAdmin(caller, action: "finger.list", person: name.rawValue) }
+        return person.fingers
+    }
+
+    func removeFinger(_ caller: Caller, _ input: Message.RemoveFinger) async throws(APIError) -> [String] {
+        try requireAdmin(caller, action: "finger.remove", person: input.name)
+        let name = try loginName(input.name)
+        let person = try existingPerson(name, caller: caller, action: "finger.remove")
+        if let finger = input.finger, !person.fingers.contains(finger) {
+            throw APIError.invalidInput("finger", "\(name.rawValue) has no \(finger) enrolled")
+        }
+        let removed = try withStore(caller, action: "finger.remove", person: name.rawValue) { () throws(StoreError) in
+            try store.removeFingers(input.finger, of: person)
+        }
+        await deleteFromSensor(removed.map(\.template))
+        audit(caller, action: "finger.remove", result: "success", person: name.rawValue, detail: removed.map(\.finger).joined(separator: ","))
+        return removed.map(\.finger)
+    }
+
+    /// Deletes prints kept on the sensor; a failure is logged, never fatal (reconciliation at the
+    /// next start removes orphans).
+    func deleteFromSensor(_ templates: [[UInt8]]) async {
+        guard let reader, !templates.isEmpty, await reader.readers.first?.hasStorage == true else { return }
+        for template in templates {
+            do { try await reader.deleteFromSensor(template: template) } catch {
+                logger.warning("could not delete a print from the sensor", metadata: ["error": "\(error)"])
+            }
+        }
+    }
+
+    // MARK: Verify
+
+    func verifyFinger(_ caller: Caller, _ input: Message.VerifyFinger, sink: ReplySink) async throws(APIError) -> Message.ScanReply {
+        let name = try loginName(input.name)
+        let service = input.context?.service
+        guard let person = try withStore(caller, action: "finger.verify", { () throws(StoreError) in try store.person(named: name) }) else {
+            audit(caller, action: "finger.verify", result: "failure", person: name.rawValue, method: "fingerprint", service: service, detail: "no such person")
+            throw APIError.noSuchPerson(name.rawValue)
+        }
+        guard groups.isAuthenticator(caller) || isSelf(caller, person) else {
+            audit(caller, action: "finger.verify", result: "refused", person: name.rawValue, method: "fingerprint", service: service, detail: "caller may only authenticate as themself")
+            throw APIError.permissionDenied("you may only verify your own finger")
+        }
+        if let reason = fingerprintRefusal(input.context) {
+            audit(caller, action: "finger.verify", result: "refused", person: name.rawValue, method: "fingerprint", service: service, detail: reason)
+            throw APIError.own("FingerprintNotAllowed", ["reason": .string(reason)])
+        }
+        guard person.state == .active else {
+            throw APIError.own("PersonNotActive", ["name": .string(name.rawValue), "state": .string(person.state.rawValue.replacingOccurrences(of: "-", with: "_"))])
+        }
+        if credentialGuard.fingerprintRequiresFallback(person.failures) {
+            audit(caller, action: "finger.verify", result: "refused", person: name.rawValue, method: "fingerprint", service: service, detail: "fallback required")
+            throw APIError.own("FallbackRequired", ["name": .string(name.rawValue), "fallback": .string(fallback(for: person))])
+        }
+        let fingers = try withStore(caller, action: "finger.verify", person: name.rawValue) { () throws(StoreError) in try store.fingers(of: person) }
+        guard !fingers.isEmpty else { throw APIError.own("NoFingers", ["name": .string(name.rawValue)]) }
+        let reader = try requireReader()
+        try? await sink.progress(Message.ScanReply(progress: ScanProgress(state: "touch", hint: Self.touchPrompt)))
+        let matched: Bool
+        do {
+            if fingers.count == 1 {
+                matched = try await reader.verify(template: fingers[0].template)
+            } else if await reader.readers.first?.canIdentify == true {
+                // Several fingers: one touch, matched against all of this person's prints.
+                let result = try await reader.identify(gallery: fingers.map { GalleryEntry(id: $0.finger, template: $0.template) })
+                matched = result != .noMatch
+            } else {
+                matched = try await reader.verify(template: fingers[0].template)
+            }
+        } catch {
+            let apiError = Self.apiError(error, scanTimeout: configuration.fingerprint.scanTimeout)
+            audit(caller, action: "finger.verify", result: "failure", person: name.rawValue, method: "fingerprint", service: service, detail: apiError.name)
+            throw apiError
+        }
+        // Counters may have moved while the scan ran: record against the current state.
+        let current = try existingPerson(name, caller: caller, action: "finger.verify")
+        var failures = current.failures
+        let fallbackRequired = credentialGuard.recordFingerprint(matched: matched, in: &failures)
+        try withStore(caller, action: "finger.verify", person: name.rawValue) { () throws(StoreError) in
+            try store.saveFailures(failures, for: current, now: now())
+            if matched { try store.recordUnlock(of: current, now: now()) }
+        }
+        guard matched else {
+            audit(caller, action: "finger.verify", result: "failure", person: name.rawValue, method: "fingerprint", service: service, detail: "no match; failures=\(failures.fingerprintFailures)")
+            throw APIError.own(
+                "FingerprintNotRecognized",
+                [
+                    "failures": .number(Double(failures.fingerprintFailures)), "fallbackRequired": .bool(fallbackRequired),
+                    "fallback": .string(fallback(for: current)),
+                ])
+        }
+        audit(caller, action: "finger.verify", result: "success", person: name.rawValue, method: "fingerprint", service: service)
+        let updated = try existingPerson(name, caller: caller, action: "finger.verify")
+        return Message.ScanReply(
+            person: record(updated), ticket: issueTicket(for: updated, caller: caller),
+            ticketExpiresIn: Int(configuration.access.ticketLifetime))
+    }
+
+    // MARK: Identify
+
+    func identify(_ caller: Caller, _ input: Message.Identify, sink: ReplySink) async throws(APIError) -> Message.ScanReply {
+        let service = input.context?.service
+        guard groups.isAuthenticator(caller) else {
+            audit(caller, action: "finger.identify", result: "refused", method: "fingerprint", service: service, detail: "caller is not an authenticator")
+            throw APIError.permissionDenied("walk-up identify needs root or membership in \(configuration.access.authenticatorGroup)")
+        }
+        if let reason = fingerprintRefusal(input.context) {
+            audit(caller, action: "finger.identify", result: "refused", method: "fingerprint", service: service, detail: reason)
+            throw APIError.own("FingerprintNotAllowed", ["reason": .string(reason)])
+        }
+        let throttle = IdentifyThrottle(
+            unknownFingersBeforePause: configuration.fingerprint.identifyPauseAfter, pause: configuration.fingerprint.identifyPause)
+        var throttleState = (try? store.terminalValue(IdentifyThrottleState.self, forKey: Self.identifyThrottleKey)) ?? nil ?? IdentifyThrottleState()
+        if let until = throttle.isPaused(throttleState, now: now()) {
+            throw APIError.own("IdentifyPaused", ["retryAfterSeconds": .number(until.timeIntervalSince(now()).rounded(.up))])
+        }
+        let reader = try requireReader()
+        let roster = try withStore(caller, action: "finger.identify") { () throws(StoreError) in
+            try store.roster(cap: configuration.fingerprint.identifyRosterCap)
+        }
+        guard !roster.fingers.isEmpty else {
+            throw APIError.own("NotIdentified", ["unknownInARow": .number(0), "askForName": .bool(false)])
+        }
+        try? await sink.progress(Message.ScanReply(progress: ScanProgress(state: "touch", hint: Self.touchPrompt)))
+        let result: MatchResult
+        do {
+            result = try await reader.identify(gallery: roster.fingers.map { GalleryEntry(id: "\($0.personID)", template: $0.template) })
+        } catch {
+            let apiError = Self.apiError(error, scanTimeout: configuration.fingerprint.scanTimeout)
+            audit(caller, action: "finger.identify", result: "failure", method: "fingerprint", service: service, detail: apiError.name)
+            throw apiError
+        }
+        let scanned = now()
+        guard case .match(let id) = result, let match = roster.fingers.first(where: { "\($0.personID)" == id }),
+            let person = try withStore(caller, action: "finger.identify", { () throws(StoreError) in try store.person(named: match.personName) }),
+            person.id == match.personID, person.state == .active
+        else {
+            throttle.record(identified: false, in: &throttleState, now: scanned)
+            try? store.setTerminalValue(throttleState, forKey: Self.identifyThrottleKey)
+            audit(caller, action: "finger.identify", result: "failure", method: "fingerprint", service: service, detail: "unknown finger; \(throttleState.unknownInARow) in a row; roster \(roster.fingers.count)/\(roster.totalFingers)")
+            throw APIError.own(
+                "NotIdentified",
+                ["unknownInARow": .number(Double(throttleState.unknownInARow)), "askForName": .bool(roster.isTruncated)])
+        }
+        throttle.record(identified: true, in: &throttleState, now: scanned)
+        try? store.setTerminalValue(throttleState, forKey: Self.identifyThrottleKey)
+        var failures = person.failures
+        credentialGuard.recordFingerprint(matched: true, in: &failures)
+        try withStore(caller, action: "finger.identify", person: person.name.rawValue) { () throws(StoreError) in
+            try store.saveFailures(failures, for: person, now: scanned)
+            try store.recordUnlock(of: person, now: scanned)
+        }
+        audit(caller, action: "finger.identify", result: "success", person: person.name.rawValue, method: "fingerprint", service: service, detail: "roster \(roster.fingers.count)")
+        let updated = try existingPerson(person.name, caller: caller, action: "finger.identify")
+        return Message.ScanReply(person: record(updated), rosterSize: roster.fingers.count)
+    }
+
+    // MARK: Start-up
+
+    /// Reconciles a storage reader's on-sensor prints with the store: prints on the sensor that
+    /// no person owns are deleted; people's prints missing from the sensor are reported.
+    func reconcileSensor() async {
+        guard let reader, let first = await reader.readers.first, first.hasStorage else { return }
+        do {
+            let onSensor = try await reader.sensorPrints()
+            let stored = try store.allFingers()
+            var orphans = 0
+            for print in onSensor {
+                var owned = false
+                for finger in stored where await reader.isSamePrint(print, finger.template) {
+                    owned = true
+                    break
+                }
+                if !owned {
+                    try await reader.deleteFromSensor(template: print)
+                    orphans += 1
+                }
+            }
+            var missing: [String] = []
+            for finger in stored {
+                var present = false
+                for print in onSensor where await reader.isSamePrint(print, finger.template) {
+                    present = true
+                    break
+                }
+                if !present { missing.append("\(finger.personName.rawValue)/\(finger.finger)") }
+            }
+            if orphans > 0 || !missing.isEmpty {
+                logger.warning("sensor reconciled", metadata: ["orphans_removed": "\(orphans)", "missing": "\(missing.joined(separator: ","))"])
+            }
+            audit(nil, action: "reader.reconcile", result: missing.isEmpty ? "success" : "failure",
+                  detail: "orphans removed: \(orphans); missing from sensor: \(missing.isEmpty ? "none" : missing.joined(separator: ","))")
+        } catch {
+            logger.warning("sensor reconciliation failed", metadata: ["error": "\(error)"])
+        }
+    }
+}
