@@ -99,6 +99,13 @@ let package = Package(
         .testTarget(name: "KioskAuthStoreTests", dependencies: ["KioskAuthStore", "KioskAuthCore"]),
         .testTarget(name: "KioskAuthProtocolTests", dependencies: ["KioskAuthProtocol"]),
         .testTarget(name: "KioskAuthFingerprintTests", dependencies: ["KioskAuthFingerprint"]),
-        .testTarget(name: "KioskAuthIdentityTests", dependencies: ["KioskAuthIdentity"]),
+        .testTarget(
+            name: "KioskAuthIdentityTests",
+            dependencies: [
+                "KioskAuthIdentity",
+                .product(name: "Crypto", package: "swift-crypto"),
+                .product(name: "_CryptoExtras", package: "swift-crypto"),
+                .product(name: "Logging", package: "swift-log"),
+            ]),
     ]
 )

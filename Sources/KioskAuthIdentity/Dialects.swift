@@ -1,0 +1,128 @@
+import Foundation
+
+/// The endpoints of a configured provider, after discovery.
+struct ResolvedEndpoints: Sendable, Equatable {
+    var issuer: String
+    var token: URL
+    var jwks: URL?
+    var revocation: URL?
+    var deviceAuthorization: URL?
+    /// Supabase only: `POST /auth/v1/logout`.
+    var logout: URL?
+}
+
+/// Request shapes of OAuth 2.0 / OpenID Connect (RFC 6749, RFC 7009, RFC 8628).
+struct OIDCRequests: Sendable {
+    static let deviceCodeGrantType = "urn:ietf:params:oauth:grant-type:device_code"
+
+    let clientID: String
+    let clientSecret: CredentialSecret?
+    let authentication: IdentityProviderConfiguration.ClientAuthentication
+    let scopes: [String]
+
+    func password(_ endpoints: ResolvedEndpoints, email: String, password: String) throws -> HTTPRequest {
+        try authenticated(
+            endpoints.token,
+            [
+                ("grant_type", "password"), ("username", email), ("password", password),
+                ("scope", scopes.joined(separator: " ")),
+            ])
+    }
+
+    func refresh(_ endpoints: ResolvedEndpoints, refreshToken: OAuthToken) throws -> HTTPRequest {
+        try authenticated(endpoints.token, [("grant_type", "refresh_token"), ("refresh_token", refreshToken.rawValue)])
+    }
+
+    func revoke(_ url: URL, refreshToken: OAuthToken) throws -> HTTPRequest {
+        try authenticated(url, [("token", refreshToken.rawValue), ("token_type_hint", "refresh_token")])
+    }
+
+    /// RFC 8628 §3.1. `client_id` goes in the body even when the client also authenticates:
+    /// the RFC requires it for public clients, and some servers (django-oauth-toolkit among
+    /// them) read it from the body unconditionally.
+    func deviceAuthorization(_ url: URL) throws -> HTTPRequest {
+        try authenticated(url, [("client_id", clientID), ("scope", scopes.joined(separator: " "))])
+    }
+
+    func devicePoll(_ endpoints: ResolvedEndpoints, deviceCode: OAuthToken) throws -> HTTPRequest {
+        try authenticated(
+            endpoints.token,
+            [("grant_type", Self.deviceCodeGrantType), ("device_code", deviceCode.rawValue), ("client_id", clientID)])
+    }
+
+    /// Adds client authentication: HTTP Basic over the form-encoded id and secret
+    /// (RFC 6749 §2.3.1), the two in the body, or — for a public client — the id alone.
+    private func authenticated(_ url: URL, _ fields: [(String, String)]) throws -> HTTPRequest {
+        var fields = fields
+        var headers: [String: String] = [:]
+        let hasClientID = fields.contains { $0.0 == "client_id" }
+        if let clientSecret {
+            switch authentication {
+            case .clientSecretBasic:
+                let pair = try clientSecret.withText { "\(FormEncoding.escape(clientID)):\(FormEncoding.escape($0))" }
+                headers["Authorization"] = "Basic " + Data(pair.utf8).base64EncodedString()
+            case .clientSecretPost:
+                if !hasClientID { fields.append(("client_id", clientID)) }
+                try clientSecret.withText { fields.append(("client_secret", $0)) }
+            }
+        } else if !hasClientID {
+            fields.append(("client_id", clientID))
+        }
+        return .postForm(url, fields, headers: headers)
+    }
+}
+
+/// Request shapes of Supabase Auth (GoTrue): `POST /auth/v1/token?grant_type=…` with a JSON
+/// body and the project's `apikey` header, and `POST /auth/v1/logout` with the user's access
+/// token.
+struct SupabaseRequests: Sendable {
+    let apiKey: CredentialSecret
+
+    /// `{project}/auth/v1`, which is also the `iss` of the project's tokens.
+    static func authBase(project: URL) -> URL {
+        project.appendingPathComponent("auth").appendingPathComponent("v1")
+    }
+
+    static func endpoints(project: URL) -> ResolvedEndpoints {
+        let base = authBase(project: project)
+        return ResolvedEndpoints(
+            issuer: base.absoluteString,
+            token: base.appendingPathComponent("token"),
+            jwks: base.appendingPathComponent(".well-known").appendingPathComponent("jwks.json"),
+            revocation: nil,
+            deviceAuthorization: nil,
+            logout: base.appendingPathComponent("logout"))
+    }
+
+    func password(_ endpoints: ResolvedEndpoints, email: String, password: String) throws -> HTTPRequest {
+        .postJSON(
+            Self.adding(query: "grant_type=password", to: endpoints.token), ["email": email, "password": password],
+            headers: try keyHeaders())
+    }
+
+    func refresh(_ endpoints: ResolvedEndpoints, refreshToken: OAuthToken) throws -> HTTPRequest {
+        .postJSON(
+            Self.adding(query: "grant_type=refresh_token", to: endpoints.token),
+            ["refresh_token": refreshToken.rawValue],
+            headers: try keyHeaders())
+    }
+
+    /// Ends the session the access token belongs to (`scope=local`: other devices of the same
+    /// person stay signed in), which revokes that session's refresh tokens.
+    func logout(_ endpoints: ResolvedEndpoints, accessToken: OAuthToken) throws -> HTTPRequest {
+        var headers = try keyHeaders()
+        headers["Authorization"] = "Bearer \(accessToken.rawValue)"
+        return HTTPRequest(
+            method: "POST", url: Self.adding(query: "scope=local", to: endpoints.logout!), headers: headers, body: nil)
+    }
+
+    private func keyHeaders() throws -> [String: String] {
+        ["apikey": try apiKey.withText { $0 }]
+    }
+
+    private static func adding(query: String, to url: URL) -> URL {
+        var components = URLComponents(url: url, resolvingAgainstBaseURL: false)!
+        components.percentEncodedQuery = query
+        return components.url!
+    }
+}
