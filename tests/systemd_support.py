@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import socket
 import stat
 import subprocess
@@ -368,3 +369,130 @@ def stop(process: subprocess.Popen[str], timeout: float = 20.0) -> tuple[int, st
         process.kill()
         out, err = process.communicate(timeout=5)
     return process.returncode, out, err
+
+
+# --- A real systemd manager in a private mount namespace -----------------------------------------
+
+# Inside the namespace the staged install is bound over /usr/local, copies of /etc and an empty
+# /var/lib are bound over the real ones, and /run is a fresh tmpfs: nothing reaches the host.
+# The manager is a `systemd --user` instance run by root. With XDG_RUNTIME_DIR=/run and
+# XDG_CONFIG_HOME=/var/lib, systemd 252 maps RuntimeDirectory= to /run and StateDirectory= to
+# /var/lib as a system manager would; the key unit's ConfigurationDirectory= would land in
+# /var/lib, so /etc/credstore.encrypted is made beforehand.
+_MANAGER_BOOTSTRAP = r"""
+set -eu
+work=$1
+mount -t tmpfs -o mode=0755 tmpfs /run
+mkdir -p /run/systemd/system /run/systemd/user
+cp -a /etc/. "$work/etc/"
+mount --bind "$work/etc" /etc
+mkdir -m 0700 /etc/credstore.encrypted
+mount --bind "$work/var-lib" /var/lib
+mkdir -p /var/lib/systemd
+mount --bind "$work/root/usr/local" /usr/local
+systemd-sysusers /usr/local/lib/sysusers.d/kioskauth.conf >/dev/null
+cp -a "$work/drop-ins/." /run/systemd/user/
+# As on a booted system (PID 1 makes / shared): the manager sets up each service's credentials
+# in a helper mount namespace and relies on propagation to see them. Shared within this
+# namespace only; it was made private from the host above.
+mount --make-rshared /
+export XDG_RUNTIME_DIR=/run XDG_CONFIG_HOME=/var/lib HOME=/var/lib
+# PID 1 runs with umask 0, so its NOTIFY_SOCKET is writable by services' own users.
+umask 0000
+exec /lib/systemd/systemd --user --log-target=console --log-level=notice
+"""
+
+
+def user_manager_unavailable_reason() -> str | None:
+    if os.geteuid() != 0:
+        return "needs root (mount namespaces, a manager that may switch users)"
+    for tool in ("unshare", "nsenter"):
+        if shutil.which(tool) is None:
+            return f"{tool} is not installed"
+    if not Path("/lib/systemd/systemd").exists():
+        return "/lib/systemd/systemd is not installed"
+    probe = run(["unshare", "-m", "sh", "-c", "mount -t tmpfs tmpfs /mnt"], timeout=10)
+    if probe.returncode != 0:
+        return f"cannot make a private mount namespace here: {probe.stderr.strip()}"
+    return None
+
+
+class UserManager:
+    """A real systemd manager running the staged units, in its own mount namespace."""
+
+    def __init__(self, work: Path, staged_root: Path, drop_ins: dict[str, str]) -> None:
+        (work / "etc").mkdir()
+        (work / "var-lib").mkdir()
+        (work / "root").symlink_to(staged_root)
+        for name, text in drop_ins.items():
+            path = work / "drop-ins" / name
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(text)
+        (work / "drop-ins").mkdir(exist_ok=True)
+        bootstrap = work / "bootstrap.sh"
+        bootstrap.write_text(_MANAGER_BOOTSTRAP)
+        self.log = work / "manager.log"
+        with self.log.open("w") as log:
+            # unshare (without --fork) execs bash, which execs systemd: one PID throughout.
+            self.process = subprocess.Popen(
+                ["unshare", "--mount", "--propagation=private", "bash", str(bootstrap),
+                 str(work)],
+                stdout=log, stderr=subprocess.STDOUT,
+            )
+        self.namespace = None
+        deadline = time.monotonic() + 30
+        while self.systemctl("is-system-running").stdout.strip() not in ("running", "degraded"):
+            if self.process.poll() is not None or time.monotonic() > deadline:
+                raise AssertionError(f"the manager did not start:\n{self.log.read_text()}")
+            time.sleep(0.1)
+
+    def run(self, *args: str | Path, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+        """Runs a command inside the manager's mount namespace."""
+        return run(
+            ["nsenter", f"--target={self.process.pid}", "--mount", *map(str, args)],
+            env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "XDG_RUNTIME_DIR": "/run"},
+            timeout=timeout,
+        )
+
+    def systemctl(self, *args: str) -> subprocess.CompletedProcess[str]:
+        return self.run("systemctl", "--user", "--no-pager", *args)
+
+    def property(self, unit: str, name: str) -> str:
+        return self.systemctl("show", f"--property={name}", "--value", unit).stdout.strip()
+
+    def path(self, absolute: str) -> Path:
+        """A path inside the namespace, reachable from outside through /proc/PID/root."""
+        return Path(f"/proc/{self.process.pid}/root") / absolute.lstrip("/")
+
+    def wait_for_state(self, unit: str, states: set[str], timeout: float = 60) -> str:
+        deadline = time.monotonic() + timeout
+        while True:
+            state = self.property(unit, "ActiveState")
+            if state in states or time.monotonic() > deadline:
+                return state
+            time.sleep(0.1)
+
+    def close(self) -> None:
+        namespace = _mount_namespace(self.process.pid)
+        if self.process.poll() is None:
+            self.process.terminate()  # SIGTERM: the manager stops its units and exits
+            try:
+                self.process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(timeout=5)
+        # Backstop: anything the manager started and left behind lives in its namespace.
+        if namespace is not None:
+            for entry in Path("/proc").iterdir():
+                if entry.name.isdigit() and _mount_namespace(int(entry.name)) == namespace:
+                    try:
+                        os.kill(int(entry.name), signal.SIGKILL)
+                    except ProcessLookupError:
+                        pass
+
+
+def _mount_namespace(pid: int) -> str | None:
+    try:
+        return os.readlink(f"/proc/{pid}/ns/mnt")
+    except OSError:
+        return None

@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import shutil
 import signal
+import socket
 import stat
 import tempfile
 import time
@@ -25,6 +26,7 @@ from systemd_support import (
     STORE_KEY_BYTES,
     STORE_KEY_CREDENTIAL,
     NotifyReceiver,
+    UserManager,
     WatchdogWatcher,
     connect,
     creds_env,
@@ -35,8 +37,10 @@ from systemd_support import (
     missing_daemon_reason,
     run,
     socket_activated_daemon,
+    stage_install,
     stop,
     tree_snapshot,
+    user_manager_unavailable_reason,
 )
 
 SCRIPT = REPO / "systemd/kioskauth-store-key"
@@ -368,3 +372,140 @@ def test_differentKey_isRefusedAndNothingChanges(tmp_path, dirs, credentials, ho
     assert lines, "no error message"
     assert any("key" in line.lower() for line in lines), stderr
     assert tree_snapshot(dirs.state) == before, "a refused key changed the store"
+
+
+# --- The whole unit set under a real systemd manager ----------------------------------------------
+
+# Test-only settings, each for a reason the real system does not have:
+#   WatchdogSec=2s: to watch the manager enforce it within a test's time (the unit has 30 s).
+#   No real reader may be touched; the daemon's stderr is kept for the assertions.
+MANAGER_DROP_INS = {
+    "kioskauthd.service.d/50-test.conf": (
+        "[Service]\n"
+        "WatchdogSec=2s\n"
+        "RestartSec=100ms\n"
+        "Environment=FP_DRIVERS_ALLOWLIST=virtual_image FP_DRIVERS_WHITELIST=virtual_image\n"
+        "StandardError=append:/run/kioskauthd.stderr\n"
+    ),
+}
+SEALED = "/etc/credstore.encrypted/kioskauth.store-key"
+STORE = "/var/lib/kioskauth/kioskauth.sqlite"
+SOCKET = "/run/kioskauth/io.kioskauth"
+
+needs_manager = pytest.mark.skipif(
+    user_manager_unavailable_reason() is not None,
+    reason=str(user_manager_unavailable_reason()),
+)
+
+
+@pytest.fixture
+def manager(tmp_path):
+    staged = stage_install(tmp_path / "stage", prefix="/usr/local",
+                           extra=["SYSTEMDSYSTEMUNITDIR=/usr/local/lib/systemd/user"])
+    work = tmp_path / "manager"
+    work.mkdir()
+    instance = UserManager(work, staged.root, MANAGER_DROP_INS)
+    yield instance
+    instance.close()
+
+
+def diagnostics(manager) -> str:
+    stderr = manager.path("/run/kioskauthd.stderr")
+    return (manager.systemctl("status", "kioskauthd.service", "kioskauthd-store-key.service").stdout
+            + "\n--- kioskauthd's stderr:\n" + (stderr.read_text() if stderr.exists() else ""))
+
+
+def activate(manager) -> str:
+    """Connects to the socket as a client would; returns the service's state once settled."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as client:
+        client.connect(str(manager.path(SOCKET)))
+        return manager.wait_for_state("kioskauthd.service", {"active", "failed"})
+
+
+@needs_daemon
+@needs_manager
+def test_manager_socketActivatesDaemon_andStoppingItKeepsTheSocket(manager):
+    assert manager.systemctl("start", "kioskauthd.socket").returncode == 0
+    socket_path = manager.path(SOCKET)
+    assert stat.S_ISSOCK(socket_path.lstat().st_mode)
+    assert stat.S_IMODE(socket_path.lstat().st_mode) == 0o666
+
+    # Type=notify: "active" only once the daemon sent READY=1 to the real manager.
+    assert activate(manager) == "active", diagnostics(manager)
+    assert manager.path(SEALED).is_file(), "the key unit did not create the store key"
+    assert manager.path(STORE).is_file(), "the daemon did not open a store with the key"
+
+    assert manager.systemctl("stop", "kioskauthd.service").returncode == 0
+    assert manager.property("kioskauthd.service", "ActiveState") == "inactive"
+    assert stat.S_ISSOCK(socket_path.lstat().st_mode), "stopping the service removed the socket"
+    assert activate(manager) == "active", "the socket no longer activates the service"
+
+
+@needs_daemon
+@needs_manager
+def test_manager_killsAndRestartsADaemonThatStopsSendingWatchdog(manager):
+    assert manager.systemctl("start", "kioskauthd.socket").returncode == 0
+    assert activate(manager) == "active", diagnostics(manager)
+    first = int(manager.property("kioskauthd.service", "MainPID"))
+    os.kill(first, signal.SIGSTOP)  # hung, as far as the manager can tell
+    try:
+        # The manager notices the missed WATCHDOG=1 and sends WatchdogSignal= (SIGABRT), then
+        # SIGCONT so that even a stopped process receives it.
+        deadline = time.monotonic() + 15
+        while manager.property("kioskauthd.service", "ActiveState") == "active":
+            assert time.monotonic() < deadline, "the manager did not notice the silent daemon"
+            time.sleep(0.1)
+    finally:
+        try:
+            os.kill(first, signal.SIGCONT)
+        except ProcessLookupError:
+            pass  # already gone, as expected
+    deadline = time.monotonic() + 30
+    while True:
+        pid = int(manager.property("kioskauthd.service", "MainPID") or 0)
+        if pid not in (0, first) and manager.property("kioskauthd.service", "ActiveState") == "active":
+            break
+        assert time.monotonic() < deadline, "the manager did not restart the daemon"
+        time.sleep(0.2)
+    assert int(manager.property("kioskauthd.service", "NRestarts")) >= 1
+
+
+@needs_daemon
+@needs_manager
+def test_manager_storeWithoutKey_isNeverGivenANewKey(manager):
+    assert manager.systemctl("start", "kioskauthd.socket").returncode == 0
+    assert activate(manager) == "active", diagnostics(manager)
+    assert manager.systemctl("stop", "kioskauthd.service").returncode == 0
+    store_before = tree_snapshot(manager.path("/var/lib/kioskauth"))
+    manager.path(SEALED).unlink()  # the key is lost; the store remains
+
+    result = manager.systemctl("start", "kioskauthd.service")
+    assert result.returncode != 0
+    assert manager.property("kioskauthd-store-key.service", "Result") == "exit-code"
+    assert manager.property("kioskauthd.service", "ActiveState") != "active"
+    assert not manager.path(SEALED).exists(), "a new key was made for an existing store"
+    assert tree_snapshot(manager.path("/var/lib/kioskauth")) == store_before
+
+
+@needs_daemon
+@needs_manager
+def test_manager_differentKey_daemonRefusesAndStoreUnchanged(manager):
+    assert manager.systemctl("start", "kioskauthd.socket").returncode == 0
+    assert activate(manager) == "active", diagnostics(manager)
+    assert manager.systemctl("stop", "kioskauthd.service").returncode == 0
+    store_before = tree_snapshot(manager.path("/var/lib/kioskauth"))
+
+    # Another key, made by the key unit itself (it creates one while no store is in sight).
+    manager.path(SEALED).unlink()
+    manager.path("/var/lib/kioskauth").rename(manager.path("/var/lib/kioskauth.aside"))
+    assert manager.systemctl("start", "kioskauthd-store-key.service").returncode == 0
+    assert manager.path(SEALED).is_file()
+    manager.path("/var/lib/kioskauth.aside").rename(manager.path("/var/lib/kioskauth"))
+
+    manager.systemctl("start", "kioskauthd.service")
+    state = manager.wait_for_state("kioskauthd.service", {"failed", "active"}, timeout=60)
+    assert state != "active", "the daemon accepted a key that does not open its store"
+    assert manager.property("kioskauthd.service", "Result") == "exit-code"
+    stderr = manager.path("/run/kioskauthd.stderr").read_text()
+    assert "key" in stderr.lower(), stderr
+    assert tree_snapshot(manager.path("/var/lib/kioskauth")) == store_before
