@@ -122,7 +122,7 @@ def test_install_completionsGeneratedByKioskauthctl(staged):
     for path, marker in [
         ("/usr/share/bash-completion/completions/kioskauthctl", "complete"),
         ("/usr/share/zsh/vendor-completions/_kioskauthctl", "#compdef"),
-        ("/usr/share/fish/vendor_completions.d/kioskauthctl.fish", "complete -c kioskauthctl"),
+        ("/usr/share/fish/vendor_completions.d/kioskauthctl.fish", "complete -c 'kioskauthctl'"),
     ]:
         text = staged.path(path).read_text()
         assert marker in text and "kioskauthctl" in text

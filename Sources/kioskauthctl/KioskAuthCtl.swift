@@ -81,7 +81,7 @@ struct KioskAuthCtl: ParsableCommand {
     /// Runs the command; usage errors exit 2, failures print one line and exit 1.
     static func main() {
         do {
-            var command = try parseAsRoot()
+            var command = try parseAsRoot(globalOptionsLast(Array(CommandLine.arguments.dropFirst())))
             try command.run()
         } catch let error as VarlinkClientError {
             FileHandle.standardError.write(Data("kioskauthctl: \(describe(error))\n".utf8))
@@ -94,6 +94,31 @@ struct KioskAuthCtl: ParsableCommand {
             }
             exit(withError: error)
         }
+    }
+
+    /// `--socket` and `--json` are global: accepted before the subcommand too
+    /// (`kioskauthctl --socket PATH status`). Every subcommand declares them, so they move to the end.
+    static func globalOptionsLast(_ arguments: [String]) -> [String] {
+        var globals: [String] = []
+        var rest: [String] = []
+        var index = 0
+        var beforeSubcommand = true
+        while index < arguments.count {
+            let argument = arguments[index]
+            if beforeSubcommand, argument == "--socket", index + 1 < arguments.count {
+                globals += [argument, arguments[index + 1]]
+                index += 2
+                continue
+            }
+            if beforeSubcommand, argument.hasPrefix("--socket=") || argument == "--json" {
+                globals.append(argument)
+            } else {
+                if !argument.hasPrefix("-") { beforeSubcommand = false }
+                rest.append(argument)
+            }
+            index += 1
+        }
+        return rest + globals
     }
 
     /// One plain line for a named error.
