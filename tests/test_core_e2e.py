@@ -172,7 +172,7 @@ def test_store_refuses_a_different_key_and_changes_nothing(make_daemon):
     wrong = Daemon(credential_key=b"x" * 32)
     wrong.state = d.state
     wrong.start(expect_ready=False)
-    assert wrong.wait_exit() == 1
+    assert wrong.wait_exit() == 78
     assert "the store key does not open this store" in wrong.log_text()
     assert db.read_bytes() == before
     wrong.close()
@@ -182,7 +182,7 @@ def test_missing_credential_without_development_flag_is_a_clear_startup_error(ma
     d = make_daemon(credential_key=b"k" * 32)
     (d.credentials / "kioskauth.store-key").unlink()
     d.start(expect_ready=False)
-    assert d.wait_exit() == 1
+    assert d.wait_exit() == 78
     assert "no credential kioskauth.store-key" in d.log_text()
 
 
@@ -192,7 +192,7 @@ def test_a_store_from_a_future_schema_is_refused(make_daemon):
     with sqlite3.connect(d.state / "kioskauth.sqlite") as conn:
         conn.execute("PRAGMA user_version=99")
     d.start(expect_ready=False)
-    assert d.wait_exit() == 1
+    assert d.wait_exit() == 78
     assert "schema version 99" in d.log_text()
 
 

@@ -276,12 +276,14 @@ extension Authority {
             let person = try withStore(caller, action: "finger.identify", { () throws(StoreError) in try store.person(named: match.personName) }),
             person.id == match.personID, person.state == .active
         else {
+            // Counted before recording: the throttle restarts its count when it pauses.
+            let unknownInARow = throttleState.unknownInARow + 1
             throttle.record(identified: false, in: &throttleState, now: scanned)
             try? store.setTerminalValue(throttleState, forKey: Self.identifyThrottleKey)
-            audit(caller, action: "finger.identify", result: "failure", method: "fingerprint", service: service, detail: "unknown finger; \(throttleState.unknownInARow) in a row; roster \(roster.fingers.count)/\(roster.totalFingers)")
+            audit(caller, action: "finger.identify", result: "failure", method: "fingerprint", service: service, detail: "unknown finger; \(unknownInARow) in a row; roster \(roster.fingers.count)/\(roster.totalFingers)")
             throw APIError.own(
                 "NotIdentified",
-                ["unknownInARow": .number(Double(throttleState.unknownInARow)), "askForName": .bool(roster.isTruncated)])
+                ["unknownInARow": .number(Double(unknownInARow)), "askForName": .bool(roster.isTruncated)])
         }
         throttle.record(identified: true, in: &throttleState, now: scanned)
         try? store.setTerminalValue(throttleState, forKey: Self.identifyThrottleKey)

@@ -38,7 +38,14 @@ public struct DaemonPaths: Sendable {
 /// A start-up failure: one line for the journal, and the exit status.
 public struct StartupError: Error, CustomStringConvertible {
     public var message: String
+    /// 78 (EX_CONFIG) for problems only an admin can fix — configuration, store key, a store
+    /// from a newer version — so the unit's `RestartPreventExitStatus=78` stops restart loops; 1
+    /// otherwise.
+    public var exitCode: Int32 = 1
     public var description: String { message }
+
+    /// Exit status for configuration and key problems.
+    public static let configurationExitCode: Int32 = 78
 }
 
 /// Composes the daemon's services and runs them until SIGTERM/SIGINT.
@@ -53,7 +60,7 @@ public enum Daemon {
                 baseLogger.warning("\(warning)")
             }
         } catch {
-            throw StartupError(message: "configuration: \(error)")
+            throw StartupError(message: "configuration: \(error)", exitCode: StartupError.configurationExitCode)
         }
         if let level = Logger.Level(rawValue: configuration.logLevel), baseLogger.logLevel == .info {
             logger.logLevel = level
@@ -71,13 +78,14 @@ public enum Daemon {
                 storeExists: storeExists, allowDevelopmentKeyFile: developmentKeyFile || configuration.store.developmentKeyFile,
                 logger: logger)
         } catch {
-            throw StartupError(message: error.message)
+            throw StartupError(message: error.message, exitCode: StartupError.configurationExitCode)
         }
         let store: Store
         do {
             store = try Store(path: paths.database, key: key, logger: logger)
         } catch {
-            throw StartupError(message: "\(paths.database): \(error.message)")
+            let fixable = error.code == .wrongKey || error.code == .futureSchema || error.code == .keyUnavailable
+            throw StartupError(message: "\(paths.database): \(error.message)", exitCode: fixable ? StartupError.configurationExitCode : 1)
         }
         defer { store.close() }
         let verification = try? store.verifyAudit()

@@ -61,7 +61,7 @@ struct KioskAuthD: AsyncParsableCommand {
             try await Daemon.run(paths: paths, developmentKeyFile: developmentKeyFile, logger: logger)
         } catch let error as StartupError {
             FileHandle.standardError.write(Data("kioskauthd: \(error.message)\n".utf8))
-            throw ExitCode(1)
+            throw ExitCode(error.exitCode)
         }
     }
 }

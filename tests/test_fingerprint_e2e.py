@@ -1,0 +1,252 @@
+"""Fingerprints through the real daemon and libfprint's own virtual readers.
+
+Each test starts its own daemon (a fresh libfprint context), so the virtual drivers'
+overheating model never trips.
+"""
+
+import json
+import socket
+import subprocess
+import threading
+import time
+
+import pytest
+
+from fprint_sockets import ImageSensor, command, load_gray, scan, nist_prints_dir, virtual_env
+from kioskauth_testing import FAST_HASH_CONFIG, KIOSKAUTHCTL, connect, read_message, send_message
+
+
+def start(make_daemon, kind, config=""):
+    d = make_daemon(config=FAST_HASH_CONFIG + config)
+    sensor = d.root / "sensor.sock"
+    d.extra_env.update(virtual_env(kind, sensor))
+    d.start()
+    return d, sensor
+
+
+CHECK_HINT = "touch the reader to check this finger is not already enrolled"
+
+
+def wants_touch(progress):
+    """Whether the reader waits for a finger after this progress report."""
+    if progress["state"] == "duplicate-check":
+        return progress.get("hint") == CHECK_HINT
+    return progress.get("stage", 0) < progress.get("stages", 1)
+
+
+def enroll(d, sensor, name, finger_id, finger="right-index"):
+    """Enrols over the socket, touching the virtual reader whenever it asks; returns the final reply
+    and the progress reports."""
+    s = connect(d.socket, timeout=30)
+    send_message(s, {"method": "io.kioskauth.EnrollFinger", "parameters": {"name": name, "finger": finger}, "more": True})
+    reports = []
+    while True:
+        reply = read_message(s)
+        progress = (reply.get("parameters") or {}).get("progress")
+        if "error" in reply or progress is None:
+            return reply, reports
+        reports.append(progress)
+        if wants_touch(progress):
+            scan(sensor, finger_id)
+
+
+def test_reader_is_listed(make_daemon):
+    d, _ = start(make_daemon, "virtual_device_storage")
+    readers = json.loads(d.ctl("reader", "--json").stdout)["readers"]
+    assert [(r["driver"], r["canIdentify"], r["hasStorage"]) for r in readers] == [("virtual_device_storage", True, True)]
+
+
+def test_no_reader_means_passcode_only_and_a_plain_named_error(make_daemon):
+    d = make_daemon(config=FAST_HASH_CONFIG)
+    d.extra_env.update({"FP_DRIVERS_WHITELIST": "virtual_device", "FP_DRIVERS_ALLOWLIST": "virtual_device"})
+    d.start()
+    assert d.ctl("user", "add", "sarah").returncode == 0
+    assert json.loads(d.ctl("reader", "--json").stdout)["readers"] == []
+    r = d.call("io.kioskauth.Identify", {})
+    assert r["error"] in ("io.kioskauth.NoReader", "io.kioskauth.NotIdentified")
+    r = d.call("io.kioskauth.EnrollFinger", {"name": "sarah"})
+    assert r["error"] == "io.kioskauth.NoReader"
+    assert d.ctl("passcode", "set", "sarah", input="482913\n482913\n").returncode == 0
+    assert d.ctl("passcode", "verify", "sarah", input="482913\n").returncode == 0
+
+
+def test_enrol_with_progress_then_identify_and_remove_deletes_the_sensor_print(make_daemon):
+    d, sensor = start(make_daemon, "virtual_device_storage")
+    for name in ("sarah", "omar"):
+        assert d.ctl("user", "add", name, "--display-name", name.title()).returncode == 0
+
+    # kioskauthctl shows live progress; each line it prints is a prompt for the next touch.
+    proc = subprocess.Popen([str(KIOSKAUTHCTL), "finger", "enroll", "sarah", "--socket", d.socket],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    lines = []
+    for line in proc.stderr:
+        lines.append(line.strip())
+        if "stage 5/5" not in line:
+            scan(sensor, "sarah-finger")
+    out = proc.stdout.read()
+    assert proc.wait(timeout=30) == 0, lines
+    assert "enrolled right-index for sarah" in out
+    assert lines[0] == "[--------------------] stage 0/5: Touch the fingerprint reader"
+    assert lines[-1].startswith("[####################] stage 5/5")
+
+    # omar: the duplicate check touch comes first (the reader can identify), then 5 stages.
+    reply, reports = enroll(d, sensor, "omar", "omar-finger")
+    assert reply["parameters"]["duplicateChecked"] is True
+    assert reports[0] == {"state": "duplicate-check", "stage": 0, "stages": 5, "hint": CHECK_HINT}
+    assert [r.get("stage") for r in reports if r["state"] == "stage"] == [1, 2, 3, 4, 5]
+
+    # Walk-up identify picks the right person.
+    ident = subprocess.Popen([str(KIOSKAUTHCTL), "identify", "--socket", d.socket], stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True)
+    assert ident.stderr.readline().strip() == "Touch the fingerprint reader"
+    scan(sensor, "omar-finger")
+    out, err = ident.communicate(timeout=30)
+    assert ident.returncode == 0, err
+    assert out.strip() == "Welcome back, Omar (omar)"
+
+    on_sensor = set(command(sensor, "LIST").split())
+    assert on_sensor == {"sarah-finger", "omar-finger"}
+    assert d.ctl("user", "remove", "sarah").returncode == 0
+    assert set(command(sensor, "LIST").split()) == {"omar-finger"}
+
+
+def test_a_finger_enrolled_to_someone_else_is_refused(make_daemon):
+    d, sensor = start(make_daemon, "virtual_device_storage")
+    for name in ("sarah", "mallory"):
+        assert d.ctl("user", "add", name).returncode == 0
+    reply, _ = enroll(d, sensor, "sarah", "sarah-finger")
+    assert reply["parameters"]["finger"] == "right-index", reply
+    reply, reports = enroll(d, sensor, "mallory", "sarah-finger")
+    assert reply["error"] == "io.kioskauth.FingerAlreadyEnrolled", reply
+    assert json.loads(d.ctl("user", "show", "mallory", "--json").stdout)["person"]["fingers"] == []
+
+
+def test_three_failed_matches_switch_to_the_passcode(make_daemon):
+    d, sensor = start(make_daemon, "virtual_device")
+    assert d.ctl("user", "add", "sarah").returncode == 0
+    assert d.ctl("passcode", "set", "sarah", input="482913\n482913\n").returncode == 0
+    reply, _ = enroll(d, sensor, "sarah", "sarah-finger")
+    assert reply["parameters"]["finger"] == "right-index", reply
+
+    def verify_with(finger):
+        s = connect(d.socket, timeout=30)
+        send_message(s, {"method": "io.kioskauth.VerifyFinger", "parameters": {"name": "sarah"}, "more": True})
+        first = read_message(s)
+        assert first["parameters"]["progress"] == {"state": "touch", "hint": "Touch the fingerprint reader"}
+        assert first["continues"] is True
+        scan(sensor, finger)
+        return read_message(s)
+
+    for attempt in (1, 2):
+        r = verify_with("someone-else")
+        assert r["error"] == "io.kioskauth.FingerprintNotRecognized"
+        assert r["parameters"] == {"failures": attempt, "fallbackRequired": False, "fallback": "passcode"}
+    r = verify_with("someone-else")
+    assert r["parameters"] == {"failures": 3, "fallbackRequired": True, "fallback": "passcode"}
+    # The right finger is no longer asked for: the passcode is.
+    r = d.call("io.kioskauth.VerifyFinger", {"name": "sarah"})
+    assert r["error"] == "io.kioskauth.FallbackRequired" and r["parameters"]["fallback"] == "passcode"
+    # The count survives a restart.
+    d.restart()
+    assert d.call("io.kioskauth.VerifyFinger", {"name": "sarah"})["error"] == "io.kioskauth.FallbackRequired"
+    # A passcode success clears it, and the finger works again.
+    assert d.ctl("passcode", "verify", "sarah", input="482913\n").returncode == 0
+    r = verify_with("sarah-finger")
+    assert r["parameters"]["person"]["name"] == "sarah"
+
+
+def test_client_disconnect_cancels_the_scan(make_daemon):
+    d, sensor = start(make_daemon, "virtual_device")
+    assert d.ctl("user", "add", "sarah").returncode == 0
+    reply, _ = enroll(d, sensor, "sarah", "sarah-finger")
+    assert reply["parameters"]["finger"] == "right-index", reply
+
+    s = connect(d.socket)
+    send_message(s, {"method": "io.kioskauth.VerifyFinger", "parameters": {"name": "sarah"}, "more": True})
+    assert read_message(s)["parameters"]["progress"]["state"] == "touch"
+    s.close()
+    time.sleep(0.5)
+    # The reader is free at once: the next verify is served, not queued behind a 30 s scan.
+    started = time.monotonic()
+    s = connect(d.socket)
+    send_message(s, {"method": "io.kioskauth.VerifyFinger", "parameters": {"name": "sarah"}, "more": True})
+    assert read_message(s)["parameters"]["progress"]["state"] == "touch"
+    scan(sensor, "sarah-finger")
+    assert read_message(s)["parameters"]["person"]["name"] == "sarah"
+    assert time.monotonic() - started < 10
+    events = json.loads(d.ctl("audit", "--json").stdout)["events"]
+    assert any(e["action"] == "finger.verify" and e.get("detail") == "io.kioskauth.ScanCancelled" for e in events)
+
+
+def test_scan_timeout_is_a_named_error(make_daemon):
+    d, sensor = start(make_daemon, "virtual_device", config="\n[Fingerprint]\nScanTimeoutSec=1\n")
+    assert d.ctl("user", "add", "sarah").returncode == 0
+    reply, _ = enroll(d, sensor, "sarah", "sarah-finger")
+    assert reply["parameters"]["finger"] == "right-index", reply
+    started = time.monotonic()
+    r = d.call("io.kioskauth.VerifyFinger", {"name": "sarah"})
+    assert r["error"] == "io.kioskauth.ScanTimeout" and r["parameters"]["seconds"] == 1
+    assert time.monotonic() - started < 5
+
+
+def test_identify_needs_an_authenticator_and_no_remote_session(make_daemon):
+    d, sensor = start(make_daemon, "virtual_device_storage")
+    assert d.call("io.kioskauth.Identify", {}, user="nobody")["error"] == "io.kioskauth.PermissionDenied"
+    r = d.call("io.kioskauth.Identify", {"context": {"service": "sshd", "remote": True}})
+    assert r["error"] == "io.kioskauth.FingerprintNotAllowed"
+
+
+def test_unknown_fingers_pause_identify(make_daemon):
+    d, sensor = start(make_daemon, "virtual_device_storage", config="\n[Fingerprint]\nIdentifyPauseAfter=2\nIdentifyPauseSec=60\n")
+    assert d.ctl("user", "add", "sarah").returncode == 0
+    reply, _ = enroll(d, sensor, "sarah", "sarah-finger")
+    assert reply["parameters"]["finger"] == "right-index", reply
+
+    def identify_with(finger):
+        s = connect(d.socket, timeout=30)
+        send_message(s, {"method": "io.kioskauth.Identify", "parameters": {}, "more": True})
+        assert read_message(s)["parameters"]["progress"]["state"] == "touch"
+        scan(sensor, finger)
+        return read_message(s)
+
+    assert identify_with("stranger")["parameters"] == {"unknownInARow": 1, "askForName": False}
+    assert identify_with("stranger")["parameters"]["unknownInARow"] == 2
+    paused = d.call("io.kioskauth.Identify", {})
+    assert paused["error"] == "io.kioskauth.IdentifyPaused" and 55 <= paused["parameters"]["retryAfterSeconds"] <= 60
+
+
+@pytest.mark.skipif(nist_prints_dir() is None, reason="NIST prints not found (set KIOSKAUTH_TESTDATA)")
+def test_image_reader_matches_a_second_impression_and_not_another_finger(make_daemon):
+    prints = nist_prints_dir()
+    d, sensor = start(make_daemon, "virtual_image")
+    for name in ("sarah", "omar", "lena"):
+        assert d.ctl("user", "add", name, "--display-name", name.title()).returncode == 0
+    fingers = {"sarah": "arch", "omar": "loop-right", "lena": "whorl"}
+    for name, finger in fingers.items():
+        image = load_gray(next(prints.glob(f"{finger}.*.gray")))
+        conn = ImageSensor(sensor)
+        sock = connect(d.socket, timeout=60)
+        send_message(sock, {"method": "io.kioskauth.EnrollFinger", "parameters": {"name": name}, "more": True})
+        while True:
+            reply = read_message(sock)
+            progress = (reply.get("parameters") or {}).get("progress")
+            if "error" in reply or progress is None:
+                break
+            if wants_touch(progress):
+                conn.touch(*image)
+        conn.close()
+        assert reply["parameters"]["finger"] == "right-index", reply
+
+    def identify_with(print_name):
+        s = connect(d.socket, timeout=60)
+        send_message(s, {"method": "io.kioskauth.Identify", "parameters": {}, "more": True})
+        assert read_message(s)["parameters"]["progress"]["state"] == "touch"
+        conn = ImageSensor(sensor)
+        conn.touch(*load_gray(next(prints.glob(f"{print_name}.*.gray"))))
+        reply = read_message(s)
+        conn.close()
+        return reply
+
+    assert identify_with("loop-right-rot")["parameters"]["person"]["name"] == "omar"
+    assert identify_with("arch-rot")["parameters"]["person"]["name"] == "sarah"
+    assert identify_with("tented_arch")["error"] == "io.kioskauth.NotIdentified"
