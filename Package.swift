@@ -98,7 +98,9 @@ let package = Package(
         .testTarget(name: "KioskAuthCoreTests", dependencies: ["KioskAuthCore"]),
         .testTarget(name: "KioskAuthStoreTests", dependencies: ["KioskAuthStore", "KioskAuthCore"]),
         .testTarget(name: "KioskAuthProtocolTests", dependencies: ["KioskAuthProtocol"]),
-        .testTarget(name: "KioskAuthFingerprintTests", dependencies: ["KioskAuthFingerprint"]),
+        .testTarget(
+            name: "KioskAuthFingerprintTests",
+            dependencies: ["KioskAuthFingerprint", "CFPrint", .product(name: "Logging", package: "swift-log")]),
         .testTarget(
             name: "KioskAuthIdentityTests",
             dependencies: [

@@ -160,7 +160,18 @@ final class Engine: @unchecked Sendable {
         fp_context_enumerate(context)  // iterates the loop; emits device-added for each device
         isEnumerating = false
         completeStartIfSettled()
+        guard startCompletion != nil else { return }
+        // A reader that takes too long to open joins later, like a hotplugged one.
+        _ = scheduleTimeout(milliseconds: Self.openGraceMilliseconds) { [self] in
+            guard startCompletion != nil else { return }
+            logger.warning("fingerprint reader still opening; starting without it")
+            startCompletion?()
+            startCompletion = nil
+        }
     }
+
+    /// How long start waits for the readers found at start to open.
+    static let openGraceMilliseconds: UInt32 = 10_000
 
     private func completeStartIfSettled() {
         guard !isEnumerating, let completion = startCompletion,

@@ -29,6 +29,8 @@ import Synchronization
 /// the driver, which already requires the finger to be lifted between touches.
 ///
 /// Templates are biometric data: this type never logs them.
+///
+/// Call ``shutdown()`` before releasing a started reader: the thread runs until then.
 public final class FingerprintReader: Sendable {
     /// Tunables of the reader service.
     public struct Configuration: Sendable {

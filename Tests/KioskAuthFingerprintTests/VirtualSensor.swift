@@ -2,6 +2,7 @@ import Foundation
 import Glibc
 import KioskAuthFingerprint
 import Logging
+import Synchronization
 import Testing
 
 // Drives libfprint's own virtual drivers from tests. Each test gets a fresh FpContext and device
@@ -226,22 +227,28 @@ func withReader(
     withExtendedLifetime(environment) {}
 }
 
-/// Runs `operation`, failing if it takes longer than `limit`.
+/// Runs `operation`, failing once `limit` has passed even if the operation ignores cancellation
+/// (a task group would wait for it).
 func within<T: Sendable>(
     _ limit: Duration, _ operation: @escaping @Sendable () async throws -> T
 ) async throws -> T {
-    try await withThrowingTaskGroup(of: T?.self) { group in
-        group.addTask { try await operation() }
-        group.addTask {
-            try await Task.sleep(for: limit)
-            return nil
+    let outcome = Mutex<CheckedContinuation<T, any Error>?>(nil)
+    let finish: @Sendable (Result<T, any Error>) -> Bool = { result in
+        guard let continuation = outcome.withLock({ $0.take() }) else { return false }
+        continuation.resume(with: result)
+        return true
+    }
+    return try await withCheckedThrowingContinuation { continuation in
+        outcome.withLock { $0 = continuation }
+        let work = Task {
+            do { _ = finish(.success(try await operation())) } catch { _ = finish(.failure(error)) }
         }
-        guard let first = try await group.next(), let value = first else {
-            group.cancelAll()
-            throw HarnessError(description: "operation did not finish within \(limit)")
+        Task {
+            try? await Task.sleep(for: limit)
+            if finish(.failure(HarnessError(description: "operation did not finish within \(limit)"))) {
+                work.cancel()
+            }
         }
-        group.cancelAll()
-        return value
     }
 }
 
