@@ -215,15 +215,22 @@ def send_message(s: socket.socket, obj) -> None:
     s.sendall(json.dumps(obj).encode() + b"\0")
 
 
+_pending: dict[int, bytes] = {}
+
+
 def read_message(s: socket.socket) -> dict | None:
-    """Reads one NUL-terminated reply; None when the server closed the connection first."""
-    buf = b""
+    """Reads one NUL-terminated reply, keeping bytes of the next ones for later calls (replies to
+    pipelined calls can arrive in one read); None when the server closed the connection first."""
+    buf = _pending.pop(id(s), b"")
     while b"\0" not in buf:
         chunk = s.recv(65536)
         if not chunk:
             return None
         buf += chunk
-    return json.loads(buf.split(b"\0", 1)[0])
+    message, rest = buf.split(b"\0", 1)
+    if rest:
+        _pending[id(s)] = rest
+    return json.loads(message)
 
 
 def ensure_group(name: str) -> int:

@@ -12,16 +12,32 @@ import time
 
 import pytest
 
-from fprint_sockets import ImageSensor, command, load_gray, scan, nist_prints_dir, virtual_env
+from fprint_virtual import PrintImage, VirtualDevice, VirtualImage, environment, no_reader_environment, prints_directory
 from kioskauth_testing import FAST_HASH_CONFIG, KIOSKAUTHCTL, connect, read_message, send_message
 
 
 def start(make_daemon, kind, config=""):
     d = make_daemon(config=FAST_HASH_CONFIG + config)
     sensor = d.root / "sensor.sock"
-    d.extra_env.update(virtual_env(kind, sensor))
+    d.extra_env.update({k: v for k, v in environment(kind, sensor, base={}).items()})
     d.start()
     return d, sensor
+
+
+def scan(sensor, finger_id):
+    VirtualDevice(sensor).scan(finger_id)
+
+
+def stored_ids(sensor):
+    return VirtualDevice(sensor).stored_ids()
+
+
+def have_nist_prints():
+    try:
+        prints_directory()
+        return True
+    except FileNotFoundError:
+        return False
 
 
 CHECK_HINT = "touch the reader to check this finger is not already enrolled"
@@ -58,7 +74,7 @@ def test_reader_is_listed(make_daemon):
 
 def test_no_reader_means_passcode_only_and_a_plain_named_error(make_daemon):
     d = make_daemon(config=FAST_HASH_CONFIG)
-    d.extra_env.update({"FP_DRIVERS_WHITELIST": "virtual_device", "FP_DRIVERS_ALLOWLIST": "virtual_device"})
+    d.extra_env.update(no_reader_environment(base={}))
     d.start()
     assert d.ctl("user", "add", "sarah").returncode == 0
     assert json.loads(d.ctl("reader", "--json").stdout)["readers"] == []
@@ -104,10 +120,9 @@ def test_enrol_with_progress_then_identify_and_remove_deletes_the_sensor_print(m
     assert ident.returncode == 0, err
     assert out.strip() == "Welcome back, Omar (omar)"
 
-    on_sensor = set(command(sensor, "LIST").split())
-    assert on_sensor == {"sarah-finger", "omar-finger"}
+    assert stored_ids(sensor) == {"sarah-finger", "omar-finger"}
     assert d.ctl("user", "remove", "sarah").returncode == 0
-    assert set(command(sensor, "LIST").split()) == {"omar-finger"}
+    assert stored_ids(sensor) == {"omar-finger"}
 
 
 def test_a_finger_enrolled_to_someone_else_is_refused(make_daemon):
@@ -215,16 +230,15 @@ def test_unknown_fingers_pause_identify(make_daemon):
     assert paused["error"] == "io.kioskauth.IdentifyPaused" and 55 <= paused["parameters"]["retryAfterSeconds"] <= 60
 
 
-@pytest.mark.skipif(nist_prints_dir() is None, reason="NIST prints not found (set KIOSKAUTH_TESTDATA)")
+@pytest.mark.skipif(not have_nist_prints(), reason="NIST prints not found (set KIOSKAUTH_TESTDATA)")
 def test_image_reader_matches_a_second_impression_and_not_another_finger(make_daemon):
-    prints = nist_prints_dir()
     d, sensor = start(make_daemon, "virtual_image")
     for name in ("sarah", "omar", "lena"):
         assert d.ctl("user", "add", name, "--display-name", name.title()).returncode == 0
     fingers = {"sarah": "arch", "omar": "loop-right", "lena": "whorl"}
     for name, finger in fingers.items():
-        image = load_gray(next(prints.glob(f"{finger}.*.gray")))
-        conn = ImageSensor(sensor)
+        image = PrintImage.load(finger)
+        conn = VirtualImage(sensor)
         sock = connect(d.socket, timeout=60)
         send_message(sock, {"method": "io.kioskauth.EnrollFinger", "parameters": {"name": name}, "more": True})
         while True:
@@ -233,7 +247,7 @@ def test_image_reader_matches_a_second_impression_and_not_another_finger(make_da
             if "error" in reply or progress is None:
                 break
             if wants_touch(progress):
-                conn.touch(*image)
+                conn.send_image(image)
         conn.close()
         assert reply["parameters"]["finger"] == "right-index", reply
 
@@ -241,8 +255,8 @@ def test_image_reader_matches_a_second_impression_and_not_another_finger(make_da
         s = connect(d.socket, timeout=60)
         send_message(s, {"method": "io.kioskauth.Identify", "parameters": {}, "more": True})
         assert read_message(s)["parameters"]["progress"]["state"] == "touch"
-        conn = ImageSensor(sensor)
-        conn.touch(*load_gray(next(prints.glob(f"{print_name}.*.gray"))))
+        conn = VirtualImage(sensor)
+        conn.send_print(print_name)
         reply = read_message(s)
         conn.close()
         return reply
