@@ -96,7 +96,12 @@ let package = Package(
             swiftSettings: strictSettings),
 
         .testTarget(name: "KioskAuthCoreTests", dependencies: ["KioskAuthCore"]),
-        .testTarget(name: "KioskAuthStoreTests", dependencies: ["KioskAuthStore", "KioskAuthCore"]),
+        .testTarget(
+            name: "KioskAuthStoreTests",
+            dependencies: [
+                "KioskAuthStore", "KioskAuthCore", "CSQLite3",
+                .product(name: "Logging", package: "swift-log"),
+            ]),
         .testTarget(name: "KioskAuthProtocolTests", dependencies: ["KioskAuthProtocol"]),
         .testTarget(
             name: "KioskAuthFingerprintTests",

@@ -118,7 +118,11 @@ public final class VarlinkClient {
         }
         var offset = 0
         while offset < bytes.count {
-            let written = bytes[offset...].withUnsafeBytes { write(fd, $0.baseAddress, $0.count) }
+            // MSG_NOSIGNAL: a daemon that hung up (idle timeout, restart) is a Disconnected
+            // error, not a SIGPIPE that kills the CLI without a word.
+            let written = bytes[offset...].withUnsafeBytes {
+                Glibc.send(fd, $0.baseAddress, $0.count, Int32(MSG_NOSIGNAL))
+            }
             if written < 0 {
                 if errno == EINTR { continue }
                 throw VarlinkClientError(name: VarlinkClientError.disconnected, parameters: .string(String(cString: strerror(errno))))

@@ -124,8 +124,7 @@ public final class Store: @unchecked Sendable {
 
     private func openSchema(now: Date) throws(StoreError) {
         do {
-            // WAL before anything else; FULL makes each commit durable (counters survive a kill).
-            try connection.execute("PRAGMA journal_mode=WAL")
+            // Connection settings only: FULL makes each commit durable (counters survive a kill).
             try connection.execute("PRAGMA synchronous=FULL; PRAGMA foreign_keys=ON; PRAGMA secure_delete=ON")
             let version = try connection.query("PRAGMA user_version").first?["user_version"].int ?? 0
             guard version <= Self.migrations.count else {
@@ -134,6 +133,8 @@ public final class Store: @unchecked Sendable {
             if version > 0 {
                 try checkKey()
             }
+            // Switching to WAL writes the file header, so only once the store is known to be ours.
+            try connection.execute("PRAGMA journal_mode=WAL")
             if version < Self.migrations.count {
                 try connection.transaction {
                     for index in version..<Self.migrations.count {

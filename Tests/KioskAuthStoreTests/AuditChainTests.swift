@@ -1,0 +1,202 @@
+import Foundation
+import KioskAuthCore
+import KioskAuthStore
+import Testing
+
+/// Five varied records: optional fields both present and absent.
+private let sampleRecords: [AuditRecord] = [
+    AuditRecord(action: "person.add", result: "success", person: "sarah", callerUID: 0, callerPID: 812),
+    AuditRecord(
+        action: "passcode.verify", result: "failure", person: "sarah", method: "passcode", callerUID: 0, callerPID: 901,
+        service: "login", detail: "failures 1"),
+    AuditRecord(action: "passcode.verify", result: "success", person: "sarah", method: "passcode", service: "login"),
+    AuditRecord(action: "lockout.reset", result: "success", person: "sarah", callerUID: 0),
+    AuditRecord(action: "person.remove", result: "success", person: "sarah", detail: "erased"),
+]
+
+/// Appends the sample records one second apart and returns the entries.
+private func appendSamples(to store: Store) throws -> [AuditEntry] {
+    try sampleRecords.enumerated().map { index, record in
+        try store.appendAudit(record, now: testNow.addingTimeInterval(Double(index)))
+    }
+}
+
+/// The recorded head as the store writes it: the sequence in decimal, a NUL, the MAC.
+private func recordedHead(sequence: Int, mac: [UInt8]) -> [UInt8] { Array(String(sequence).utf8) + [0] + mac }
+
+@Suite("Audit chain")
+struct AuditChainTests {
+    @Test func emptyChain_isValid() throws {
+        let fixture = try StoreFixture()
+        try fixture.withStore { store throws in
+            let verification = try store.verifyAudit()
+            #expect(verification.isValid)
+            #expect(verification.events == 0)
+            #expect(verification.brokenAt == nil)
+        }
+    }
+
+    @Test func appendedEntries_verify_andReadBackAsWritten() throws {
+        let fixture = try StoreFixture()
+        let entries = try fixture.withStore { try appendSamples(to: $0) }
+        #expect(entries.map(\.sequence) == [1, 2, 3, 4, 5])
+        #expect(Set(entries.map(\.mac)).count == 5)
+
+        try fixture.withStore { store throws in
+            let verification = try store.verifyAudit()
+            #expect(verification.isValid)
+            #expect(verification.events == 5)
+            #expect(verification.headHex == entries.last?.macHex)
+            #expect(verification.brokenAt == nil)
+            #expect(verification.reason == nil)
+            let head = try store.auditHead()
+            #expect(head.events == 5)
+            #expect(head.headHex == entries.last?.macHex)
+            #expect(try store.auditEntries() == entries)
+            #expect(try store.auditEntries(after: 2, limit: 2).map(\.sequence) == [3, 4])
+            #expect(try store.auditEntries().map(\.record) == sampleRecords)
+        }
+    }
+
+    @Test(
+        "An edited field breaks the chain at that entry",
+        arguments: [
+            "action = 'person.add'", "result = 'success'", "person = 'ben'", "person = NULL", "method = 'fingerprint'",
+            "caller_uid = 1000", "caller_pid = NULL", "service = 'sudo'", "detail = 'failures 0'",
+            "time_us = time_us + 1",
+        ])
+    func editedField_breaksTheChainAtThatEntry(assignment: String) throws {
+        let fixture = try StoreFixture()
+        _ = try fixture.withStore { try appendSamples(to: $0) }
+        try fixture.raw().query("UPDATE audit SET \(assignment) WHERE seq = 2")
+
+        let verification = try fixture.withStore { try $0.verifyAudit() }
+        #expect(!verification.isValid)
+        #expect(verification.brokenAt == 2)
+        #expect(verification.events == 1)
+        #expect(verification.reason != nil)
+    }
+
+    @Test func deletedLastEntry_isCaughtByTheRecordedHead() throws {
+        let fixture = try StoreFixture()
+        _ = try fixture.withStore { try appendSamples(to: $0) }
+        try fixture.raw().query("DELETE FROM audit WHERE seq = 5")
+
+        let verification = try fixture.withStore { try $0.verifyAudit() }
+        #expect(!verification.isValid)
+        #expect(verification.events == 4)
+        #expect(verification.brokenAt == 5)
+    }
+
+    @Test func deletedMiddleEntry_breaksTheChainWhereItWas() throws {
+        let fixture = try StoreFixture()
+        _ = try fixture.withStore { try appendSamples(to: $0) }
+        try fixture.raw().query("DELETE FROM audit WHERE seq = 3")
+
+        let verification = try fixture.withStore { try $0.verifyAudit() }
+        #expect(!verification.isValid)
+        #expect(verification.brokenAt == 3)
+    }
+
+    @Test func deletedRecordedHead_isCaught() throws {
+        let fixture = try StoreFixture()
+        _ = try fixture.withStore { try appendSamples(to: $0) }
+        try fixture.raw().query("DELETE FROM meta WHERE key = 'audit_head'")
+
+        let verification = try fixture.withStore { try $0.verifyAudit() }
+        #expect(!verification.isValid)
+    }
+
+    @Test func chainRecomputedUnderAnotherKey_isCaughtAtTheFirstEntry() throws {
+        // The attacker builds a whole chain with a key of their own, for this very store's
+        // identity and with the same records, and puts it in place of the real one.
+        let victim = try StoreFixture()
+        let real = try victim.withStore { try appendSamples(to: $0) }
+        let forger = try StoreFixture()
+        try forger.withStore { _ in }
+        let storeID = try victim.raw().scalar("SELECT value FROM meta WHERE key = 'store_id'")
+        try forger.raw().query("UPDATE meta SET value = ? WHERE key = 'store_id'", [storeID])
+        let forged = try forger.withStore { try appendSamples(to: $0) }
+        #expect(forged.map(\.mac) != real.map(\.mac))
+
+        let raw = try victim.raw()
+        for entry in forged {
+            try raw.query(
+                "UPDATE audit SET mac = ? WHERE seq = ?", [.blob(entry.mac), .integer(Int64(entry.sequence))])
+        }
+        let head = recordedHead(sequence: 5, mac: forged[4].mac)
+        try raw.query("UPDATE meta SET value = ? WHERE key = 'audit_head'", [.blob(head)])
+        raw.close()
+
+        let verification = try victim.withStore { try $0.verifyAudit() }
+        #expect(!verification.isValid)
+        #expect(verification.brokenAt == 1)
+    }
+
+    @Test func chainCopiedFromAnotherStoreWithTheSameKey_isCaughtAtTheFirstEntry() throws {
+        let key = StoreKey.random()
+        let first = try StoreFixture(key: key)
+        let second = try StoreFixture(key: key)
+        _ = try first.withStore { try appendSamples(to: $0) }
+        let copied = try second.withStore { try appendSamples(to: $0) }
+
+        let raw = try first.raw()
+        for entry in copied {
+            try raw.query(
+                "UPDATE audit SET mac = ? WHERE seq = ?", [.blob(entry.mac), .integer(Int64(entry.sequence))])
+        }
+        try raw.query(
+            "UPDATE meta SET value = ? WHERE key = 'audit_head'", [.blob(recordedHead(sequence: 5, mac: copied[4].mac))]
+        )
+        raw.close()
+
+        let verification = try first.withStore { try $0.verifyAudit() }
+        #expect(!verification.isValid)
+        #expect(verification.brokenAt == 1)
+    }
+
+    @Test func truncationWithARewrittenHead_passesAlone_butNotAgainstTheJournalHead() throws {
+        let fixture = try StoreFixture()
+        let entries = try fixture.withStore { try appendSamples(to: $0) }
+        let journalHead = (sequence: 5, macHex: entries[4].macHex)
+        let raw = try fixture.raw()
+        try raw.query("DELETE FROM audit WHERE seq > 3")
+        try raw.query(
+            "UPDATE meta SET value = ? WHERE key = 'audit_head'",
+            [.blob(recordedHead(sequence: 3, mac: entries[2].mac))])
+        raw.close()
+
+        try fixture.withStore { store throws in
+            // Inside the store the truncated chain is consistent: only the journal knows better.
+            #expect(try store.verifyAudit().isValid)
+            let verification = try store.verifyAudit(expectedHead: journalHead)
+            #expect(!verification.isValid)
+            #expect(verification.events == 3)
+            #expect(verification.brokenAt == 4)
+        }
+    }
+
+    @Test func journalHead_thatMatchesOrIsOlder_isAccepted_butAMismatchedMacIsNot() throws {
+        let fixture = try StoreFixture()
+        let entries = try fixture.withStore { try appendSamples(to: $0) }
+        try fixture.withStore { store throws in
+            #expect(try store.verifyAudit(expectedHead: (5, entries[4].macHex)).isValid)
+            #expect(try store.verifyAudit(expectedHead: (3, entries[2].macHex)).isValid)
+            #expect(try !store.verifyAudit(expectedHead: (5, entries[3].macHex)).isValid)
+            #expect(try !store.verifyAudit(expectedHead: (6, entries[4].macHex)).isValid)
+        }
+    }
+
+    @Test func chain_continuesAcrossAReopen() throws {
+        let fixture = try StoreFixture()
+        _ = try fixture.withStore { try appendSamples(to: $0) }
+        let sixth = try fixture.withStore { store throws in
+            try store.appendAudit(AuditRecord(action: "daemon.start", result: "success"), now: testNow)
+        }
+        #expect(sixth.sequence == 6)
+        let verification = try fixture.withStore { try $0.verifyAudit() }
+        #expect(verification.isValid)
+        #expect(verification.events == 6)
+        #expect(verification.headHex == sixth.macHex)
+    }
+}
