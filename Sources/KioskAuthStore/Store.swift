@@ -31,7 +31,7 @@ public struct StoredPerson: Sendable, Equatable {
 /// serialised by a lock; calls are short.
 public final class Store: @unchecked Sendable {
     /// The schema version this code writes.
-    public static let schemaVersion = 1
+    public static let schemaVersion = 2
     /// File name of the database in the state directory.
     public static let databaseFileName = "kioskauth.sqlite"
 
@@ -119,6 +119,52 @@ public final class Store: @unchecked Sendable {
           mac BLOB NOT NULL
         );
         CREATE TABLE terminal_state (key TEXT PRIMARY KEY NOT NULL, value TEXT NOT NULL);
+        """,
+        // 2: identity-provider people, sessions, the outbox (queued revocations and audit
+        // deliveries), one-time activation codes.
+        """
+        ALTER TABLE people ADD COLUMN email TEXT;
+        ALTER TABLE people ADD COLUMN idp_subject TEXT;
+        ALTER TABLE people ADD COLUMN idp_contact TEXT;
+        ALTER TABLE people ADD COLUMN biometric_offer TEXT NOT NULL DEFAULT 'on';
+        ALTER TABLE people ADD COLUMN suspended_reason TEXT;
+        ALTER TABLE people ADD COLUMN refresh_state TEXT;
+        CREATE UNIQUE INDEX people_idp_subject ON people (idp_subject) WHERE idp_subject IS NOT NULL;
+        CREATE TABLE sessions (
+          id TEXT PRIMARY KEY NOT NULL,
+          person_id INTEGER NOT NULL REFERENCES people(id) ON DELETE CASCADE,
+          state TEXT NOT NULL,
+          service TEXT,
+          tty TEXT,
+          opened_at REAL NOT NULL,
+          ended_at REAL,
+          end_reason TEXT
+        );
+        CREATE INDEX sessions_person ON sessions (person_id);
+        CREATE TABLE outbox (
+          id INTEGER PRIMARY KEY AUTOINCREMENT,
+          kind TEXT NOT NULL,
+          idempotency_key TEXT NOT NULL UNIQUE,
+          payload TEXT,
+          sealed BLOB,
+          created_at REAL NOT NULL,
+          attempts INTEGER NOT NULL DEFAULT 0,
+          next_attempt_at REAL,
+          delivered_at REAL,
+          last_error TEXT
+        );
+        CREATE TABLE activation_codes (
+          id INTEGER PRIMARY KEY AUTOINCREMENT,
+          person_id INTEGER NOT NULL REFERENCES people(id) ON DELETE CASCADE,
+          code_mac BLOB NOT NULL,
+          issued_at REAL NOT NULL,
+          expires_at REAL NOT NULL,
+          failures INTEGER NOT NULL DEFAULT 0,
+          used_at REAL,
+          revoked_at REAL
+        );
+        CREATE INDEX activation_codes_mac ON activation_codes (code_mac);
+        CREATE INDEX activation_codes_person ON activation_codes (person_id);
         """
     ]
 
