@@ -146,7 +146,7 @@ def test_varlink_python_client_introspects_calls_and_gets_named_errors(daemon):
             assert description.startswith("# The kioskauth daemon's socket API")
         with client.open("io.kioskauth", namespaced=True) as api:
             person = api.AddPerson(name="omar", displayName="Omar", roles=["coordinator"]).person
-            assert person.primaryRole == "coordinator" and person.state == "active"
+            assert person.primaryRole == "coordinator" and person.state == "pending_activation"
             with pytest.raises(varlink.VarlinkError) as raised:
                 api.GetPerson(name="nobody-here")
             assert raised.value.error() == "io.kioskauth.NoSuchPerson"

@@ -66,7 +66,9 @@ extension Authority {
         let name = try loginName(input.name)
         let person = try existingPerson(name, caller: caller, action: "finger.enroll")
         if !groups.isAdmin(caller) {
-            guard configuration.fingerprint.selfEnrollment, isSelf(caller, person) else {
+            // Self-service: the person bound to the caller's uid, or a kiosk app enrolling the
+            // person it just authenticated (or activated) on this connection.
+            guard configuration.fingerprint.selfEnrollment, isSelf(caller, person) || groups.isAuthenticator(caller) else {
                 audit(caller, action: "finger.enroll", result: "refused", person: name.rawValue, detail: "not an admin and not self")
                 throw APIError.permissionDenied("only admins enrol other people's fingers")
             }
@@ -127,6 +129,11 @@ extension Authority {
         guard current.id == person.id else { throw APIError.noSuchPerson(name.rawValue) }
         do {
             try store.addFinger(finger.rawValue, template: template, for: current, now: now())
+            // An admin enrolling a pending person at the terminal vouches for them: activated.
+            if current.state == .pendingActivation, groups.isAdmin(caller) {
+                try store.setState(.active, for: current, now: now())
+                try store.revokeActivationCode(for: current, now: now())
+            }
         } catch {
             if error.code == .personExists { throw APIError.own("FingerAlreadyEnrolled", ["finger": .string(finger.rawValue)]) }
             throw try failStore(caller, "finger.enroll", error)

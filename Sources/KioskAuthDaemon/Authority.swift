@@ -25,10 +25,19 @@ public actor Authority {
     /// The fingerprint reader service; nil when fingerprints are disabled.
     let reader: FingerprintReader?
 
-    private struct Ticket {
+    /// What a ticket may be used for.
+    enum TicketPurpose: Equatable {
+        /// Self-service after a fresh authentication (change passcode, enrol a finger).
+        case selfService
+        /// Completing activation with the code it was issued for.
+        case activation(codeID: Int64)
+    }
+
+    struct Ticket {
         var personID: Int64
         var connectionID: UInt64
         var expires: Date
+        var purpose: TicketPurpose
     }
     private var tickets: [String: Ticket] = [:]
 
@@ -148,7 +157,7 @@ public actor Authority {
 
     // MARK: People
 
-    func addPerson(_ caller: Caller, _ input: Message.AddPerson) throws(APIError) -> PersonRecord {
+    func addPerson(_ caller: Caller, _ input: Message.AddPerson) throws(APIError) -> Message.PersonAdded {
         try requireAdmin(caller, action: "person.add", person: input.name)
         let name = try loginName(input.name)
         let displayName = (input.displayName ?? name.rawValue).trimmingCharacters(in: .whitespacesAndNewlines)
@@ -170,8 +179,8 @@ public actor Authority {
         let person: StoredPerson
         do {
             person = try store.addPerson(
-                name: name, displayName: displayName, roles: roleSet, origin: .local, state: .active, uid: input.uid,
-                now: now())
+                name: name, displayName: displayName, roles: roleSet, origin: .local, state: .pendingActivation,
+                uid: input.uid, now: now())
         } catch {
             if error.code == .personExists {
                 audit(caller, action: "person.add", result: "failure", person: name.rawValue, detail: error.message)
@@ -180,7 +189,8 @@ public actor Authority {
             throw try failStore(caller, "person.add", error)
         }
         audit(caller, action: "person.add", result: "success", person: name.rawValue, detail: "roles=\(roleSet.all.map(\.rawValue).joined(separator: ","))")
-        return record(person)
+        let (code, expires) = try issueActivationCode(caller, for: person)
+        return Message.PersonAdded(person: record(person), activationCode: code.description, activationExpiresAt: Self.timestamp(expires))
     }
 
     func failStore(_ caller: Caller, _ action: String, _ error: StoreError) throws(APIError) -> APIError {
@@ -216,7 +226,7 @@ public actor Authority {
     // MARK: Passcodes
 
     /// Hashes off the actor and off the event loops: Argon2id takes a tenth of a second.
-    private func hash<T: Sendable>(_ body: @escaping @Sendable () throws(StoreError) -> T) async throws(APIError) -> T {
+    func hash<T: Sendable>(_ body: @escaping @Sendable () throws(StoreError) -> T) async throws(APIError) -> T {
         do {
             return try await hashingPool.runIfActive { () throws -> T in try body() }
         } catch let error as StoreError {
@@ -260,6 +270,7 @@ public actor Authority {
             try store.saveFailures(failures, for: current, now: now())
             if current.state == .pendingActivation, groups.isAdmin(caller) {
                 try store.setState(.active, for: current, now: now())
+                try store.revokeActivationCode(for: current, now: now())
             }
         }
         current = try existingPerson(name, caller: caller, action: "passcode.set")
@@ -379,7 +390,7 @@ public actor Authority {
 
     // MARK: Tickets
 
-    func issueTicket(for person: StoredPerson, caller: Caller) -> String {
+    func issueTicket(for person: StoredPerson, caller: Caller, purpose: TicketPurpose = .selfService) -> String {
         let current = now()
         tickets = tickets.filter { $0.value.expires > current }
         var bytes = [UInt8](repeating: 0, count: 24)
@@ -388,14 +399,30 @@ public actor Authority {
         let ticket = Data(bytes).base64EncodedString()
         tickets[ticket] = Ticket(
             personID: person.id, connectionID: caller.connectionID,
-            expires: current.addingTimeInterval(configuration.access.ticketLifetime))
+            expires: current.addingTimeInterval(configuration.access.ticketLifetime), purpose: purpose)
         return ticket
     }
 
     /// Single use; bound to the person and the connection that earned it.
     func consumeTicket(_ ticket: String, person: StoredPerson, caller: Caller) -> Bool {
         guard let entry = tickets.removeValue(forKey: ticket) else { return false }
-        return entry.personID == person.id && entry.connectionID == caller.connectionID && entry.expires > now()
+        return entry.purpose == .selfService && entry.personID == person.id && entry.connectionID == caller.connectionID
+            && entry.expires > now()
+    }
+
+    /// The person and code an activation ticket is for, without using it up.
+    func peekActivationTicket(_ ticket: String, caller: Caller) -> (personID: Int64, codeID: Int64)? {
+        guard let entry = tickets[ticket], entry.connectionID == caller.connectionID, entry.expires > now(),
+            case .activation(let codeID) = entry.purpose
+        else { return nil }
+        return (entry.personID, codeID)
+    }
+
+    /// Uses up an activation ticket.
+    func consumeActivationTicket(_ ticket: String, caller: Caller) -> (personID: Int64, codeID: Int64)? {
+        guard let found = peekActivationTicket(ticket, caller: caller) else { return nil }
+        tickets[ticket] = nil
+        return found
     }
 
     /// Forgets every ticket of a closed connection.

@@ -78,7 +78,26 @@ public struct DaemonConfiguration: Sendable {
         public var maxFingersPerPerson = 10
     }
 
+    /// Activation of pre-provisioned people.
+    public struct Activation: Sendable {
+        /// How long a code lives.
+        public var codeLifetime: TimeInterval = 72 * 3600
+        /// Wrong tries that kill one person's code.
+        public var maxTries = 5
+        /// Wrong codes on this terminal that pause activation ...
+        public var terminalMaxFailures = 5
+        /// ... within this window.
+        public var terminalWindow: TimeInterval = 900
+        /// What each role can do, shown when activation completes.
+        public var roleDescriptions: [String: String] = [
+            "caregiver": "You can unlock this terminal, see today's visits and record care notes.",
+            "coordinator": "You can manage schedules, review care notes and help colleagues get set up.",
+            "family": "You can see visit updates and messages about your family member.",
+        ]
+    }
+
     public var socket = Socket()
+    public var activation = Activation()
     public var access = Access()
     public var store = Store()
     public var passcode = Passcode()
@@ -204,6 +223,13 @@ public struct DaemonConfiguration: Sendable {
         case ("Fingerprint", "IdentifyPauseSec"): fingerprint.identifyPause = try seconds(value)
         case ("Fingerprint", "SelfEnrollment"): fingerprint.selfEnrollment = try bool(value)
         case ("Fingerprint", "MaxFingersPerPerson"): fingerprint.maxFingersPerPerson = try int(value, 1...10)
+        case ("Activation", "CodeLifetimeSec"): activation.codeLifetime = try seconds(value)
+        case ("Activation", "MaxTries"): activation.maxTries = try int(value, 1...100)
+        case ("Activation", "TerminalMaxFailures"): activation.terminalMaxFailures = try int(value, 1...1000)
+        case ("Activation", "TerminalWindowSec"): activation.terminalWindow = try seconds(value)
+        case ("Roles", "Caregiver"): activation.roleDescriptions["caregiver"] = value
+        case ("Roles", "Coordinator"): activation.roleDescriptions["coordinator"] = value
+        case ("Roles", "Family"): activation.roleDescriptions["family"] = value
         default: return false
         }
         return true

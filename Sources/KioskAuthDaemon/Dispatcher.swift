@@ -78,7 +78,22 @@ public struct Dispatcher: Sendable {
             try await authority.status(caller)
         }
         register(prefix + "AddPerson") { (input: Message.AddPerson, caller, _) in
-            Message.PersonReply(person: try await authority.addPerson(caller, input))
+            try await authority.addPerson(caller, input)
+        }
+        register(prefix + "IssueActivationCode") { (input: Message.Name, caller, _) in
+            try await authority.issueActivationCode(caller, input.name)
+        }
+        register(prefix + "RevokeActivationCode") { (input: Message.Name, caller, _) in
+            Message.Revoked(revoked: try await authority.revokeActivationCode(caller, input.name))
+        }
+        register(prefix + "CheckActivationCode") { (input: Message.CheckActivationCode, caller, _) in
+            try await authority.checkActivationCode(caller, input)
+        }
+        register(prefix + "CompleteActivation") { (input: Message.CompleteActivation, caller, _) in
+            try await authority.completeActivation(caller, input)
+        }
+        register(prefix + "ExportPerson") { (input: Message.Name, caller, _) in
+            try await authority.exportPerson(caller, input.name)
         }
         register(prefix + "ListPeople") { (_: Message.Empty, caller, _) in
             Message.People(people: try await authority.listPeople(caller))

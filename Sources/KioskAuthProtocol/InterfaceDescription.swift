@@ -150,7 +150,8 @@ method GetStatus() -> (
   auditHead: string
 )
 
-# Create a local person (admin).
+# Create a local person pending activation (admin). The reply carries their one-time
+# activation code, shown once: the store keeps only its HMAC.
 method AddPerson(
   # Login name.
   name: string,
@@ -160,7 +161,14 @@ method AddPerson(
   roles: ?[]Role,
   # Unix uid to bind the person to.
   uid: ?int
-) -> (person: Person)
+) -> (
+  # The person, pending activation.
+  person: Person,
+  # The one-time activation code, XXXX-XXXX.
+  activationCode: ?string,
+  # When the code expires (RFC 3339).
+  activationExpiresAt: ?string
+)
 
 # List every person on this terminal (admin).
 method ListPeople() -> (people: []Person)
@@ -295,6 +303,74 @@ method Identify(
   rosterSize: ?int
 )
 
+# Issue a new one-time activation code for a person who is not active yet (admin). Any earlier
+# code of theirs stops working.
+method IssueActivationCode(name: string) -> (
+  # The code, XXXX-XXXX (Crockford base32); shown once.
+  code: string,
+  # When it expires (RFC 3339).
+  expiresAt: string
+)
+
+# Revoke a person's activation code (admin).
+method RevokeActivationCode(name: string) -> (
+  # Whether there was a live code.
+  revoked: bool
+)
+
+# First step of activation at the terminal: check the code the person typed (case-insensitive,
+# hyphen optional). Root and the kioskauth group only. Returns a ticket for CompleteActivation
+# on the same connection.
+method CheckActivationCode(
+  # The code as typed.
+  code: string,
+  # The login name, when the person gave one; the code must then be theirs.
+  name: ?string,
+  # What the PAM module knows about the login being served.
+  context: ?CallerContext
+) -> (
+  # The person the code belongs to.
+  person: Person,
+  # Ticket for CompleteActivation (and fingerprint enrolment) on this connection.
+  ticket: string,
+  # Seconds the ticket stays valid.
+  ticketExpiresIn: int
+)
+
+# Second step: the person sets their passcode (twice); the code is used up and the person is
+# active. The reply carries the closing message and whether to offer fingerprint enrolment.
+method CompleteActivation(
+  # The ticket from CheckActivationCode.
+  ticket: string,
+  # The new passcode.
+  passcode: string,
+  # The same passcode again.
+  confirmation: string
+) -> (
+  # The person, now active.
+  person: Person,
+  # "You're all set, Sarah. Your role: caregiver."
+  welcome: string,
+  # What the primary role can do, as configured.
+  roleDescription: string,
+  # Whether to offer fingerprint enrolment now (a reader is present, no finger yet).
+  offerFingerprint: bool,
+  # Ticket for EnrollFinger on this connection.
+  ticket: string,
+  # Seconds the ticket stays valid.
+  ticketExpiresIn: int
+)
+
+# Everything stored about a person except secrets, for export before removal (admin).
+method ExportPerson(name: string) -> (
+  # The person.
+  person: Person,
+  # Their audit events, oldest first.
+  audit: []AuditEvent,
+  # Their activation codes' history (no code values).
+  activationCodes: []object
+)
+
 # No person by that name on this terminal.
 error NoSuchPerson (name: string)
 
@@ -394,6 +470,24 @@ error ScanCancelled ()
 
 # Fingerprints are not accepted for this login (remote session, or forbidden by policy).
 error FingerprintNotAllowed (reason: string)
+
+# The activation code is not right. remainingTries is left for this person's code when known.
+error ActivationCodeWrong (message: string, remainingTries: ?int)
+
+# The activation code has expired.
+error ActivationCodeExpired (message: string)
+
+# The activation code was used already.
+error ActivationCodeUsed (message: string)
+
+# The activation code was replaced, revoked, or died after too many wrong tries.
+error ActivationCodeRevoked (message: string)
+
+# Too many wrong codes on this terminal: activation is paused.
+error ActivationPaused (message: string, retryAfterSeconds: int)
+
+# The person is already active; there is nothing to activate.
+error AlreadyActive (name: string)
 
 # The daemon is shutting down.
 error ShuttingDown ()

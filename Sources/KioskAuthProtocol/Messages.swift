@@ -322,3 +322,83 @@ extension Message {
         public init(context: CallerContext? = nil) { self.context = context }
     }
 }
+
+extension Message {
+    public struct PersonAdded: Codable, Sendable {
+        public var person: PersonRecord
+        public var activationCode: String?
+        public var activationExpiresAt: String?
+        public init(person: PersonRecord, activationCode: String?, activationExpiresAt: String?) {
+            self.person = person
+            self.activationCode = activationCode
+            self.activationExpiresAt = activationExpiresAt
+        }
+    }
+
+    public struct ActivationCodeIssued: Codable, Sendable {
+        public var code: String
+        public var expiresAt: String
+        public init(code: String, expiresAt: String) {
+            self.code = code
+            self.expiresAt = expiresAt
+        }
+    }
+
+    public struct Revoked: Codable, Sendable {
+        public var revoked: Bool
+        public init(revoked: Bool) { self.revoked = revoked }
+    }
+
+    public struct CheckActivationCode: Codable, Sendable {
+        public var code: String
+        public var name: String?
+        public var context: CallerContext?
+        public init(code: String, name: String? = nil, context: CallerContext? = nil) {
+            self.code = code
+            self.name = name
+            self.context = context
+        }
+    }
+
+    public struct CompleteActivation: Codable, Sendable {
+        public var ticket: String
+        public var passcode: String
+        public var confirmation: String
+        public init(ticket: String, passcode: String, confirmation: String) {
+            self.ticket = ticket
+            self.passcode = passcode
+            self.confirmation = confirmation
+        }
+    }
+
+    public struct Activated: Codable, Sendable {
+        public var person: PersonRecord
+        public var welcome: String
+        public var roleDescription: String
+        public var offerFingerprint: Bool
+        public var ticket: String
+        public var ticketExpiresIn: Int
+        public init(
+            person: PersonRecord, welcome: String, roleDescription: String, offerFingerprint: Bool, ticket: String,
+            ticketExpiresIn: Int
+        ) {
+            self.person = person
+            self.welcome = welcome
+            self.roleDescription = roleDescription
+            self.offerFingerprint = offerFingerprint
+            self.ticket = ticket
+            self.ticketExpiresIn = ticketExpiresIn
+        }
+    }
+
+    public struct PersonExport: Codable, Sendable {
+        public var person: PersonRecord
+        public var audit: [AuditEventRecord]
+        public var activationCodes: [JSONValue]
+        public init(person: PersonRecord, audit: [AuditEventRecord], activationCodes: [JSONValue]) {
+            self.person = person
+            self.audit = audit
+            self.activationCodes = activationCodes
+        }
+    }
+}

@@ -39,6 +39,7 @@ public final class Store: @unchecked Sendable {
     private let lock = NSLock()
     let sealer: Sealer
     let auditKey: SymmetricKey
+    let activationKey: SymmetricKey
     private let logger: Logger
 
     /// Opens (creating if needed) the store at `path` with `key`. Refuses a store from a newer
@@ -47,6 +48,7 @@ public final class Store: @unchecked Sendable {
         self.logger = logger
         self.sealer = Sealer(storeKey: key)
         self.auditKey = key.derived(for: "audit")
+        self.activationKey = key.derived(for: "activation-code")
         do {
             connection = try SQLiteConnection(path: path)
         } catch {
@@ -259,10 +261,10 @@ public final class Store: @unchecked Sendable {
 
     // MARK: People
 
-    private static let personColumns =
+    static let personColumns =
         "id, name, display_name, roles, origin, state, uid, created_at, last_unlock_at, passcode_failures, passcode_locked_until, passcode_hard_locked, fingerprint_failures, (SELECT COUNT(*) FROM secrets s WHERE s.person_id = people.id AND s.kind = 'passcode') AS has_passcode, (SELECT group_concat(finger) FROM (SELECT finger FROM fingers f WHERE f.person_id = people.id ORDER BY f.id)) AS fingers"
 
-    private func decodePerson(_ row: SQLRow) throws -> StoredPerson {
+    func decodePerson(_ row: SQLRow) throws -> StoredPerson {
         let roleNames = (row["roles"].string ?? "").split(separator: ",").map(String.init)
         let roles = try RoleSet(roleNames.map { name in
             guard let role = Role(rawValue: name) else { throw StoreError(.integrity("unknown role \(name) in people row")) }

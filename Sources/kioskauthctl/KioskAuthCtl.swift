@@ -75,7 +75,7 @@ struct KioskAuthCtl: ParsableCommand {
         version: "0.1.0",
         subcommands: [
             Status.self, User.self, Passcode.self, FingerCommand.self, VerifyCommand.self, IdentifyCommand.self, ReaderCommand.self,
-            Lockout.self, Audit.self,
+            Activation.self, Lockout.self, Audit.self,
         ])
 
     /// Runs the command; usage errors exit 2, failures print one line and exit 1.
@@ -156,6 +156,9 @@ struct KioskAuthCtl: ParsableCommand {
         case "TicketInvalid": return "authenticate first: the ticket is missing, expired or from another connection"
         case "StoreIntegrity": return "store integrity failure: \(string("reason") ?? "")"
         case "TooManyConnections": return "kioskauthd is refusing connections: too many open"
+        case "ActivationCodeWrong", "ActivationCodeExpired", "ActivationCodeUsed", "ActivationCodeRevoked", "ActivationPaused":
+            return string("message") ?? error.description
+        case "AlreadyActive": return "\(string("name") ?? "that person") is already active"
         case "NoReader": return "no fingerprint reader is present; use the passcode"
         case "FingerprintNotRecognized":
             if case .bool(true)? = p?["fallbackRequired"] {
@@ -201,7 +204,8 @@ struct Status: ParsableCommand {
 
 struct User: ParsableCommand {
     static let configuration = CommandConfiguration(
-        abstract: "Add, list, show and remove people.", subcommands: [Add.self, List.self, Show.self, Remove.self])
+        abstract: "Add, list, show, export and remove people.",
+        subcommands: [Add.self, List.self, Show.self, Export.self, Remove.self])
 
     struct Add: ParsableCommand {
         static let configuration = CommandConfiguration(abstract: "Add a local person.")
@@ -221,8 +225,14 @@ struct User: ParsableCommand {
         func run() throws {
             let reply = try global.call(
                 "AddPerson", Message.AddPerson(name: name, displayName: displayName, roles: role.isEmpty ? nil : role, uid: uid),
-                as: Message.PersonReply.self)
-            if !global.json { print("added \(reply.person.name) (\(reply.person.roles.joined(separator: ", ")))") }
+                as: Message.PersonAdded.self)
+            guard !global.json else { return }
+            print("added \(reply.person.name) (\(reply.person.roles.joined(separator: ", "))), pending activation")
+            if let code = reply.activationCode {
+                print("activation code: \(code)   (one use; expires \(reply.activationExpiresAt ?? "in 72 h"))")
+                print("At the terminal \(reply.person.displayName) enters it, sets a passcode and enrols a finger.")
+                print("Or activate now: kioskauthctl passcode set \(reply.person.name)")
+            }
         }
     }
 
@@ -266,6 +276,18 @@ struct User: ParsableCommand {
             print("fingers:       \(p.fingers.isEmpty ? "-" : p.fingers.joined(separator: ", "))")
             print("created:       \(p.createdAt)")
             print("last unlock:   \(iso(p.lastUnlockAt))")
+        }
+    }
+
+    struct Export: ParsableCommand {
+        static let configuration = CommandConfiguration(
+            abstract: "Print everything stored about a person except secrets, as JSON (e.g. before user remove).")
+        @OptionGroup var global: GlobalOptions
+        @Argument(help: "Login name.") var name: String
+
+        func run() throws {
+            let reply = try global.connect().call("io.kioskauth.ExportPerson", parameters: try VarlinkCoding.encode(Message.Name(name: name)))
+            printJSON(reply)
         }
     }
 
@@ -502,6 +524,34 @@ struct ReaderCommand: ParsableCommand {
             if r.canIdentify { features.append("identify") }
             if r.hasStorage { features.append("storage") }
             print("\(r.name)\tdriver \(r.driver)\t\(r.enrollStages) enrol stages\t\(features.joined(separator: ", "))")
+        }
+    }
+}
+
+struct Activation: ParsableCommand {
+    static let configuration = CommandConfiguration(
+        abstract: "Issue or revoke one-time activation codes.", subcommands: [Issue.self, Revoke.self])
+
+    struct Issue: ParsableCommand {
+        static let configuration = CommandConfiguration(abstract: "Issue a new code for a person pending activation; the old one dies.")
+        @OptionGroup var global: GlobalOptions
+        @Argument(help: "Login name.") var name: String
+
+        func run() throws {
+            let reply = try global.call("IssueActivationCode", Message.Name(name: name), as: Message.ActivationCodeIssued.self)
+            if !global.json { print("activation code: \(reply.code)   (one use; expires \(reply.expiresAt))") }
+        }
+    }
+
+    struct Revoke: ParsableCommand {
+        static let configuration = CommandConfiguration(abstract: "Revoke a person's activation code.")
+        @OptionGroup var global: GlobalOptions
+        @Argument(help: "Login name.") var name: String
+
+        func run() throws {
+            let reply = try global.call("RevokeActivationCode", Message.Name(name: name), as: Message.Revoked.self)
+            if !global.json { print(reply.revoked ? "revoked" : "\(name) had no live activation code") }
+            if !reply.revoked { throw ExitCode(1) }
         }
     }
 }
