@@ -18,7 +18,8 @@ public struct APIError: Error, CustomStringConvertible, Sendable {
 
     public var description: String { "\(name) \(parameters)" }
 
-    static func own(_ name: String, _ parameters: [String: JSONValue] = [:], closesConnection: Bool = false) -> APIError {
+    static func own(_ name: String, _ parameters: [String: JSONValue] = [:], closesConnection: Bool = false) -> APIError
+    {
         APIError(VarlinkErrorName.own(name), parameters, closesConnection: closesConnection)
     }
 
@@ -58,7 +59,8 @@ public struct APIError: Error, CustomStringConvertible, Sendable {
         case .noSuchPerson: own("NoSuchPerson", ["name": .string("")])
         case .personExists: own("PersonExists", ["name": .string("")])
         case .integrity, .wrongKey: own("StoreIntegrity", ["reason": .string(error.message)])
-        case .keyUnavailable, .futureSchema, .database: own("InternalError", ["reason": .string("the store failed; see the journal")])
+        case .keyUnavailable, .futureSchema, .database:
+            own("InternalError", ["reason": .string("the store failed; see the journal")])
         }
     }
 }

@@ -9,7 +9,8 @@ extension Authority {
     static let activationLimiterKey = "activation-rate-limit"
 
     static let expiredMessage = "This code has expired. Ask your coordinator for a new code."
-    static let usedMessage = "This code has already been used. If you have not activated yet, ask your coordinator for a new code."
+    static let usedMessage =
+        "This code has already been used. If you have not activated yet, ask your coordinator for a new code."
     static let revokedMessage = "This code no longer works. Ask your coordinator for a new code."
     static let wrongMessage = "That code is not right. Check it and try again."
 
@@ -22,11 +23,14 @@ extension Authority {
     /// Issues a code for a person who is not active yet; the earlier one dies.
     func issueActivationCode(_ caller: Caller, for person: StoredPerson) throws(APIError) -> (ActivationCode, Date) {
         let code = makeActivationCode()
-        let stored = try withStore(caller, action: "activation.issue", person: person.name.rawValue) { () throws(StoreError) in
+        let stored = try withStore(caller, action: "activation.issue", person: person.name.rawValue) {
+            () throws(StoreError) in
             try store.issueActivationCode(
                 code.normalized, for: person, lifetime: configuration.activation.codeLifetime, now: now())
         }
-        audit(caller, action: "activation.issue", result: "success", person: person.name.rawValue, method: "activation-code")
+        audit(
+            caller, action: "activation.issue", result: "success", person: person.name.rawValue,
+            method: "activation-code")
         return (code, stored.expiresAt)
     }
 
@@ -45,56 +49,77 @@ extension Authority {
         try requireAdmin(caller, action: "activation.revoke", person: name)
         let name = try loginName(name)
         let person = try existingPerson(name, caller: caller, action: "activation.revoke")
-        let revoked = try withStore(caller, action: "activation.revoke", person: name.rawValue) { () throws(StoreError) in
+        let revoked = try withStore(caller, action: "activation.revoke", person: name.rawValue) {
+            () throws(StoreError) in
             try store.revokeActivationCode(for: person, now: now())
         }
-        audit(caller, action: "activation.revoke", result: revoked ? "success" : "failure", person: name.rawValue, method: "activation-code")
+        audit(
+            caller, action: "activation.revoke", result: revoked ? "success" : "failure", person: name.rawValue,
+            method: "activation-code")
         return revoked
     }
 
     private func activationFailure(
-        _ caller: Caller, _ error: APIError, person: String?, service: String?, limiter: inout ActivationRateLimiter, detail: String
+        _ caller: Caller, _ error: APIError, person: String?, service: String?, limiter: inout ActivationRateLimiter,
+        detail: String
     ) -> APIError {
         limiter.recordFailure(now: now())
         try? store.setTerminalValue(limiter, forKey: Self.activationLimiterKey)
-        audit(caller, action: "activation.check", result: "failure", person: person, method: "activation-code", service: service, detail: detail)
+        audit(
+            caller, action: "activation.check", result: "failure", person: person, method: "activation-code",
+            service: service, detail: detail)
         return error
     }
 
-    func checkActivationCode(_ caller: Caller, _ input: Message.CheckActivationCode) throws(APIError) -> Message.Verified {
+    func checkActivationCode(
+        _ caller: Caller, _ input: Message.CheckActivationCode
+    ) throws(APIError) -> Message.Verified {
         let service = input.context?.service
         guard groups.isAuthenticator(caller) else {
-            audit(caller, action: "activation.check", result: "refused", method: "activation-code", service: service, detail: "caller is not an authenticator")
-            throw APIError.permissionDenied("activation at the terminal needs root or membership in \(configuration.access.authenticatorGroup)")
+            audit(
+                caller, action: "activation.check", result: "refused", method: "activation-code", service: service,
+                detail: "caller is not an authenticator")
+            throw APIError.permissionDenied(
+                "activation at the terminal needs root or membership in \(configuration.access.authenticatorGroup)")
         }
         if input.context?.remote == true || (input.context?.remoteHost.map { !$0.isEmpty } ?? false) {
-            audit(caller, action: "activation.check", result: "refused", method: "activation-code", service: service, detail: "remote session")
+            audit(
+                caller, action: "activation.check", result: "refused", method: "activation-code", service: service,
+                detail: "remote session")
             throw APIError.permissionDenied("activation is only possible at the terminal itself")
         }
         let started = now()
         var limiter =
             ((try? store.terminalValue(ActivationRateLimiter.self, forKey: Self.activationLimiterKey)) ?? nil)
-            ?? ActivationRateLimiter(maxFailures: configuration.activation.terminalMaxFailures, window: configuration.activation.terminalWindow)
+            ?? ActivationRateLimiter(
+                maxFailures: configuration.activation.terminalMaxFailures,
+                window: configuration.activation.terminalWindow)
         if let until = limiter.pausedUntil(now: started) {
-            audit(caller, action: "activation.check", result: "refused", method: "activation-code", service: service, detail: "paused")
+            audit(
+                caller, action: "activation.check", result: "refused", method: "activation-code", service: service,
+                detail: "paused")
             throw APIError.own(
                 "ActivationPaused",
                 [
-                    "message": .string("Too many wrong codes on this terminal. Wait a few minutes, or ask your coordinator."),
+                    "message": .string(
+                        "Too many wrong codes on this terminal. Wait a few minutes, or ask your coordinator."),
                     "retryAfterSeconds": .number(until.timeIntervalSince(started).rounded(.up)),
                 ])
         }
         let named: StoredPerson?
         if let name = input.name, !name.isEmpty {
             let login = try loginName(name)
-            named = try withStore(caller, action: "activation.check") { () throws(StoreError) in try store.person(named: login) }
+            named = try withStore(caller, action: "activation.check") { () throws(StoreError) in
+                try store.person(named: login)
+            }
         } else {
             named = nil
         }
         let code: ActivationCode
         do { code = try ActivationCode(parsing: input.code) } catch {
             throw activationFailure(
-                caller, APIError.own("ActivationCodeWrong", ["message": .string(Self.wrongMessage)]), person: named?.name.rawValue,
+                caller, APIError.own("ActivationCodeWrong", ["message": .string(Self.wrongMessage)]),
+                person: named?.name.rawValue,
                 service: service, limiter: &limiter, detail: "malformed code")
         }
         let stored = try withStore(caller, action: "activation.check") { () throws(StoreError) in
@@ -104,7 +129,9 @@ extension Authority {
             // A wrong code for a named person counts against that person's live code too.
             var remaining: Int?
             if let named, let live = try? store.liveActivationCode(for: named) {
-                if let updated = try? store.recordActivationFailure(live, maxFailures: configuration.activation.maxTries, now: started) {
+                if let updated = try? store.recordActivationFailure(
+                    live, maxFailures: configuration.activation.maxTries, now: started)
+                {
                     remaining = max(0, configuration.activation.maxTries - updated.failures)
                 }
             }
@@ -114,50 +141,70 @@ extension Authority {
                 caller, APIError.own("ActivationCodeWrong", parameters), person: named?.name.rawValue, service: service,
                 limiter: &limiter, detail: "wrong code")
         }
-        let owner = try withStore(caller, action: "activation.check") { () throws(StoreError) in try store.person(id: stored.personID) }
+        let owner = try withStore(caller, action: "activation.check") { () throws(StoreError) in
+            try store.person(id: stored.personID)
+        }
         guard let owner else { throw APIError.own("ActivationCodeRevoked", ["message": .string(Self.revokedMessage)]) }
         if stored.usedAt != nil {
             throw activationFailure(
-                caller, APIError.own("ActivationCodeUsed", ["message": .string(Self.usedMessage)]), person: owner.name.rawValue,
+                caller, APIError.own("ActivationCodeUsed", ["message": .string(Self.usedMessage)]),
+                person: owner.name.rawValue,
                 service: service, limiter: &limiter, detail: "reused code")
         }
         if stored.revokedAt != nil {
             throw activationFailure(
-                caller, APIError.own("ActivationCodeRevoked", ["message": .string(Self.revokedMessage)]), person: owner.name.rawValue,
+                caller, APIError.own("ActivationCodeRevoked", ["message": .string(Self.revokedMessage)]),
+                person: owner.name.rawValue,
                 service: service, limiter: &limiter, detail: "revoked or replaced code")
         }
         if stored.expiresAt <= started {
             throw activationFailure(
-                caller, APIError.own("ActivationCodeExpired", ["message": .string(Self.expiredMessage)]), person: owner.name.rawValue,
+                caller, APIError.own("ActivationCodeExpired", ["message": .string(Self.expiredMessage)]),
+                person: owner.name.rawValue,
                 service: service, limiter: &limiter, detail: "expired code")
         }
         guard owner.state == .pendingActivation else {
             throw APIError.own("AlreadyActive", ["name": .string(owner.name.rawValue)])
         }
-        audit(caller, action: "activation.check", result: "success", person: owner.name.rawValue, method: "activation-code", service: service)
+        audit(
+            caller, action: "activation.check", result: "success", person: owner.name.rawValue,
+            method: "activation-code", service: service)
         let ticket = issueTicket(for: owner, caller: caller, purpose: .activation(codeID: stored.id))
-        return Message.Verified(person: record(owner), ticket: ticket, ticketExpiresIn: Int(configuration.access.ticketLifetime))
+        return Message.Verified(
+            person: record(owner), ticket: ticket, ticketExpiresIn: Int(configuration.access.ticketLifetime))
     }
 
-    func completeActivation(_ caller: Caller, _ input: Message.CompleteActivation) async throws(APIError) -> Message.Activated {
+    func completeActivation(
+        _ caller: Caller, _ input: Message.CompleteActivation
+    ) async throws(APIError) -> Message.Activated {
         guard let (personID, codeID) = peekActivationTicket(input.ticket, caller: caller),
-            let person = try withStore(caller, action: "activation.complete", { () throws(StoreError) in try store.person(id: personID) })
+            let person = try withStore(
+                caller, action: "activation.complete", { () throws(StoreError) in try store.person(id: personID) })
         else {
-            audit(caller, action: "activation.complete", result: "refused", method: "activation-code", detail: "invalid ticket")
+            audit(
+                caller, action: "activation.complete", result: "refused", method: "activation-code",
+                detail: "invalid ticket")
             throw APIError.ticketInvalid
         }
         do {
             try passcodePolicy.validate(input.passcode, confirmation: input.confirmation)
         } catch {
             // The ticket stays valid: the person tries another passcode.
-            audit(caller, action: "activation.complete", result: "refused", person: person.name.rawValue, detail: "weak: \(error.reason.rawValue)")
-            throw APIError.own("WeakPasscode", ["reason": .string(error.reason.rawValue), "message": .string(error.description)])
+            audit(
+                caller, action: "activation.complete", result: "refused", person: person.name.rawValue,
+                detail: "weak: \(error.reason.rawValue)")
+            throw APIError.own(
+                "WeakPasscode", ["reason": .string(error.reason.rawValue), "message": .string(error.description)])
         }
         let passcode = input.passcode
         let parameters = hashParameters
-        let verifier = try await hash { () throws(StoreError) in try PasscodeVerifier.make(passcode: passcode, parameters: parameters) }
+        let verifier = try await hash { () throws(StoreError) in
+            try PasscodeVerifier.make(passcode: passcode, parameters: parameters)
+        }
         guard consumeActivationTicket(input.ticket, caller: caller) != nil,
-            let code = try withStore(caller, action: "activation.complete", { () throws(StoreError) in try store.liveActivationCode(for: person) }),
+            let code = try withStore(
+                caller, action: "activation.complete",
+                { () throws(StoreError) in try store.liveActivationCode(for: person) }),
             code.id == codeID
         else {
             throw APIError.own("ActivationCodeRevoked", ["message": .string(Self.revokedMessage)])
@@ -165,7 +212,9 @@ extension Authority {
         try withStore(caller, action: "activation.complete", person: person.name.rawValue) { () throws(StoreError) in
             try store.completeActivation(code, person: person, verifier: verifier, now: now())
         }
-        audit(caller, action: "activation.complete", result: "success", person: person.name.rawValue, method: "activation-code")
+        audit(
+            caller, action: "activation.complete", result: "success", person: person.name.rawValue,
+            method: "activation-code")
         let active = try existingPerson(person.name, caller: caller, action: "activation.complete")
         let offer = await reader?.readers.isEmpty == false && active.fingers.isEmpty
         return Message.Activated(
@@ -194,20 +243,24 @@ extension Authority {
         let events = try withStore(caller, action: "person.export") { () throws(StoreError) in
             try store.auditEntries(after: 0, limit: 1_000_000).filter { $0.record.person == name.rawValue }
         }
-        let codes = try withStore(caller, action: "person.export") { () throws(StoreError) in try store.activationCodes(of: person) }
+        let codes = try withStore(caller, action: "person.export") { () throws(StoreError) in
+            try store.activationCodes(of: person)
+        }
         audit(caller, action: "person.export", result: "success", person: name.rawValue)
         return Message.PersonExport(
             person: record(person),
             audit: events.map { entry in
                 AuditEventRecord(
-                    sequence: entry.sequence, time: entry.time.formatted(Date.ISO8601FormatStyle(includingFractionalSeconds: true)),
+                    sequence: entry.sequence,
+                    time: entry.time.formatted(Date.ISO8601FormatStyle(includingFractionalSeconds: true)),
                     action: entry.record.action, result: entry.record.result, person: entry.record.person,
                     method: entry.record.method, callerUid: entry.record.callerUID, callerPid: entry.record.callerPID,
                     service: entry.record.service, detail: entry.record.detail, mac: entry.macHex)
             },
             activationCodes: codes.map { code in
                 var fields: [String: JSONValue] = [
-                    "issuedAt": .string(Self.timestamp(code.issuedAt)), "expiresAt": .string(Self.timestamp(code.expiresAt)),
+                    "issuedAt": .string(Self.timestamp(code.issuedAt)),
+                    "expiresAt": .string(Self.timestamp(code.expiresAt)),
                     "failures": .number(Double(code.failures)),
                 ]
                 if let used = code.usedAt { fields["usedAt"] = .string(Self.timestamp(used)) }

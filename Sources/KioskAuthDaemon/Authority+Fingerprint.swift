@@ -19,7 +19,9 @@ extension Authority {
         switch error.code {
         case .noReader: return APIError.own("NoReader")
         case .busy: return APIError.own("ReaderUnavailable", ["reason": .string("the reader is busy")])
-        case .tooHot: return APIError.own("ReaderUnavailable", ["reason": .string("the reader is too hot; try again in a few minutes")])
+        case .tooHot:
+            return APIError.own(
+                "ReaderUnavailable", ["reason": .string("the reader is too hot; try again in a few minutes")])
         case .removed: return APIError.own("ReaderRemoved")
         case .retry: return APIError.own("ScanRetry", ["hint": .string(error.message)])
         case .fingerAlreadyPresent:
@@ -29,7 +31,8 @@ extension Authority {
         case .timeout: return APIError.own("ScanTimeout", ["seconds": .number(scanTimeout)])
         case .cancelled: return APIError.own("ScanCancelled")
         case .notSupported: return APIError.own("ReaderUnavailable", ["reason": .string("the reader cannot do this")])
-        case .invalidTemplate, .deviceFailure: return APIError.own("ReaderUnavailable", ["reason": .string(error.message)])
+        case .invalidTemplate, .deviceFailure:
+            return APIError.own("ReaderUnavailable", ["reason": .string(error.message)])
         }
     }
 
@@ -62,18 +65,25 @@ extension Authority {
 
     // MARK: Enrolment
 
-    func enrollFinger(_ caller: Caller, _ input: Message.EnrollFinger, sink: ReplySink) async throws(APIError) -> Message.ScanReply {
+    func enrollFinger(
+        _ caller: Caller, _ input: Message.EnrollFinger, sink: ReplySink
+    ) async throws(APIError) -> Message.ScanReply {
         let name = try loginName(input.name)
         let person = try existingPerson(name, caller: caller, action: "finger.enroll")
         if !groups.isAdmin(caller) {
             // Self-service: the person bound to the caller's uid, or a kiosk app enrolling the
             // person it just authenticated (or activated) on this connection.
-            guard configuration.fingerprint.selfEnrollment, isSelf(caller, person) || groups.isAuthenticator(caller) else {
-                audit(caller, action: "finger.enroll", result: "refused", person: name.rawValue, detail: "not an admin and not self")
+            guard configuration.fingerprint.selfEnrollment, isSelf(caller, person) || groups.isAuthenticator(caller)
+            else {
+                audit(
+                    caller, action: "finger.enroll", result: "refused", person: name.rawValue,
+                    detail: "not an admin and not self")
                 throw APIError.permissionDenied("only admins enrol other people's fingers")
             }
             guard let ticket = input.ticket, consumeTicket(ticket, person: person, caller: caller) else {
-                audit(caller, action: "finger.enroll", result: "refused", person: name.rawValue, detail: "self-service without a valid ticket")
+                audit(
+                    caller, action: "finger.enroll", result: "refused", person: name.rawValue,
+                    detail: "self-service without a valid ticket")
                 throw APIError.ticketInvalid
             }
         }
@@ -85,7 +95,8 @@ extension Authority {
             throw APIError.own("FingerAlreadyEnrolled", ["finger": .string(finger.rawValue)])
         }
         guard person.fingers.count < configuration.fingerprint.maxFingersPerPerson else {
-            throw APIError.own("TooManyFingers", ["max": .number(Double(configuration.fingerprint.maxFingersPerPerson))])
+            throw APIError.own(
+                "TooManyFingers", ["max": .number(Double(configuration.fingerprint.maxFingersPerPerson))])
         }
         let reader = try requireReader()
         let gallery = try withStore(caller, action: "finger.enroll", person: name.rawValue) { () throws(StoreError) in
@@ -110,14 +121,19 @@ extension Authority {
                         state = stage == 0 ? "touch" : "stage"
                     }
                     try? await sink.progress(
-                        Message.ScanReply(progress: ScanProgress(state: state, stage: stage, stages: stages, hint: hint ?? (stage == 0 ? Self.touchPrompt : nil))))
+                        Message.ScanReply(
+                            progress: ScanProgress(
+                                state: state, stage: stage, stages: stages,
+                                hint: hint ?? (stage == 0 ? Self.touchPrompt : nil))))
                 case .completed(let bytes):
                     template = bytes
                 }
             }
         } catch {
             let apiError = Self.apiError(error, scanTimeout: configuration.fingerprint.scanTimeout)
-            audit(caller, action: "finger.enroll", result: "failure", person: name.rawValue, method: "fingerprint", detail: "\(finger.rawValue): \(apiError.name)")
+            audit(
+                caller, action: "finger.enroll", result: "failure", person: name.rawValue, method: "fingerprint",
+                detail: "\(finger.rawValue): \(apiError.name)")
             if (error as? FingerprintError)?.code == .duplicate {
                 throw APIError.own("FingerAlreadyEnrolled", ["finger": .string(finger.rawValue)])
             }
@@ -135,10 +151,14 @@ extension Authority {
                 try store.revokeActivationCode(for: current, now: now())
             }
         } catch {
-            if error.code == .personExists { throw APIError.own("FingerAlreadyEnrolled", ["finger": .string(finger.rawValue)]) }
+            if error.code == .personExists {
+                throw APIError.own("FingerAlreadyEnrolled", ["finger": .string(finger.rawValue)])
+            }
             throw try failStore(caller, "finger.enroll", error)
         }
-        audit(caller, action: "finger.enroll", result: "success", person: name.rawValue, method: "fingerprint", detail: finger.rawValue + (duplicateChecked ? "" : " (duplicates not checked)"))
+        audit(
+            caller, action: "finger.enroll", result: "success", person: name.rawValue, method: "fingerprint",
+            detail: finger.rawValue + (duplicateChecked ? "" : " (duplicates not checked)"))
         let updated = try existingPerson(name, caller: caller, action: "finger.enroll")
         return Message.ScanReply(person: record(updated), finger: finger.rawValue, duplicateChecked: duplicateChecked)
     }
@@ -161,7 +181,9 @@ extension Authority {
             try store.removeFingers(input.finger, of: person)
         }
         await deleteFromSensor(removed.map(\.template))
-        audit(caller, action: "finger.remove", result: "success", person: name.rawValue, detail: removed.map(\.finger).joined(separator: ","))
+        audit(
+            caller, action: "finger.remove", result: "success", person: name.rawValue,
+            detail: removed.map(\.finger).joined(separator: ","))
         return removed.map(\.finger)
     }
 
@@ -178,29 +200,50 @@ extension Authority {
 
     // MARK: Verify
 
-    func verifyFinger(_ caller: Caller, _ input: Message.VerifyFinger, sink: ReplySink) async throws(APIError) -> Message.ScanReply {
+    func verifyFinger(
+        _ caller: Caller, _ input: Message.VerifyFinger, sink: ReplySink
+    ) async throws(APIError) -> Message.ScanReply {
         let name = try loginName(input.name)
         let service = input.context?.service
-        guard let person = try withStore(caller, action: "finger.verify", { () throws(StoreError) in try store.person(named: name) }) else {
-            audit(caller, action: "finger.verify", result: "failure", person: name.rawValue, method: "fingerprint", service: service, detail: "no such person")
+        guard
+            let person = try withStore(
+                caller, action: "finger.verify", { () throws(StoreError) in try store.person(named: name) })
+        else {
+            audit(
+                caller, action: "finger.verify", result: "failure", person: name.rawValue, method: "fingerprint",
+                service: service, detail: "no such person")
             throw APIError.noSuchPerson(name.rawValue)
         }
         guard groups.isAuthenticator(caller) || isSelf(caller, person) else {
-            audit(caller, action: "finger.verify", result: "refused", person: name.rawValue, method: "fingerprint", service: service, detail: "caller may only authenticate as themself")
+            audit(
+                caller, action: "finger.verify", result: "refused", person: name.rawValue, method: "fingerprint",
+                service: service, detail: "caller may only authenticate as themself")
             throw APIError.permissionDenied("you may only verify your own finger")
         }
         if let reason = fingerprintRefusal(input.context) {
-            audit(caller, action: "finger.verify", result: "refused", person: name.rawValue, method: "fingerprint", service: service, detail: reason)
+            audit(
+                caller, action: "finger.verify", result: "refused", person: name.rawValue, method: "fingerprint",
+                service: service, detail: reason)
             throw APIError.own("FingerprintNotAllowed", ["reason": .string(reason)])
         }
         guard person.state == .active else {
-            throw APIError.own("PersonNotActive", ["name": .string(name.rawValue), "state": .string(person.state.rawValue.replacingOccurrences(of: "-", with: "_"))])
+            throw APIError.own(
+                "PersonNotActive",
+                [
+                    "name": .string(name.rawValue),
+                    "state": .string(person.state.rawValue.replacingOccurrences(of: "-", with: "_")),
+                ])
         }
         if credentialGuard.fingerprintRequiresFallback(person.failures) {
-            audit(caller, action: "finger.verify", result: "refused", person: name.rawValue, method: "fingerprint", service: service, detail: "fallback required")
-            throw APIError.own("FallbackRequired", ["name": .string(name.rawValue), "fallback": .string(fallback(for: person))])
+            audit(
+                caller, action: "finger.verify", result: "refused", person: name.rawValue, method: "fingerprint",
+                service: service, detail: "fallback required")
+            throw APIError.own(
+                "FallbackRequired", ["name": .string(name.rawValue), "fallback": .string(fallback(for: person))])
         }
-        let fingers = try withStore(caller, action: "finger.verify", person: name.rawValue) { () throws(StoreError) in try store.fingers(of: person) }
+        let fingers = try withStore(caller, action: "finger.verify", person: name.rawValue) { () throws(StoreError) in
+            try store.fingers(of: person)
+        }
         guard !fingers.isEmpty else { throw APIError.own("NoFingers", ["name": .string(name.rawValue)]) }
         let reader = try requireReader()
         try? await sink.progress(Message.ScanReply(progress: ScanProgress(state: "touch", hint: Self.touchPrompt)))
@@ -210,14 +253,17 @@ extension Authority {
                 matched = try await reader.verify(template: fingers[0].template)
             } else if await reader.readers.first?.canIdentify == true {
                 // Several fingers: one touch, matched against all of this person's prints.
-                let result = try await reader.identify(gallery: fingers.map { GalleryEntry(id: $0.finger, template: $0.template) })
+                let result = try await reader.identify(
+                    gallery: fingers.map { GalleryEntry(id: $0.finger, template: $0.template) })
                 matched = result != .noMatch
             } else {
                 matched = try await reader.verify(template: fingers[0].template)
             }
         } catch {
             let apiError = Self.apiError(error, scanTimeout: configuration.fingerprint.scanTimeout)
-            audit(caller, action: "finger.verify", result: "failure", person: name.rawValue, method: "fingerprint", service: service, detail: apiError.name)
+            audit(
+                caller, action: "finger.verify", result: "failure", person: name.rawValue, method: "fingerprint",
+                service: service, detail: apiError.name)
             throw apiError
         }
         // Counters may have moved while the scan ran: record against the current state.
@@ -229,15 +275,20 @@ extension Authority {
             if matched { try store.recordUnlock(of: current, now: now()) }
         }
         guard matched else {
-            audit(caller, action: "finger.verify", result: "failure", person: name.rawValue, method: "fingerprint", service: service, detail: "no match; failures=\(failures.fingerprintFailures)")
+            audit(
+                caller, action: "finger.verify", result: "failure", person: name.rawValue, method: "fingerprint",
+                service: service, detail: "no match; failures=\(failures.fingerprintFailures)")
             throw APIError.own(
                 "FingerprintNotRecognized",
                 [
-                    "failures": .number(Double(failures.fingerprintFailures)), "fallbackRequired": .bool(fallbackRequired),
+                    "failures": .number(Double(failures.fingerprintFailures)),
+                    "fallbackRequired": .bool(fallbackRequired),
                     "fallback": .string(fallback(for: current)),
                 ])
         }
-        audit(caller, action: "finger.verify", result: "success", person: name.rawValue, method: "fingerprint", service: service)
+        audit(
+            caller, action: "finger.verify", result: "success", person: name.rawValue, method: "fingerprint",
+            service: service)
         let updated = try existingPerson(name, caller: caller, action: "finger.verify")
         return Message.ScanReply(
             person: record(updated), ticket: issueTicket(for: updated, caller: caller),
@@ -246,21 +297,32 @@ extension Authority {
 
     // MARK: Identify
 
-    func identify(_ caller: Caller, _ input: Message.Identify, sink: ReplySink) async throws(APIError) -> Message.ScanReply {
+    func identify(
+        _ caller: Caller, _ input: Message.Identify, sink: ReplySink
+    ) async throws(APIError) -> Message.ScanReply {
         let service = input.context?.service
         guard groups.isAuthenticator(caller) else {
-            audit(caller, action: "finger.identify", result: "refused", method: "fingerprint", service: service, detail: "caller is not an authenticator")
-            throw APIError.permissionDenied("walk-up identify needs root or membership in \(configuration.access.authenticatorGroup)")
+            audit(
+                caller, action: "finger.identify", result: "refused", method: "fingerprint", service: service,
+                detail: "caller is not an authenticator")
+            throw APIError.permissionDenied(
+                "walk-up identify needs root or membership in \(configuration.access.authenticatorGroup)")
         }
         if let reason = fingerprintRefusal(input.context) {
-            audit(caller, action: "finger.identify", result: "refused", method: "fingerprint", service: service, detail: reason)
+            audit(
+                caller, action: "finger.identify", result: "refused", method: "fingerprint", service: service,
+                detail: reason)
             throw APIError.own("FingerprintNotAllowed", ["reason": .string(reason)])
         }
         let throttle = IdentifyThrottle(
-            unknownFingersBeforePause: configuration.fingerprint.identifyPauseAfter, pause: configuration.fingerprint.identifyPause)
-        var throttleState = (try? store.terminalValue(IdentifyThrottleState.self, forKey: Self.identifyThrottleKey)) ?? nil ?? IdentifyThrottleState()
+            unknownFingersBeforePause: configuration.fingerprint.identifyPauseAfter,
+            pause: configuration.fingerprint.identifyPause)
+        var throttleState =
+            (try? store.terminalValue(IdentifyThrottleState.self, forKey: Self.identifyThrottleKey)) ?? nil
+            ?? IdentifyThrottleState()
         if let until = throttle.isPaused(throttleState, now: now()) {
-            throw APIError.own("IdentifyPaused", ["retryAfterSeconds": .number(until.timeIntervalSince(now()).rounded(.up))])
+            throw APIError.own(
+                "IdentifyPaused", ["retryAfterSeconds": .number(until.timeIntervalSince(now()).rounded(.up))])
         }
         let reader = try requireReader()
         let roster = try withStore(caller, action: "finger.identify") { () throws(StoreError) in
@@ -272,22 +334,30 @@ extension Authority {
         try? await sink.progress(Message.ScanReply(progress: ScanProgress(state: "touch", hint: Self.touchPrompt)))
         let result: MatchResult
         do {
-            result = try await reader.identify(gallery: roster.fingers.map { GalleryEntry(id: "\($0.personID)", template: $0.template) })
+            result = try await reader.identify(
+                gallery: roster.fingers.map { GalleryEntry(id: "\($0.personID)", template: $0.template) })
         } catch {
             let apiError = Self.apiError(error, scanTimeout: configuration.fingerprint.scanTimeout)
-            audit(caller, action: "finger.identify", result: "failure", method: "fingerprint", service: service, detail: apiError.name)
+            audit(
+                caller, action: "finger.identify", result: "failure", method: "fingerprint", service: service,
+                detail: apiError.name)
             throw apiError
         }
         let scanned = now()
         guard case .match(let id) = result, let match = roster.fingers.first(where: { "\($0.personID)" == id }),
-            let person = try withStore(caller, action: "finger.identify", { () throws(StoreError) in try store.person(named: match.personName) }),
+            let person = try withStore(
+                caller, action: "finger.identify",
+                { () throws(StoreError) in try store.person(named: match.personName) }),
             person.id == match.personID, person.state == .active
         else {
             // Counted before recording: the throttle restarts its count when it pauses.
             let unknownInARow = throttleState.unknownInARow + 1
             throttle.record(identified: false, in: &throttleState, now: scanned)
             try? store.setTerminalValue(throttleState, forKey: Self.identifyThrottleKey)
-            audit(caller, action: "finger.identify", result: "failure", method: "fingerprint", service: service, detail: "unknown finger; \(unknownInARow) in a row; roster \(roster.fingers.count)/\(roster.totalFingers)")
+            audit(
+                caller, action: "finger.identify", result: "failure", method: "fingerprint", service: service,
+                detail:
+                    "unknown finger; \(unknownInARow) in a row; roster \(roster.fingers.count)/\(roster.totalFingers)")
             throw APIError.own(
                 "NotIdentified",
                 ["unknownInARow": .number(Double(unknownInARow)), "askForName": .bool(roster.isTruncated)])
@@ -300,7 +370,9 @@ extension Authority {
             try store.saveFailures(failures, for: person, now: scanned)
             try store.recordUnlock(of: person, now: scanned)
         }
-        audit(caller, action: "finger.identify", result: "success", person: person.name.rawValue, method: "fingerprint", service: service, detail: "roster \(roster.fingers.count)")
+        audit(
+            caller, action: "finger.identify", result: "success", person: person.name.rawValue, method: "fingerprint",
+            service: service, detail: "roster \(roster.fingers.count)")
         let updated = try existingPerson(person.name, caller: caller, action: "finger.identify")
         return Message.ScanReply(person: record(updated), rosterSize: roster.fingers.count)
     }
@@ -336,10 +408,15 @@ extension Authority {
                 if !present { missing.append("\(finger.personName.rawValue)/\(finger.finger)") }
             }
             if orphans > 0 || !missing.isEmpty {
-                logger.warning("sensor reconciled", metadata: ["orphans_removed": "\(orphans)", "missing": "\(missing.joined(separator: ","))"])
+                logger.warning(
+                    "sensor reconciled",
+                    metadata: ["orphans_removed": "\(orphans)", "missing": "\(missing.joined(separator: ","))"])
             }
-            audit(nil, action: "reader.reconcile", result: missing.isEmpty ? "success" : "failure",
-                  detail: "orphans removed: \(orphans); missing from sensor: \(missing.isEmpty ? "none" : missing.joined(separator: ","))")
+            audit(
+                nil, action: "reader.reconcile", result: missing.isEmpty ? "success" : "failure",
+                detail:
+                    "orphans removed: \(orphans); missing from sensor: \(missing.isEmpty ? "none" : missing.joined(separator: ","))"
+            )
         } catch {
             logger.warning("sensor reconciliation failed", metadata: ["error": "\(error)"])
         }

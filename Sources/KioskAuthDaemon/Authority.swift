@@ -1,10 +1,10 @@
 public import Foundation
 public import KioskAuthCore
+public import KioskAuthFingerprint
 import KioskAuthProtocol
 public import KioskAuthStore
 public import Logging
 public import NIOPosix
-public import KioskAuthFingerprint
 
 /// The daemon's decisions: who may do what to whom, and the effects on the store. Every
 /// method authorises its caller first, audits what it did (including refusals), and throws
@@ -63,20 +63,25 @@ public actor Authority {
                 delays: configuration.passcode.lockoutDelays, hardLockAfter: configuration.passcode.hardLockAfter,
                 fingerprintFailuresBeforeFallback: configuration.fingerprint.failuresBeforeFallback))
         self.hashParameters = PasscodeHashParameters(
-            memoryKiB: configuration.store.passcodeHashMemoryKiB, iterations: configuration.store.passcodeHashIterations,
+            memoryKiB: configuration.store.passcodeHashMemoryKiB,
+            iterations: configuration.store.passcodeHashIterations,
             parallelism: configuration.store.passcodeHashParallelism)
     }
 
     // MARK: Helpers
 
     /// Runs a store call, turning its failures into API errors; integrity failures are audited.
-    func withStore<T>(_ caller: Caller?, action: String, person: String? = nil, _ body: () throws(StoreError) -> T) throws(APIError) -> T {
+    func withStore<T>(
+        _ caller: Caller?, action: String, person: String? = nil, _ body: () throws(StoreError) -> T
+    ) throws(APIError) -> T {
         do {
             return try body()
         } catch {
             if error.code == .integrity || error.code == .wrongKey {
                 logger.error("store integrity failure", metadata: ["action": "\(action)", "error": "\(error.message)"])
-                audit(caller, action: "store.integrity", result: "failure", person: person, detail: "\(action): \(error.message)")
+                audit(
+                    caller, action: "store.integrity", result: "failure", person: person,
+                    detail: "\(action): \(error.message)")
             } else {
                 logger.error("store failure", metadata: ["action": "\(action)", "error": "\(error.message)"])
             }
@@ -91,7 +96,8 @@ public actor Authority {
         service: String? = nil, detail: String? = nil
     ) {
         let record = AuditRecord(
-            action: action, result: result, person: person, method: method, callerUID: caller?.uid, callerPID: caller?.pid,
+            action: action, result: result, person: person, method: method, callerUID: caller?.uid,
+            callerPID: caller?.pid,
             service: service, detail: detail)
         do {
             let entry = try store.appendAudit(record, now: now())
@@ -102,7 +108,8 @@ public actor Authority {
                     "audit_seq": "\(entry.sequence)", "audit_head": "\(entry.macHex)",
                 ])
         } catch {
-            logger.critical("cannot append to the audit trail", metadata: ["action": "\(action)", "error": "\(error.message)"])
+            logger.critical(
+                "cannot append to the audit trail", metadata: ["action": "\(action)", "error": "\(error.message)"])
         }
     }
 
@@ -118,7 +125,11 @@ public actor Authority {
     }
 
     func existingPerson(_ name: LoginName, caller: Caller?, action: String) throws(APIError) -> StoredPerson {
-        guard let person = try withStore(caller, action: action, person: name.rawValue, { () throws(StoreError) in try store.person(named: name) }) else {
+        guard
+            let person = try withStore(
+                caller, action: action, person: name.rawValue,
+                { () throws(StoreError) in try store.person(named: name) })
+        else {
             throw APIError.noSuchPerson(name.rawValue)
         }
         return person
@@ -138,9 +149,11 @@ public actor Authority {
             name: person.name.rawValue, displayName: person.displayName, primaryRole: person.roles.primary.rawValue,
             roles: person.roles.all.map(\.rawValue), origin: person.origin.rawValue,
             state: person.state.rawValue.replacingOccurrences(of: "-", with: "_"), uid: person.uid,
-            hasPasscode: person.hasPasscode, fingers: person.fingers, passcodeFailures: person.failures.passcodeFailures,
+            hasPasscode: person.hasPasscode, fingers: person.fingers,
+            passcodeFailures: person.failures.passcodeFailures,
             passcodeLockedUntil: person.failures.passcodeLockedUntil.flatMap { $0 > now() ? Self.timestamp($0) : nil },
-            passcodeHardLocked: person.failures.passcodeHardLocked, fingerprintFailures: person.failures.fingerprintFailures,
+            passcodeHardLocked: person.failures.passcodeHardLocked,
+            fingerprintFailures: person.failures.fingerprintFailures,
             createdAt: Self.timestamp(person.createdAt), lastUnlockAt: person.lastUnlockAt.map(Self.timestamp))
     }
 
@@ -161,7 +174,9 @@ public actor Authority {
         try requireAdmin(caller, action: "person.add", person: input.name)
         let name = try loginName(input.name)
         let displayName = (input.displayName ?? name.rawValue).trimmingCharacters(in: .whitespacesAndNewlines)
-        guard !displayName.isEmpty, displayName.count <= 128, !displayName.contains(where: { $0.isNewline || $0 == "\0" }) else {
+        guard !displayName.isEmpty, displayName.count <= 128,
+            !displayName.contains(where: { $0.isNewline || $0 == "\0" })
+        else {
             throw APIError.invalidInput("displayName", "a display name is 1 to 128 characters on one line")
         }
         var roles: [Role] = []
@@ -188,9 +203,12 @@ public actor Authority {
             }
             throw try failStore(caller, "person.add", error)
         }
-        audit(caller, action: "person.add", result: "success", person: name.rawValue, detail: "roles=\(roleSet.all.map(\.rawValue).joined(separator: ","))")
+        audit(
+            caller, action: "person.add", result: "success", person: name.rawValue,
+            detail: "roles=\(roleSet.all.map(\.rawValue).joined(separator: ","))")
         let (code, expires) = try issueActivationCode(caller, for: person)
-        return Message.PersonAdded(person: record(person), activationCode: code.description, activationExpiresAt: Self.timestamp(expires))
+        return Message.PersonAdded(
+            person: record(person), activationCode: code.description, activationExpiresAt: Self.timestamp(expires))
     }
 
     func failStore(_ caller: Caller, _ action: String, _ error: StoreError) throws(APIError) -> APIError {
@@ -204,7 +222,9 @@ public actor Authority {
 
     func getPerson(_ caller: Caller, _ name: String) throws(APIError) -> PersonRecord {
         let name = try loginName(name)
-        let person = try withStore(caller, action: "person.show") { () throws(StoreError) in try store.person(named: name) }
+        let person = try withStore(caller, action: "person.show") { () throws(StoreError) in
+            try store.person(named: name)
+        }
         if let person, isSelf(caller, person) { return record(person) }
         try requireAdmin(caller, action: "person.show", person: name.rawValue)
         guard let person else { throw APIError.noSuchPerson(name.rawValue) }
@@ -241,23 +261,32 @@ public actor Authority {
         let person = try existingPerson(name, caller: caller, action: "passcode.set")
         if !groups.isAdmin(caller) {
             guard isSelf(caller, person) else {
-                audit(caller, action: "passcode.set", result: "refused", person: name.rawValue, detail: "not an admin and not self")
+                audit(
+                    caller, action: "passcode.set", result: "refused", person: name.rawValue,
+                    detail: "not an admin and not self")
                 throw APIError.permissionDenied("only admins set other people's passcodes")
             }
             guard let ticket = input.ticket, consumeTicket(ticket, person: person, caller: caller) else {
-                audit(caller, action: "passcode.set", result: "refused", person: name.rawValue, detail: "self-service without a valid ticket")
+                audit(
+                    caller, action: "passcode.set", result: "refused", person: name.rawValue,
+                    detail: "self-service without a valid ticket")
                 throw APIError.ticketInvalid
             }
         }
         do {
             try passcodePolicy.validate(input.passcode, confirmation: input.confirmation)
         } catch {
-            audit(caller, action: "passcode.set", result: "refused", person: name.rawValue, detail: "weak: \(error.reason.rawValue)")
-            throw APIError.own("WeakPasscode", ["reason": .string(error.reason.rawValue), "message": .string(error.description)])
+            audit(
+                caller, action: "passcode.set", result: "refused", person: name.rawValue,
+                detail: "weak: \(error.reason.rawValue)")
+            throw APIError.own(
+                "WeakPasscode", ["reason": .string(error.reason.rawValue), "message": .string(error.description)])
         }
         let passcode = input.passcode
         let parameters = hashParameters
-        let verifier = try await hash { () throws(StoreError) in try PasscodeVerifier.make(passcode: passcode, parameters: parameters) }
+        let verifier = try await hash { () throws(StoreError) in
+            try PasscodeVerifier.make(passcode: passcode, parameters: parameters)
+        }
         var current = try existingPerson(name, caller: caller, action: "passcode.set")
         guard current.id == person.id else { throw APIError.noSuchPerson(name.rawValue) }
         try withStore(caller, action: "passcode.set", person: name.rawValue) { () throws(StoreError) in
@@ -299,34 +328,60 @@ public actor Authority {
     func verifyPasscode(_ caller: Caller, _ input: Message.VerifyPasscode) async throws(APIError) -> Message.Verified {
         let name = try loginName(input.name)
         let service = input.context?.service
-        guard let person = try withStore(caller, action: "passcode.verify", { () throws(StoreError) in try store.person(named: name) }) else {
-            audit(caller, action: "passcode.verify", result: "failure", person: name.rawValue, method: "passcode", service: service, detail: "no such person")
+        guard
+            let person = try withStore(
+                caller, action: "passcode.verify", { () throws(StoreError) in try store.person(named: name) })
+        else {
+            audit(
+                caller, action: "passcode.verify", result: "failure", person: name.rawValue, method: "passcode",
+                service: service, detail: "no such person")
             throw APIError.noSuchPerson(name.rawValue)
         }
         guard groups.isAuthenticator(caller) || isSelf(caller, person) else {
-            audit(caller, action: "passcode.verify", result: "refused", person: name.rawValue, method: "passcode", service: service, detail: "caller may only authenticate as themself")
+            audit(
+                caller, action: "passcode.verify", result: "refused", person: name.rawValue, method: "passcode",
+                service: service, detail: "caller may only authenticate as themself")
             throw APIError.permissionDenied("you may only check your own passcode")
         }
         if let reason = passcodeRefusal(caller, person, input.context) {
-            audit(caller, action: "passcode.verify", result: "refused", person: name.rawValue, method: "passcode", service: service, detail: reason)
+            audit(
+                caller, action: "passcode.verify", result: "refused", person: name.rawValue, method: "passcode",
+                service: service, detail: reason)
             throw APIError.own("PasscodeNotAllowed", ["reason": .string(reason)])
         }
         guard person.state == .active else {
-            audit(caller, action: "passcode.verify", result: "refused", person: name.rawValue, method: "passcode", service: service, detail: "state \(person.state.rawValue)")
-            throw APIError.own("PersonNotActive", ["name": .string(name.rawValue), "state": .string(person.state.rawValue.replacingOccurrences(of: "-", with: "_"))])
+            audit(
+                caller, action: "passcode.verify", result: "refused", person: name.rawValue, method: "passcode",
+                service: service, detail: "state \(person.state.rawValue)")
+            throw APIError.own(
+                "PersonNotActive",
+                [
+                    "name": .string(name.rawValue),
+                    "state": .string(person.state.rawValue.replacingOccurrences(of: "-", with: "_")),
+                ])
         }
         let started = now()
         switch credentialGuard.passcodeGate(person.failures, now: started) {
         case .allowed: break
         case .delayed(let until):
-            audit(caller, action: "passcode.verify", result: "refused", person: name.rawValue, method: "passcode", service: service, detail: "delayed")
+            audit(
+                caller, action: "passcode.verify", result: "refused", person: name.rawValue, method: "passcode",
+                service: service, detail: "delayed")
             throw Self.locked(until: until, now: started)
         case .hardLocked:
-            audit(caller, action: "passcode.verify", result: "refused", person: name.rawValue, method: "passcode", service: service, detail: "hard-locked")
+            audit(
+                caller, action: "passcode.verify", result: "refused", person: name.rawValue, method: "passcode",
+                service: service, detail: "hard-locked")
             throw Self.locked(until: nil, now: started)
         }
-        guard let verifier = try withStore(caller, action: "passcode.verify", person: name.rawValue, { () throws(StoreError) in try store.passcodeVerifier(for: person) }) else {
-            audit(caller, action: "passcode.verify", result: "failure", person: name.rawValue, method: "passcode", service: service, detail: "no passcode set")
+        guard
+            let verifier = try withStore(
+                caller, action: "passcode.verify", person: name.rawValue,
+                { () throws(StoreError) in try store.passcodeVerifier(for: person) })
+        else {
+            audit(
+                caller, action: "passcode.verify", result: "failure", person: name.rawValue, method: "passcode",
+                service: service, detail: "no passcode set")
             throw APIError.own("NoPasscode", ["name": .string(name.rawValue)])
         }
         // Count the attempt as failed, durably, before checking it: a daemon killed mid-check
@@ -342,17 +397,23 @@ public actor Authority {
         if matched {
             var cleared = before
             _ = credentialGuard.recordPasscode(matched: true, in: &cleared, now: now())
-            let current = try withStore(caller, action: "passcode.verify", person: name.rawValue) { () throws(StoreError) in
+            let current = try withStore(caller, action: "passcode.verify", person: name.rawValue) {
+                () throws(StoreError) in
                 try store.saveFailures(cleared, for: person, now: now())
                 try store.recordUnlock(of: person, now: now())
                 return try store.person(named: name)
             }
-            audit(caller, action: "passcode.verify", result: "success", person: name.rawValue, method: "passcode", service: service)
+            audit(
+                caller, action: "passcode.verify", result: "success", person: name.rawValue, method: "passcode",
+                service: service)
             let ticket = issueTicket(for: person, caller: caller)
             return Message.Verified(
-                person: record(current ?? person), ticket: ticket, ticketExpiresIn: Int(configuration.access.ticketLifetime))
+                person: record(current ?? person), ticket: ticket,
+                ticketExpiresIn: Int(configuration.access.ticketLifetime))
         }
-        audit(caller, action: "passcode.verify", result: "failure", person: name.rawValue, method: "passcode", service: service, detail: "failures=\(pessimistic.passcodeFailures)")
+        audit(
+            caller, action: "passcode.verify", result: "failure", person: name.rawValue, method: "passcode",
+            service: service, detail: "failures=\(pessimistic.passcodeFailures)")
         var parameters: [String: JSONValue] = ["failures": .number(Double(pessimistic.passcodeFailures))]
         switch outcome {
         case .rejected(next: .delayed(let until)):
@@ -452,10 +513,12 @@ public actor Authority {
         try requireAdmin(caller, action: "audit.verify")
         let result = try withStore(caller, action: "audit.verify") { () throws(StoreError) in try store.verifyAudit() }
         if !result.isValid {
-            logger.critical("audit chain broken", metadata: ["at": "\(result.brokenAt ?? 0)", "reason": "\(result.reason ?? "")"])
+            logger.critical(
+                "audit chain broken", metadata: ["at": "\(result.brokenAt ?? 0)", "reason": "\(result.reason ?? "")"])
         }
         return Message.AuditVerification(
-            valid: result.isValid, events: result.events, head: result.headHex, brokenAt: result.brokenAt, reason: result.reason)
+            valid: result.isValid, events: result.events, head: result.headHex, brokenAt: result.brokenAt,
+            reason: result.reason)
     }
 }
 

@@ -64,7 +64,8 @@ public struct Dispatcher: Sendable {
         register("org.varlink.service.GetInfo") { (_: Message.Empty, _, _) in
             ServiceInfo(
                 vendor: "kioskauth", product: "kioskauthd", version: KioskAuthVersion.string,
-                url: "https://github.com/kioskauth/kioskauth", interfaces: ["org.varlink.service", KioskAuthInterface.name])
+                url: "https://github.com/kioskauth/kioskauth",
+                interfaces: ["org.varlink.service", KioskAuthInterface.name])
         }
         register("org.varlink.service.GetInterfaceDescription") { (input: InterfaceRequest, _, _) in
             switch input.interface {
@@ -146,7 +147,8 @@ public struct Dispatcher: Sendable {
         _ method: String, _ body: @escaping @Sendable (Input, Caller, ReplySink) async throws -> Output
     ) {
         methods[method] = { (caller: Caller, parameters: JSONValue?, sink: ReplySink) async throws -> JSONValue in
-            if let parameters, case .object = parameters {} else if parameters != nil, parameters != .null {
+            if let parameters, case .object = parameters {
+            } else if parameters != nil, parameters != .null {
                 throw APIError.invalidParameter("parameters")
             }
             let input: Input
@@ -161,7 +163,9 @@ public struct Dispatcher: Sendable {
     }
 
     /// Runs `method`, or says it does not exist.
-    func call(_ method: String, caller: Caller, parameters: JSONValue?, sink: ReplySink) async throws(APIError) -> JSONValue {
+    func call(
+        _ method: String, caller: Caller, parameters: JSONValue?, sink: ReplySink
+    ) async throws(APIError) -> JSONValue {
         guard let handler = methods[method] else {
             let interface = method.split(separator: ".").dropLast().joined(separator: ".")
             if interface != "org.varlink.service" && interface != KioskAuthInterface.name {

@@ -37,7 +37,9 @@ public struct SystemdNotifier: Sendable {
         let bytes = Array(state.utf8)
         let sent = withUnsafePointer(to: &address) { pointer in
             pointer.withMemoryRebound(to: sockaddr.self, capacity: 1) { sockaddrPointer in
-                bytes.withUnsafeBytes { sendto(fd, $0.baseAddress, $0.count, Int32(MSG_NOSIGNAL), sockaddrPointer, length) }
+                bytes.withUnsafeBytes {
+                    sendto(fd, $0.baseAddress, $0.count, Int32(MSG_NOSIGNAL), sockaddrPointer, length)
+                }
             }
         }
         return sent == bytes.count
@@ -45,7 +47,9 @@ public struct SystemdNotifier: Sendable {
 
     /// The watchdog interval the manager expects, from `WATCHDOG_USEC` (and `WATCHDOG_PID`,
     /// which must be ours when set).
-    public static func watchdogInterval(environment: [String: String] = ProcessInfo.processInfo.environment) -> Duration? {
+    public static func watchdogInterval(
+        environment: [String: String] = ProcessInfo.processInfo.environment
+    ) -> Duration? {
         guard let text = environment["WATCHDOG_USEC"], let usec = UInt64(text), usec > 0 else { return nil }
         if let pid = environment["WATCHDOG_PID"], Int32(pid) != getpid() { return nil }
         return .microseconds(usec)

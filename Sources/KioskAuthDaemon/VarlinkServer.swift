@@ -129,7 +129,8 @@ public final class VarlinkServer: Service, Sendable {
             Self.peerCredentials(of: channel).flatMapThrowing { caller in
                 let admission: ConnectionRegistry.Admission =
                     caller.map { registry.admit(uid: $0.uid, channel: channel) } ?? .rejected(limit: 0)
-                try channel.pipeline.syncOperations.addHandler(ByteToMessageHandler(NULFrameDecoder(maximumSize: maximumSize)))
+                try channel.pipeline.syncOperations.addHandler(
+                    ByteToMessageHandler(NULFrameDecoder(maximumSize: maximumSize)))
                 try channel.pipeline.syncOperations.addHandler(
                     IdleGuard(timeout: idleTimeout, timeoutReply: ByteBuffer(bytes: idleReply)))
                 let asyncChannel = try NIOAsyncChannel<ByteBuffer, ByteBuffer>(wrappingChannelSynchronously: channel)
@@ -147,7 +148,8 @@ public final class VarlinkServer: Service, Sendable {
         case .path(let path):
             let previousMask = umask(0o111)
             defer { umask(previousMask) }
-            server = try await bootstrap.bind(unixDomainSocketPath: path, cleanupExistingSocketFile: true, childChannelInitializer: initializer)
+            server = try await bootstrap.bind(
+                unixDomainSocketPath: path, cleanupExistingSocketFile: true, childChannelInitializer: initializer)
             chmod(path, 0o666)
             logger.info("listening", metadata: ["socket": "\(path)"])
         }
@@ -199,9 +201,11 @@ public final class VarlinkServer: Service, Sendable {
                     Set(raw.bindMemory(to: gid_t.self).filter { $0 != 0 }.map { Int($0) })
                 }
             }.recover { _ in nil }
-            .map { groups -> Caller? in
-                Caller(uid: Int(credentials.uid), gid: Int(credentials.gid), pid: Int(credentials.pid), groups: groups, connectionID: 0)
-            }
+                .map { groups -> Caller? in
+                    Caller(
+                        uid: Int(credentials.uid), gid: Int(credentials.gid), pid: Int(credentials.pid), groups: groups,
+                        connectionID: 0)
+                }
         }.recover { _ in nil }
     }
 
@@ -237,13 +241,15 @@ public final class VarlinkServer: Service, Sendable {
                 try await channel.executeThenClose { inbound, outbound in
                     do {
                         for try await frame in inbound {
-                            let keepOpen = await handle(frame: frame, caller: caller, outbound: outbound, logger: logger)
+                            let keepOpen = await handle(
+                                frame: frame, caller: caller, outbound: outbound, logger: logger)
                             channel.channel.triggerUserOutboundEvent(CallFinished(), promise: nil)
                             if !keepOpen { break }
                         }
                     } catch is NULFrameDecoder.MessageTooLarge {
                         logger.notice("message too large; disconnecting")
-                        try? await outbound.write(ByteBuffer(bytes: Self.encode(.tooLarge(configuration.maxMessageSize))))
+                        try? await outbound.write(
+                            ByteBuffer(bytes: Self.encode(.tooLarge(configuration.maxMessageSize))))
                     }
                 }
             } catch {
@@ -268,7 +274,10 @@ public final class VarlinkServer: Service, Sendable {
             call = try JSONDecoder().decode(VarlinkCall.self, from: Data(frame.readableBytesView))
         } catch {
             logger.notice("malformed message; disconnecting")
-            try? await outbound.write(ByteBuffer(bytes: Self.encode(.malformed("not a varlink call: expected a JSON object with a \"method\" string"))))
+            try? await outbound.write(
+                ByteBuffer(
+                    bytes: Self.encode(
+                        .malformed("not a varlink call: expected a JSON object with a \"method\" string"))))
             return false
         }
         if call.upgrade == true {
@@ -285,7 +294,8 @@ public final class VarlinkServer: Service, Sendable {
         let reply: VarlinkReply
         var keepOpen = true
         do {
-            let parameters = try await dispatcher.call(call.method, caller: caller, parameters: call.parameters, sink: sink)
+            let parameters = try await dispatcher.call(
+                call.method, caller: caller, parameters: call.parameters, sink: sink)
             reply = VarlinkReply(parameters: parameters)
         } catch {
             reply = VarlinkReply(parameters: error.parameters, error: error.name)

@@ -225,7 +225,9 @@ public actor IdentityProviderClient: IdentityProvider {
 
     /// The identity in a token response: the ID token (OIDC), the access token (Supabase with
     /// a key), or the `user` object (Supabase, online-only).
-    private func identity(from response: TokenResponse, endpoints: ResolvedEndpoints, required: Bool) async throws
+    private func identity(
+        from response: TokenResponse, endpoints: ResolvedEndpoints, required: Bool
+    ) async throws
         -> IdentityClaims?
     {
         switch configuration.dialect {

@@ -83,7 +83,9 @@ enum ProviderResponses {
     }
 
     /// Turns a non-2xx answer into the error the caller acts on.
-    static func error(for response: HTTPResponse, context: GrantContext, dialect: IdentityProviderConfiguration.Dialect)
+    static func error(
+        for response: HTTPResponse, context: GrantContext, dialect: IdentityProviderConfiguration.Dialect
+    )
         -> IdentityError
     {
         let body = ProviderErrorBody(response.body)
@@ -140,7 +142,9 @@ enum ProviderResponses {
 
     /// GoTrue's `error_code`s (internal/api/apierrors/errorcode.go), and the texts older
     /// versions send without a code.
-    private static func supabaseError(code: String?, message: String?, context: GrantContext)
+    private static func supabaseError(
+        code: String?, message: String?, context: GrantContext
+    )
         -> IdentityError.Code?
     {
         switch context {

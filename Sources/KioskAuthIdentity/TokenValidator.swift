@@ -101,7 +101,9 @@ public actor TokenValidator {
     /// - Throws: ``IdentityError`` with ``IdentityError/Code-swift.struct/invalidToken`` for a
     ///   token that fails any check; the fetch's error (for example
     ///   ``IdentityError/Code-swift.struct/unreachable``) if the keys cannot be obtained.
-    public func validate(_ token: OAuthToken, expecting expectations: TokenExpectations, now: Date) async throws
+    public func validate(
+        _ token: OAuthToken, expecting expectations: TokenExpectations, now: Date
+    ) async throws
         -> ValidatedToken
     {
         let jwt = try JSONWebToken(parsing: token.rawValue)
@@ -188,7 +190,9 @@ public actor TokenValidator {
         return elapsed < 0 || elapsed >= minimumRefetchInterval
     }
 
-    private func download(_ fetch: @escaping @Sendable () async throws -> Data, now: Date) async throws
+    private func download(
+        _ fetch: @escaping @Sendable () async throws -> Data, now: Date
+    ) async throws
         -> VerificationKeySet
     {
         if let inflight { return try await inflight.value }

@@ -45,14 +45,16 @@ public final class VarlinkClient {
     public init(socketPath path: String) throws(VarlinkClientError) {
         let fd = socket(AF_UNIX, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0)
         guard fd >= 0 else {
-            throw VarlinkClientError(name: VarlinkClientError.unreachable, parameters: .string(String(cString: strerror(errno))))
+            throw VarlinkClientError(
+                name: VarlinkClientError.unreachable, parameters: .string(String(cString: strerror(errno))))
         }
         var address = sockaddr_un()
         address.sun_family = sa_family_t(AF_UNIX)
         let pathBytes = Array(path.utf8)
         guard pathBytes.count < MemoryLayout.size(ofValue: address.sun_path) else {
             close(fd)
-            throw VarlinkClientError(name: VarlinkClientError.unreachable, parameters: .string("socket path too long: \(path)"))
+            throw VarlinkClientError(
+                name: VarlinkClientError.unreachable, parameters: .string("socket path too long: \(path)"))
         }
         withUnsafeMutableBytes(of: &address.sun_path) { raw in
             raw.copyBytes(from: pathBytes)
@@ -125,7 +127,8 @@ public final class VarlinkClient {
             }
             if written < 0 {
                 if errno == EINTR { continue }
-                throw VarlinkClientError(name: VarlinkClientError.disconnected, parameters: .string(String(cString: strerror(errno))))
+                throw VarlinkClientError(
+                    name: VarlinkClientError.disconnected, parameters: .string(String(cString: strerror(errno))))
             }
             offset += written
         }
@@ -137,21 +140,25 @@ public final class VarlinkClient {
                 let message = Data(buffer[..<end])
                 buffer.removeSubrange(...end)
                 do { return try JSONDecoder().decode(VarlinkReply.self, from: message) } catch {
-                    throw VarlinkClientError(name: VarlinkClientError.protocolViolation, parameters: .string("\(error)"))
+                    throw VarlinkClientError(
+                        name: VarlinkClientError.protocolViolation, parameters: .string("\(error)"))
                 }
             }
             var chunk = [UInt8](repeating: 0, count: 16 * 1024)
             let count = chunk.withUnsafeMutableBytes { read(fd, $0.baseAddress, $0.count) }
             if count < 0 {
                 if errno == EINTR { continue }
-                throw VarlinkClientError(name: VarlinkClientError.disconnected, parameters: .string(String(cString: strerror(errno))))
+                throw VarlinkClientError(
+                    name: VarlinkClientError.disconnected, parameters: .string(String(cString: strerror(errno))))
             }
             if count == 0 {
-                throw VarlinkClientError(name: VarlinkClientError.disconnected, parameters: .string("the daemon closed the connection"))
+                throw VarlinkClientError(
+                    name: VarlinkClientError.disconnected, parameters: .string("the daemon closed the connection"))
             }
             buffer.append(contentsOf: chunk[..<count])
             if buffer.count > 16 * VarlinkLimits.maximumMessageSize {
-                throw VarlinkClientError(name: VarlinkClientError.protocolViolation, parameters: .string("reply too large"))
+                throw VarlinkClientError(
+                    name: VarlinkClientError.protocolViolation, parameters: .string("reply too large"))
             }
         }
     }

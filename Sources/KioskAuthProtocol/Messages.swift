@@ -51,7 +51,9 @@ public struct CallerContext: Codable, Sendable, Equatable {
     public var remoteHost: String?
     public var remote: Bool?
 
-    public init(service: String? = nil, ruid: Int? = nil, tty: String? = nil, remoteHost: String? = nil, remote: Bool? = nil) {
+    public init(
+        service: String? = nil, ruid: Int? = nil, tty: String? = nil, remoteHost: String? = nil, remote: Bool? = nil
+    ) {
         self.service = service
         self.ruid = ruid
         self.tty = tty
@@ -223,7 +225,10 @@ public struct ReaderRecord: Codable, Sendable, Equatable {
     public var enrollStages: Int
     public var scanType: String
 
-    public init(id: String, driver: String, name: String, canIdentify: Bool, hasStorage: Bool, enrollStages: Int, scanType: String) {
+    public init(
+        id: String, driver: String, name: String, canIdentify: Bool, hasStorage: Bool, enrollStages: Int,
+        scanType: String
+    ) {
         self.id = id
         self.driver = driver
         self.name = name
@@ -276,7 +281,8 @@ extension Message {
         public var ticketExpiresIn: Int?
         public var rosterSize: Int?
         public init(
-            progress: ScanProgress? = nil, person: PersonRecord? = nil, finger: String? = nil, duplicateChecked: Bool? = nil,
+            progress: ScanProgress? = nil, person: PersonRecord? = nil, finger: String? = nil,
+            duplicateChecked: Bool? = nil,
             ticket: String? = nil, ticketExpiresIn: Int? = nil, rosterSize: Int? = nil
         ) {
             self.progress = progress

@@ -45,7 +45,8 @@ extension Store {
                     .integer(person.id), .blob(mac), .real(now.timeIntervalSince1970),
                     .real(now.addingTimeInterval(lifetime).timeIntervalSince1970),
                 ])
-            return decodeCode(try db.query("SELECT * FROM activation_codes WHERE id = ?", [.integer(db.lastInsertRowID)])[0])
+            return decodeCode(
+                try db.query("SELECT * FROM activation_codes WHERE id = ?", [.integer(db.lastInsertRowID)])[0])
         }
     }
 
@@ -54,8 +55,10 @@ extension Store {
     public func activationCode(matching normalizedCode: String) throws(StoreError) -> StoredActivationCode? {
         let mac = activationMAC(normalizedCode)
         return try locked {
-            try connection.query("SELECT * FROM activation_codes WHERE code_mac = ? ORDER BY id DESC LIMIT 1", [.blob(mac)])
-                .first.map(decodeCode)
+            try connection.query(
+                "SELECT * FROM activation_codes WHERE code_mac = ? ORDER BY id DESC LIMIT 1", [.blob(mac)]
+            )
+            .first.map(decodeCode)
         }
     }
 
@@ -71,7 +74,9 @@ extension Store {
 
     /// Counts a wrong try against a code; at `maxFailures` the code is revoked. Durable.
     @discardableResult
-    public func recordActivationFailure(_ code: StoredActivationCode, maxFailures: Int, now: Date) throws(StoreError)
+    public func recordActivationFailure(
+        _ code: StoredActivationCode, maxFailures: Int, now: Date
+    ) throws(StoreError)
         -> StoredActivationCode
     {
         try transaction { db in
@@ -102,13 +107,16 @@ extension Store {
         let plaintext = try JSONEncoder().encodeOrThrow(verifier)
         let sealed: [UInt8]
         do {
-            sealed = try sealer.seal(plaintext, binding: Self.secretBinding(personID: person.id, name: person.name, kind: "passcode"))
+            sealed = try sealer.seal(
+                plaintext, binding: Self.secretBinding(personID: person.id, name: person.name, kind: "passcode"))
         } catch { throw StoreError(.integrity("sealing failed: \(error)")) }
         try transaction { db in
             try db.query(
                 "UPDATE activation_codes SET used_at = ? WHERE id = ? AND used_at IS NULL AND revoked_at IS NULL",
                 [.real(now.timeIntervalSince1970), .integer(code.id)])
-            guard db.changes == 1 else { throw StoreError(.integrity("the activation code was used or revoked meanwhile")) }
+            guard db.changes == 1 else {
+                throw StoreError(.integrity("the activation code was used or revoked meanwhile"))
+            }
             try db.query(
                 "INSERT INTO secrets (person_id, kind, sealed, updated_at) VALUES (?, 'passcode', ?, ?) ON CONFLICT (person_id, kind) DO UPDATE SET sealed = excluded.sealed, updated_at = excluded.updated_at",
                 [.integer(person.id), .blob(sealed), .real(now.timeIntervalSince1970)])
@@ -121,7 +129,8 @@ extension Store {
     /// The person with this row id.
     public func person(id: Int64) throws(StoreError) -> StoredPerson? {
         try locked {
-            try connection.query("SELECT \(Self.personColumns) FROM people WHERE id = ?", [.integer(id)]).first.map(decodePerson)
+            try connection.query("SELECT \(Self.personColumns) FROM people WHERE id = ?", [.integer(id)]).first.map(
+                decodePerson)
         }
     }
 }
@@ -130,8 +139,10 @@ extension Store {
     /// A person's activation codes, oldest first (no code values: those are never stored).
     public func activationCodes(of person: StoredPerson) throws(StoreError) -> [StoredActivationCode] {
         try locked {
-            try connection.query("SELECT * FROM activation_codes WHERE person_id = ? ORDER BY id", [.integer(person.id)])
-                .map(decodeCode)
+            try connection.query(
+                "SELECT * FROM activation_codes WHERE person_id = ? ORDER BY id", [.integer(person.id)]
+            )
+            .map(decodeCode)
         }
     }
 }

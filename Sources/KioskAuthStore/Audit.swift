@@ -122,7 +122,8 @@ extension Store {
     public func auditEntries(after sequence: Int = 0, limit: Int = 1000) throws(StoreError) -> [AuditEntry] {
         try locked {
             try connection.query(
-                "SELECT * FROM audit WHERE seq > ? ORDER BY seq LIMIT ?", [.integer(Int64(sequence)), .integer(Int64(limit))]
+                "SELECT * FROM audit WHERE seq > ? ORDER BY seq LIMIT ?",
+                [.integer(Int64(sequence)), .integer(Int64(limit))]
             ).map(decodeAudit)
         }
     }
@@ -140,7 +141,9 @@ extension Store {
     /// recomputed MAC without the key, or a head that disagrees with the recorded one is found.
     /// Truncating the newest entries together with the recorded head is only visible against a
     /// head kept elsewhere: pass the one from the journal as `expectedHead`.
-    public func verifyAudit(expectedHead: (sequence: Int, macHex: String)? = nil) throws(StoreError) -> AuditChainVerification {
+    public func verifyAudit(
+        expectedHead: (sequence: Int, macHex: String)? = nil
+    ) throws(StoreError) -> AuditChainVerification {
         let genesis = self.genesis
         return try locked {
             var previous = genesis
@@ -154,11 +157,15 @@ extension Store {
                         isValid: false, events: count, headHex: headHex, brokenAt: expectedSequence,
                         reason: "entry \(expectedSequence) is missing")
                 }
-                let expected = mac(previous: previous, sequence: entry.sequence, timeMicroseconds: entry.timeMicroseconds, record: entry.record)
+                let expected = mac(
+                    previous: previous, sequence: entry.sequence, timeMicroseconds: entry.timeMicroseconds,
+                    record: entry.record)
                 guard expected == entry.mac else {
                     return AuditChainVerification(
                         isValid: false, events: count, headHex: headHex, brokenAt: entry.sequence,
-                        reason: "entry \(entry.sequence) does not match its MAC (edited, or the chain was recomputed without the key)")
+                        reason:
+                            "entry \(entry.sequence) does not match its MAC (edited, or the chain was recomputed without the key)"
+                    )
                 }
                 previous = entry.mac
                 headHex = entry.macHex
@@ -173,16 +180,23 @@ extension Store {
                 if recordedSequence != count || (count > 0 && recordedMac != previous) {
                     return AuditChainVerification(
                         isValid: false, events: count, headHex: headHex, brokenAt: min(count + 1, recordedSequence),
-                        reason: "the chain ends at entry \(count) but its recorded head is entry \(recordedSequence): entries were deleted")
+                        reason:
+                            "the chain ends at entry \(count) but its recorded head is entry \(recordedSequence): entries were deleted"
+                    )
                 }
             } else if count > 0 {
                 return AuditChainVerification(
-                    isValid: false, events: count, headHex: headHex, brokenAt: 1, reason: "the recorded head is missing")
+                    isValid: false, events: count, headHex: headHex, brokenAt: 1, reason: "the recorded head is missing"
+                )
             }
-            if let expectedHead, expectedHead.sequence > count || (expectedHead.sequence == count && expectedHead.macHex != headHex) {
+            if let expectedHead,
+                expectedHead.sequence > count || (expectedHead.sequence == count && expectedHead.macHex != headHex)
+            {
                 return AuditChainVerification(
                     isValid: false, events: count, headHex: headHex, brokenAt: count + 1,
-                    reason: "the journal recorded head entry \(expectedHead.sequence), the store ends at \(count): truncated")
+                    reason:
+                        "the journal recorded head entry \(expectedHead.sequence), the store ends at \(count): truncated"
+                )
             }
             return AuditChainVerification(isValid: true, events: count, headHex: headHex, brokenAt: nil, reason: nil)
         }

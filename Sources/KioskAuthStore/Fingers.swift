@@ -30,7 +30,9 @@ extension Store {
             throw StoreError(.integrity("sealing failed: \(error)"))
         }
         try transaction { db in
-            if try !db.query("SELECT id FROM fingers WHERE person_id = ? AND finger = ?", [.integer(person.id), .text(finger)]).isEmpty {
+            if try !db.query(
+                "SELECT id FROM fingers WHERE person_id = ? AND finger = ?", [.integer(person.id), .text(finger)]
+            ).isEmpty {
                 throw StoreError(.personExists("\(person.name.rawValue) \(finger)"))
             }
             try db.query(
@@ -42,13 +44,16 @@ extension Store {
     private func openFingers(_ rows: [SQLRow]) throws(StoreError) -> [StoredFinger] {
         var fingers: [StoredFinger] = []
         for row in rows {
-            guard let sealed = row["template"].bytes, let nameText = row["name"].string, let finger = row["finger"].string else {
+            guard let sealed = row["template"].bytes, let nameText = row["name"].string,
+                let finger = row["finger"].string
+            else {
                 continue
             }
             let name: LoginName
             do { name = try LoginName(nameText) } catch { throw StoreError(.integrity("bad name in people row")) }
             let personID = Int64(row["person_id"].int ?? 0)
-            let template = try sealer.open(sealed, binding: Self.fingerBinding(personID: personID, name: name, finger: finger))
+            let template = try sealer.open(
+                sealed, binding: Self.fingerBinding(personID: personID, name: name, finger: finger))
             fingers.append(
                 StoredFinger(
                     personID: personID, personName: name, finger: finger, template: template,
@@ -71,7 +76,8 @@ extension Store {
     public func allFingers() throws(StoreError) -> [StoredFinger] {
         let rows = try locked {
             try connection.query(
-                "SELECT f.person_id, p.name, f.finger, f.template, f.created_at FROM fingers f JOIN people p ON p.id = f.person_id ORDER BY f.id")
+                "SELECT f.person_id, p.name, f.finger, f.template, f.created_at FROM fingers f JOIN people p ON p.id = f.person_id ORDER BY f.id"
+            )
         }
         return try openFingers(rows)
     }
@@ -106,7 +112,8 @@ extension Store {
         let removed = try fingers(of: person).filter { finger == nil || $0.finger == finger }
         try transaction { db in
             if let finger {
-                try db.query("DELETE FROM fingers WHERE person_id = ? AND finger = ?", [.integer(person.id), .text(finger)])
+                try db.query(
+                    "DELETE FROM fingers WHERE person_id = ? AND finger = ?", [.integer(person.id), .text(finger)])
             } else {
                 try db.query("DELETE FROM fingers WHERE person_id = ?", [.integer(person.id)])
             }

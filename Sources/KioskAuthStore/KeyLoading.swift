@@ -31,7 +31,10 @@ public enum StoreKeyLoader {
         if let credentialsDirectory {
             let path = credentialsDirectory + "/" + credentialName
             if FileManager.default.fileExists(atPath: path) {
-                return (try StoreKey(bytes: try readSecret(path, what: "credential \(credentialName)")), .credential(path: path))
+                return (
+                    try StoreKey(bytes: try readSecret(path, what: "credential \(credentialName)")),
+                    .credential(path: path)
+                )
             }
         }
         guard allowDevelopmentKeyFile else {
@@ -46,11 +49,15 @@ public enum StoreKeyLoader {
             "USING A DEVELOPMENT KEY FILE: the store key lies unencrypted beside the database; anyone who can read \(path) can read every secret. Never do this on a real terminal.",
             metadata: ["path": "\(path)"])
         if FileManager.default.fileExists(atPath: path) {
-            return (try StoreKey(bytes: try readSecret(path, what: "development key file")), .developmentKeyFile(path: path))
+            return (
+                try StoreKey(bytes: try readSecret(path, what: "development key file")), .developmentKeyFile(path: path)
+            )
         }
         guard !storeExists else {
             throw StoreError(
-                .keyUnavailable("a store exists but its development key file \(path) is missing; refusing to create a new key that could never open it"))
+                .keyUnavailable(
+                    "a store exists but its development key file \(path) is missing; refusing to create a new key that could never open it"
+                ))
         }
         let key = StoreKey.random()
         let fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0o600)
@@ -77,7 +84,10 @@ public enum StoreKeyLoader {
             throw StoreError(.keyUnavailable("\(what) \(path) is not a regular file"))
         }
         guard status.st_mode & 0o077 == 0 else {
-            throw StoreError(.keyUnavailable("\(what) \(path) is readable by others (mode \(String(status.st_mode & 0o777, radix: 8))); it must be 0600 or stricter"))
+            throw StoreError(
+                .keyUnavailable(
+                    "\(what) \(path) is readable by others (mode \(String(status.st_mode & 0o777, radix: 8))); it must be 0600 or stricter"
+                ))
         }
         var bytes = [UInt8](repeating: 0, count: StoreKey.byteCount + 1)
         let count = bytes.withUnsafeMutableBytes { read(fd, $0.baseAddress, $0.count) }

@@ -33,7 +33,8 @@ public struct PasscodeVerifier: Codable, Sendable, Equatable {
     private static let saltLength = 16
 
     /// Hashes `passcode` with a fresh salt. Slow on purpose: call it off the event loop.
-    public static func make(passcode: String, parameters: PasscodeHashParameters) throws(StoreError) -> PasscodeVerifier {
+    public static func make(passcode: String, parameters: PasscodeHashParameters) throws(StoreError) -> PasscodeVerifier
+    {
         var salt = [UInt8](repeating: 0, count: saltLength)
         SymmetricKey(size: .bits128).withUnsafeBytes { salt = Array($0) }
         let hash = try argon2id(passcode, salt: salt, parameters: parameters)
@@ -42,7 +43,9 @@ public struct PasscodeVerifier: Codable, Sendable, Equatable {
 
     /// Whether `passcode` matches, in constant time. Slow on purpose.
     public func matches(_ passcode: String) throws(StoreError) -> Bool {
-        guard algorithm == "argon2id" else { throw StoreError(.integrity("unknown passcode hash algorithm \(algorithm)")) }
+        guard algorithm == "argon2id" else {
+            throw StoreError(.integrity("unknown passcode hash algorithm \(algorithm)"))
+        }
         let candidate = try Self.argon2id(passcode, salt: salt, parameters: parameters)
         guard candidate.count == hash.count else { return false }
         var difference: UInt8 = 0
@@ -50,7 +53,9 @@ public struct PasscodeVerifier: Codable, Sendable, Equatable {
         return difference == 0
     }
 
-    private static func argon2id(_ passcode: String, salt: [UInt8], parameters: PasscodeHashParameters) throws(StoreError)
+    private static func argon2id(
+        _ passcode: String, salt: [UInt8], parameters: PasscodeHashParameters
+    ) throws(StoreError)
         -> [UInt8]
     {
         var secret = Array(passcode.utf8)

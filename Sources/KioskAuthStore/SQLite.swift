@@ -115,7 +115,9 @@ final class SQLiteConnection {
 
     /// Runs one statement with bound parameters and returns every row.
     @discardableResult
-    func query(_ sql: String, _ parameters: [SQLValue] = [], file: String = #fileID, line: Int = #line) throws(SQLiteError)
+    func query(
+        _ sql: String, _ parameters: [SQLValue] = [], file: String = #fileID, line: Int = #line
+    ) throws(SQLiteError)
         -> [SQLRow]
     {
         var statement: OpaquePointer?
@@ -130,7 +132,9 @@ final class SQLiteConnection {
             case .real(let v): rc = sqlite3_bind_double(statement, position, v)
             case .text(let v): rc = sqlite3_bind_text(statement, position, v, -1, Self.transient)
             case .blob(let v):
-                rc = v.withUnsafeBytes { sqlite3_bind_blob(statement, position, $0.baseAddress, Int32($0.count), Self.transient) }
+                rc = v.withUnsafeBytes {
+                    sqlite3_bind_blob(statement, position, $0.baseAddress, Int32($0.count), Self.transient)
+                }
             }
             try check(rc, sql, file: file, line: line)
         }

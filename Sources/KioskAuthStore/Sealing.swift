@@ -13,7 +13,8 @@ public struct StoreKey: Sendable {
     public init(bytes: some ContiguousBytes) throws(StoreError) {
         let key = SymmetricKey(data: bytes)
         guard key.bitCount == Self.byteCount * 8 else {
-            throw StoreError(.keyUnavailable("the store key must be exactly \(Self.byteCount) bytes, got \(key.bitCount / 8)"))
+            throw StoreError(
+                .keyUnavailable("the store key must be exactly \(Self.byteCount) bytes, got \(key.bitCount / 8)"))
         }
         self.key = key
     }

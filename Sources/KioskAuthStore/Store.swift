@@ -167,7 +167,7 @@ public final class Store: @unchecked Sendable {
         );
         CREATE INDEX activation_codes_mac ON activation_codes (code_mac);
         CREATE INDEX activation_codes_person ON activation_codes (person_id);
-        """
+        """,
     ]
 
     private func openSchema(now: Date) throws(StoreError) {
@@ -198,7 +198,9 @@ public final class Store: @unchecked Sendable {
         } catch let error as StoreError {
             throw error
         } catch let error as SQLiteError {
-            if error.isCorrupt { throw StoreError(.integrity("the database file is not a valid kioskauth store: \(error.message)")) }
+            if error.isCorrupt {
+                throw StoreError(.integrity("the database file is not a valid kioskauth store: \(error.message)"))
+            }
             throw StoreError(.database(error))
         } catch {
             throw StoreError(.integrity("\(error)"))
@@ -217,7 +219,8 @@ public final class Store: @unchecked Sendable {
     }
 
     private func checkKey() throws {
-        guard let sealed = try connection.query("SELECT value FROM meta WHERE key = 'key_check'").first?["value"].bytes else {
+        guard let sealed = try connection.query("SELECT value FROM meta WHERE key = 'key_check'").first?["value"].bytes
+        else {
             throw StoreError(.integrity("the store has no key check"))
         }
         do {
@@ -266,10 +269,13 @@ public final class Store: @unchecked Sendable {
 
     func decodePerson(_ row: SQLRow) throws -> StoredPerson {
         let roleNames = (row["roles"].string ?? "").split(separator: ",").map(String.init)
-        let roles = try RoleSet(roleNames.map { name in
-            guard let role = Role(rawValue: name) else { throw StoreError(.integrity("unknown role \(name) in people row")) }
-            return role
-        })
+        let roles = try RoleSet(
+            roleNames.map { name in
+                guard let role = Role(rawValue: name) else {
+                    throw StoreError(.integrity("unknown role \(name) in people row"))
+                }
+                return role
+            })
         guard let origin = Origin(rawValue: row["origin"].string ?? ""),
             let state = PersonState(rawValue: row["state"].string ?? "")
         else { throw StoreError(.integrity("bad origin or state in people row")) }
@@ -312,21 +318,24 @@ public final class Store: @unchecked Sendable {
                     .real(now.timeIntervalSince1970), .real(now.timeIntervalSince1970),
                 ])
             let id = db.lastInsertRowID
-            return try decodePerson(db.query("SELECT \(Self.personColumns) FROM people WHERE id = ?", [.integer(id)])[0])
+            return try decodePerson(
+                db.query("SELECT \(Self.personColumns) FROM people WHERE id = ?", [.integer(id)])[0])
         }
     }
 
     /// The person with this name, if any.
     public func person(named name: LoginName) throws(StoreError) -> StoredPerson? {
         try locked {
-            try connection.query("SELECT \(Self.personColumns) FROM people WHERE name = ?", [.text(name.rawValue)]).first.map(decodePerson)
+            try connection.query("SELECT \(Self.personColumns) FROM people WHERE name = ?", [.text(name.rawValue)])
+                .first.map(decodePerson)
         }
     }
 
     /// The person bound to this Unix uid, if any.
     public func person(boundTo uid: Int) throws(StoreError) -> StoredPerson? {
         try locked {
-            try connection.query("SELECT \(Self.personColumns) FROM people WHERE uid = ?", [.integer(Int64(uid))]).first.map(decodePerson)
+            try connection.query("SELECT \(Self.personColumns) FROM people WHERE uid = ?", [.integer(Int64(uid))]).first
+                .map(decodePerson)
         }
     }
 
@@ -346,12 +355,15 @@ public final class Store: @unchecked Sendable {
     @discardableResult
     public func removePerson(_ person: StoredPerson) throws(StoreError) -> [[UInt8]] {
         let templates = try transaction { db -> [[UInt8]] in
-            let fingers = try db.query("SELECT id, finger, template FROM fingers WHERE person_id = ?", [.integer(person.id)])
+            let fingers = try db.query(
+                "SELECT id, finger, template FROM fingers WHERE person_id = ?", [.integer(person.id)])
             var opened: [[UInt8]] = []
             for row in fingers {
                 if let sealed = row["template"].bytes,
                     let template = try? sealer.open(
-                        sealed, binding: Self.fingerBinding(personID: person.id, name: person.name, finger: row["finger"].string ?? ""))
+                        sealed,
+                        binding: Self.fingerBinding(
+                            personID: person.id, name: person.name, finger: row["finger"].string ?? ""))
                 {
                     opened.append(template)
                 }
@@ -367,7 +379,8 @@ public final class Store: @unchecked Sendable {
     }
 
     /// Persists a person's failure counters; durable when this returns.
-    public func saveFailures(_ failures: CredentialFailureState, for person: StoredPerson, now: Date) throws(StoreError) {
+    public func saveFailures(_ failures: CredentialFailureState, for person: StoredPerson, now: Date) throws(StoreError)
+    {
         try transaction { db in
             try db.query(
                 "UPDATE people SET passcode_failures = ?, passcode_locked_until = ?, passcode_hard_locked = ?, fingerprint_failures = ?, updated_at = ? WHERE id = ?",
@@ -394,7 +407,8 @@ public final class Store: @unchecked Sendable {
     public func recordUnlock(of person: StoredPerson, now: Date) throws(StoreError) {
         try transaction { db in
             try db.query(
-                "UPDATE people SET last_unlock_at = ? WHERE id = ?", [.real(now.timeIntervalSince1970), .integer(person.id)])
+                "UPDATE people SET last_unlock_at = ? WHERE id = ?",
+                [.real(now.timeIntervalSince1970), .integer(person.id)])
         }
     }
 
@@ -409,7 +423,9 @@ public final class Store: @unchecked Sendable {
     }
 
     /// Seals and stores a person's passcode verifier, replacing any earlier one.
-    public func setPasscodeVerifier(_ verifier: PasscodeVerifier, for person: StoredPerson, now: Date) throws(StoreError) {
+    public func setPasscodeVerifier(
+        _ verifier: PasscodeVerifier, for person: StoredPerson, now: Date
+    ) throws(StoreError) {
         try setSecret(try JSONEncoder().encodeOrThrow(verifier), kind: "passcode", for: person, now: now)
     }
 
@@ -425,7 +441,10 @@ public final class Store: @unchecked Sendable {
     /// Seals and stores a secret of `kind` for a person.
     public func setSecret(_ plaintext: [UInt8], kind: String, for person: StoredPerson, now: Date) throws(StoreError) {
         let sealed: [UInt8]
-        do { sealed = try sealer.seal(plaintext, binding: Self.secretBinding(personID: person.id, name: person.name, kind: kind)) } catch {
+        do {
+            sealed = try sealer.seal(
+                plaintext, binding: Self.secretBinding(personID: person.id, name: person.name, kind: kind))
+        } catch {
             throw StoreError(.integrity("sealing failed: \(error)"))
         }
         try transaction { db in
@@ -438,8 +457,10 @@ public final class Store: @unchecked Sendable {
     /// Opens a stored secret of `kind`; nil when absent.
     public func secret(kind: String, for person: StoredPerson) throws(StoreError) -> [UInt8]? {
         let sealed = try locked {
-            try connection.query("SELECT sealed FROM secrets WHERE person_id = ? AND kind = ?", [.integer(person.id), .text(kind)])
-                .first?["sealed"].bytes
+            try connection.query(
+                "SELECT sealed FROM secrets WHERE person_id = ? AND kind = ?", [.integer(person.id), .text(kind)]
+            )
+            .first?["sealed"].bytes
         }
         guard let sealed else { return nil }
         return try sealer.open(sealed, binding: Self.secretBinding(personID: person.id, name: person.name, kind: kind))
@@ -449,7 +470,9 @@ public final class Store: @unchecked Sendable {
 
     /// A terminal-wide value (JSON), e.g. the identify throttle.
     public func terminalValue<T: Decodable>(_ type: T.Type, forKey key: String) throws(StoreError) -> T? {
-        let text = try locked { try connection.query("SELECT value FROM terminal_state WHERE key = ?", [.text(key)]).first?["value"].string }
+        let text = try locked {
+            try connection.query("SELECT value FROM terminal_state WHERE key = ?", [.text(key)]).first?["value"].string
+        }
         guard let text else { return nil }
         return try? JSONDecoder().decode(type, from: Data(text.utf8))
     }

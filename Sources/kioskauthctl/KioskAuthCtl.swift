@@ -71,10 +71,12 @@ struct KioskAuthCtl: ParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "kioskauthctl",
         abstract: "Manage kioskauth: people, passcodes, fingerprints and the audit trail.",
-        discussion: "Speaks only kioskauthd's socket API; what you may do depends on who you are (root, kioskauth-admin, kioskauth).",
+        discussion:
+            "Speaks only kioskauthd's socket API; what you may do depends on who you are (root, kioskauth-admin, kioskauth).",
         version: "0.1.0",
         subcommands: [
-            Status.self, User.self, Passcode.self, FingerCommand.self, VerifyCommand.self, IdentifyCommand.self, ReaderCommand.self,
+            Status.self, User.self, Passcode.self, FingerCommand.self, VerifyCommand.self, IdentifyCommand.self,
+            ReaderCommand.self,
             Activation.self, Lockout.self, Audit.self,
         ])
 
@@ -147,32 +149,43 @@ struct KioskAuthCtl: ParsableCommand {
             return "wrong passcode (\(count))"
         case "PasscodeLocked":
             if case .bool(true)? = p?["hardLocked"] {
-                return "passcode locked after too many failures: an admin must reset it (kioskauthctl lockout reset NAME), or sign in online; fingerprint unlock still works"
+                return
+                    "passcode locked after too many failures: an admin must reset it (kioskauthctl lockout reset NAME), or sign in online; fingerprint unlock still works"
             }
-            return "passcode locked for \(number("retryAfterSeconds") ?? 0) s after failed attempts; fingerprint unlock still works"
+            return
+                "passcode locked for \(number("retryAfterSeconds") ?? 0) s after failed attempts; fingerprint unlock still works"
         case "NoPasscode": return "\(string("name") ?? "that person") has no passcode"
-        case "PersonNotActive": return "\(string("name") ?? "that person") cannot unlock: \(string("state") ?? "not active")"
+        case "PersonNotActive":
+            return "\(string("name") ?? "that person") cannot unlock: \(string("state") ?? "not active")"
         case "PasscodeNotAllowed": return "passcode not allowed: \(string("reason") ?? "")"
         case "TicketInvalid": return "authenticate first: the ticket is missing, expired or from another connection"
         case "StoreIntegrity": return "store integrity failure: \(string("reason") ?? "")"
         case "TooManyConnections": return "kioskauthd is refusing connections: too many open"
-        case "ActivationCodeWrong", "ActivationCodeExpired", "ActivationCodeUsed", "ActivationCodeRevoked", "ActivationPaused":
+        case "ActivationCodeWrong", "ActivationCodeExpired", "ActivationCodeUsed", "ActivationCodeRevoked",
+            "ActivationPaused":
             return string("message") ?? error.description
         case "AlreadyActive": return "\(string("name") ?? "that person") is already active"
         case "NoReader": return "no fingerprint reader is present; use the passcode"
         case "FingerprintNotRecognized":
             if case .bool(true)? = p?["fallbackRequired"] {
-                return "finger not recognised (\(number("failures") ?? 0) in a row): use your \(string("fallback") == "idp" ? "email and password" : "passcode") now"
+                return
+                    "finger not recognised (\(number("failures") ?? 0) in a row): use your \(string("fallback") == "idp" ? "email and password" : "passcode") now"
             }
             return "finger not recognised (\(number("failures") ?? 0) in a row)"
         case "FallbackRequired":
-            return "too many unrecognised fingers: \(string("name") ?? "this person") must use the \(string("fallback") == "idp" ? "email and password login" : "passcode") first"
+            return
+                "too many unrecognised fingers: \(string("name") ?? "this person") must use the \(string("fallback") == "idp" ? "email and password login" : "passcode") first"
         case "NotIdentified":
-            if case .bool(true)? = p?["askForName"] { return "finger not recognised among the most recent users: give your name and verify instead" }
+            if case .bool(true)? = p?["askForName"] {
+                return "finger not recognised among the most recent users: give your name and verify instead"
+            }
             return "finger not recognised"
-        case "IdentifyPaused": return "walk-up identify is paused after unknown fingers; try again in \(number("retryAfterSeconds") ?? 0) s or give your name"
+        case "IdentifyPaused":
+            return
+                "walk-up identify is paused after unknown fingers; try again in \(number("retryAfterSeconds") ?? 0) s or give your name"
         case "NoFingers": return "\(string("name") ?? "that person") has no enrolled finger"
-        case "FingerAlreadyEnrolled": return "that finger is already enrolled\(string("finger").map { $0.isEmpty ? "" : " (\($0))" } ?? "")"
+        case "FingerAlreadyEnrolled":
+            return "that finger is already enrolled\(string("finger").map { $0.isEmpty ? "" : " (\($0))" } ?? "")"
         case "TooManyFingers": return "at most \(number("max") ?? 10) fingers per person"
         case "ScanRetry": return "the touch was not usable: \(string("hint") ?? "try again")"
         case "ScanTimeout": return "no finger was presented within \(number("seconds") ?? 0) s"
@@ -196,7 +209,9 @@ struct Status: ParsableCommand {
         print("kioskauthd \(status.version), store schema \(status.schemaVersion)")
         print("people:       \(status.people)")
         print("socket:       \(global.socketPath)\(status.socketActivated ? " (socket-activated)" : "")")
-        print("store key:    \(status.developmentKey ? "DEVELOPMENT KEY FILE (not for production)" : "systemd credential")")
+        print(
+            "store key:    \(status.developmentKey ? "DEVELOPMENT KEY FILE (not for production)" : "systemd credential")"
+        )
         print("uptime:       \(status.uptimeSeconds) s")
         print("audit:        \(status.auditEvents) events, head \(status.auditHead.prefix(16))…")
     }
@@ -224,7 +239,8 @@ struct User: ParsableCommand {
 
         func run() throws {
             let reply = try global.call(
-                "AddPerson", Message.AddPerson(name: name, displayName: displayName, roles: role.isEmpty ? nil : role, uid: uid),
+                "AddPerson",
+                Message.AddPerson(name: name, displayName: displayName, roles: role.isEmpty ? nil : role, uid: uid),
                 as: Message.PersonAdded.self)
             guard !global.json else { return }
             print("added \(reply.person.name) (\(reply.person.roles.joined(separator: ", "))), pending activation")
@@ -243,16 +259,21 @@ struct User: ParsableCommand {
         func run() throws {
             let reply = try global.call("ListPeople", Message.Empty(), as: Message.People.self)
             guard !global.json else { return }
-            let rows = [["NAME", "DISPLAY NAME", "ROLES", "ORIGIN", "STATE", "UID", "PASSCODE", "FINGERS"]]
+            let rows =
+                [["NAME", "DISPLAY NAME", "ROLES", "ORIGIN", "STATE", "UID", "PASSCODE", "FINGERS"]]
                 + reply.people.map { p in
                     [
-                        p.name, p.displayName, p.roles.joined(separator: ","), p.origin, p.state, p.uid.map(String.init) ?? "-",
-                        p.passcodeHardLocked ? "locked" : (p.hasPasscode ? "set" : "-"), p.fingers.isEmpty ? "-" : p.fingers.joined(separator: ","),
+                        p.name, p.displayName, p.roles.joined(separator: ","), p.origin, p.state,
+                        p.uid.map(String.init) ?? "-",
+                        p.passcodeHardLocked ? "locked" : (p.hasPasscode ? "set" : "-"),
+                        p.fingers.isEmpty ? "-" : p.fingers.joined(separator: ","),
                     ]
                 }
             let widths = (0..<rows[0].count).map { column in rows.map { $0[column].count }.max() ?? 0 }
             for row in rows {
-                print(zip(row, widths).map { $0.padding(toLength: $1, withPad: " ", startingAt: 0) }.joined(separator: "  "))
+                print(
+                    zip(row, widths).map { $0.padding(toLength: $1, withPad: " ", startingAt: 0) }.joined(
+                        separator: "  "))
             }
         }
     }
@@ -271,7 +292,9 @@ struct User: ParsableCommand {
             print("origin:        \(p.origin)")
             print("state:         \(p.state)")
             print("uid:           \(p.uid.map(String.init) ?? "-")")
-            print("passcode:      \(p.hasPasscode ? "set" : "not set")\(p.passcodeHardLocked ? ", HARD-LOCKED" : "")\(p.passcodeLockedUntil.map { ", delayed until \($0)" } ?? "")")
+            print(
+                "passcode:      \(p.hasPasscode ? "set" : "not set")\(p.passcodeHardLocked ? ", HARD-LOCKED" : "")\(p.passcodeLockedUntil.map { ", delayed until \($0)" } ?? "")"
+            )
             print("failures:      passcode \(p.passcodeFailures), fingerprint \(p.fingerprintFailures)")
             print("fingers:       \(p.fingers.isEmpty ? "-" : p.fingers.joined(separator: ", "))")
             print("created:       \(p.createdAt)")
@@ -286,7 +309,8 @@ struct User: ParsableCommand {
         @Argument(help: "Login name.") var name: String
 
         func run() throws {
-            let reply = try global.connect().call("io.kioskauth.ExportPerson", parameters: try VarlinkCoding.encode(Message.Name(name: name)))
+            let reply = try global.connect().call(
+                "io.kioskauth.ExportPerson", parameters: try VarlinkCoding.encode(Message.Name(name: name)))
             printJSON(reply)
         }
     }
@@ -318,7 +342,8 @@ struct Passcode: ParsableCommand {
             let first = try readSecret(prompt: "New passcode for \(name): ")
             let second = try readSecret(prompt: "Again: ")
             try global.call(
-                "SetPasscode", Message.SetPasscode(name: name, passcode: first, confirmation: second), as: Message.PersonReply.self)
+                "SetPasscode", Message.SetPasscode(name: name, passcode: first, confirmation: second),
+                as: Message.PersonReply.self)
             if !global.json { print("passcode set for \(name)") }
         }
     }
@@ -331,7 +356,8 @@ struct Passcode: ParsableCommand {
 
         func run() throws {
             let passcode = try readSecret(prompt: "Passcode for \(name): ")
-            let reply = try global.call("VerifyPasscode", Message.VerifyPasscode(name: name, passcode: passcode), as: Message.Verified.self)
+            let reply = try global.call(
+                "VerifyPasscode", Message.VerifyPasscode(name: name, passcode: passcode), as: Message.Verified.self)
             if !global.json { print("passcode accepted for \(reply.person.displayName)") }
         }
     }
@@ -359,13 +385,15 @@ struct Audit: ParsableCommand {
         defaultSubcommand: Show.self)
 
     struct Show: ParsableCommand {
-        static let configuration = CommandConfiguration(commandName: "show", abstract: "Show audit events, oldest first.")
+        static let configuration = CommandConfiguration(
+            commandName: "show", abstract: "Show audit events, oldest first.")
         @OptionGroup var global: GlobalOptions
         @Option(help: "Only events after this sequence number.") var after: Int?
         @Option(help: "At most this many events.") var limit: Int?
 
         func run() throws {
-            let reply = try global.call("GetAudit", Message.GetAudit(after: after, limit: limit), as: Message.AuditEvents.self)
+            let reply = try global.call(
+                "GetAudit", Message.GetAudit(after: after, limit: limit), as: Message.AuditEvents.self)
             guard !global.json else { return }
             for e in reply.events {
                 var line = "\(e.sequence)\t\(e.time)\t\(e.action)\t\(e.result)"
@@ -381,7 +409,8 @@ struct Audit: ParsableCommand {
     }
 
     struct Verify: ParsableCommand {
-        static let configuration = CommandConfiguration(abstract: "Check the audit trail's HMAC chain; exits 1 when broken.")
+        static let configuration = CommandConfiguration(
+            abstract: "Check the audit trail's HMAC chain; exits 1 when broken.")
         @OptionGroup var global: GlobalOptions
 
         func run() throws {
@@ -416,7 +445,9 @@ func scan(_ global: GlobalOptions, _ method: String, _ input: some Encodable) th
         if let stage = progress.stage, let stages = progress.stages, stages > 0, progress.state != "duplicate-check" {
             let width = 20
             let filled = min(width, stage * width / stages)
-            line = "[" + String(repeating: "#", count: filled) + String(repeating: "-", count: width - filled) + "] stage \(stage)/\(stages)"
+            line =
+                "[" + String(repeating: "#", count: filled) + String(repeating: "-", count: width - filled)
+                + "] stage \(stage)/\(stages)"
             if let hint = progress.hint { line += ": \(hint)" }
         } else {
             line = progress.hint ?? progress.state
@@ -439,7 +470,8 @@ let fingerNames = [
 
 struct FingerCommand: ParsableCommand {
     static let configuration = CommandConfiguration(
-        commandName: "finger", abstract: "Enrol, list and remove fingers.", subcommands: [Enroll.self, List.self, Remove.self])
+        commandName: "finger", abstract: "Enrol, list and remove fingers.",
+        subcommands: [Enroll.self, List.self, Remove.self])
 
     struct Enroll: ParsableCommand {
         static let configuration = CommandConfiguration(abstract: "Enrol a finger, with live progress.")
@@ -448,7 +480,9 @@ struct FingerCommand: ParsableCommand {
         @Option(help: "Which finger: left-thumb ... right-little.") var finger = "right-index"
 
         func validate() throws {
-            guard fingerNames.contains(finger) else { throw ValidationError("unknown finger '\(finger)': use \(fingerNames.joined(separator: ", "))") }
+            guard fingerNames.contains(finger) else {
+                throw ValidationError("unknown finger '\(finger)': use \(fingerNames.joined(separator: ", "))")
+            }
         }
 
         func run() throws {
@@ -473,7 +507,8 @@ struct FingerCommand: ParsableCommand {
     }
 
     struct Remove: ParsableCommand {
-        static let configuration = CommandConfiguration(abstract: "Remove one finger, or all of a person's fingers (also from the sensor).")
+        static let configuration = CommandConfiguration(
+            abstract: "Remove one finger, or all of a person's fingers (also from the sensor).")
         @OptionGroup var global: GlobalOptions
         @Argument(help: "Login name.") var name: String
         @Option(help: "The finger; all fingers when absent.") var finger: String?
@@ -483,14 +518,18 @@ struct FingerCommand: ParsableCommand {
         }
 
         func run() throws {
-            let reply = try global.call("RemoveFinger", Message.RemoveFinger(name: name, finger: finger), as: Message.Removed.self)
-            if !global.json { print(reply.removed.isEmpty ? "nothing to remove" : "removed \(reply.removed.joined(separator: ", "))") }
+            let reply = try global.call(
+                "RemoveFinger", Message.RemoveFinger(name: name, finger: finger), as: Message.Removed.self)
+            if !global.json {
+                print(reply.removed.isEmpty ? "nothing to remove" : "removed \(reply.removed.joined(separator: ", "))")
+            }
         }
     }
 }
 
 struct VerifyCommand: ParsableCommand {
-    static let configuration = CommandConfiguration(commandName: "verify", abstract: "Scan a finger and match one person; exits 0 only on a match.")
+    static let configuration = CommandConfiguration(
+        commandName: "verify", abstract: "Scan a finger and match one person; exits 0 only on a match.")
     @OptionGroup var global: GlobalOptions
     @Argument(help: "Login name.") var name: String
 
@@ -501,7 +540,8 @@ struct VerifyCommand: ParsableCommand {
 }
 
 struct IdentifyCommand: ParsableCommand {
-    static let configuration = CommandConfiguration(commandName: "identify", abstract: "Scan a finger and say whose it is; exits 0 only when recognised.")
+    static let configuration = CommandConfiguration(
+        commandName: "identify", abstract: "Scan a finger and say whose it is; exits 0 only when recognised.")
     @OptionGroup var global: GlobalOptions
 
     func run() throws {
@@ -512,7 +552,8 @@ struct IdentifyCommand: ParsableCommand {
 }
 
 struct ReaderCommand: ParsableCommand {
-    static let configuration = CommandConfiguration(commandName: "reader", abstract: "Show the fingerprint readers present.")
+    static let configuration = CommandConfiguration(
+        commandName: "reader", abstract: "Show the fingerprint readers present.")
     @OptionGroup var global: GlobalOptions
 
     func run() throws {
@@ -533,12 +574,14 @@ struct Activation: ParsableCommand {
         abstract: "Issue or revoke one-time activation codes.", subcommands: [Issue.self, Revoke.self])
 
     struct Issue: ParsableCommand {
-        static let configuration = CommandConfiguration(abstract: "Issue a new code for a person pending activation; the old one dies.")
+        static let configuration = CommandConfiguration(
+            abstract: "Issue a new code for a person pending activation; the old one dies.")
         @OptionGroup var global: GlobalOptions
         @Argument(help: "Login name.") var name: String
 
         func run() throws {
-            let reply = try global.call("IssueActivationCode", Message.Name(name: name), as: Message.ActivationCodeIssued.self)
+            let reply = try global.call(
+                "IssueActivationCode", Message.Name(name: name), as: Message.ActivationCodeIssued.self)
             if !global.json { print("activation code: \(reply.code)   (one use; expires \(reply.expiresAt))") }
         }
     }

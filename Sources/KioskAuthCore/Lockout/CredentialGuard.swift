@@ -60,7 +60,9 @@ public struct CredentialGuard: Sendable {
     /// An attempt the gate does not allow is rejected with the gate's answer and leaves `state`
     /// unchanged, whatever `matched` says: a refused attempt is not a failure, and a code that
     /// should not have been checked never unlocks.
-    public func recordPasscode(matched: Bool, in state: inout CredentialFailureState, now: Date)
+    public func recordPasscode(
+        matched: Bool, in state: inout CredentialFailureState, now: Date
+    )
         -> PasscodeOutcome
     {
         let gate = passcodeGate(state, now: now)
