@@ -44,7 +44,7 @@ let package = Package(
             swiftSettings: strictSettings),
 
         // Varlink framing, the interface description and typed errors; shared by daemon and CLI.
-        .target(name: "KioskAuthProtocol", swiftSettings: strictSettings),
+        .target(name: "KioskAuthProtocol", exclude: ["io.kioskauth.varlink"], swiftSettings: strictSettings),
 
         // The only code that touches libfprint.
         .target(

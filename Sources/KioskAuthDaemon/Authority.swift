@@ -1,5 +1,5 @@
 public import Foundation
-public import KioskAuthCore
+import KioskAuthCore
 public import KioskAuthFingerprint
 import KioskAuthProtocol
 public import KioskAuthStore

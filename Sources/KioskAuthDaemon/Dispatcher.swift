@@ -143,7 +143,7 @@ public struct Dispatcher: Sendable {
 
     /// Registers a typed handler; input that does not decode is `InvalidParameter` naming the
     /// first offending field.
-    mutating func register<Input: Decodable, Output: Encodable>(
+    mutating func register<Input: Decodable & SendableMetatype, Output: Encodable & SendableMetatype>(
         _ method: String, _ body: @escaping @Sendable (Input, Caller, ReplySink) async throws -> Output
     ) {
         methods[method] = { (caller: Caller, parameters: JSONValue?, sink: ReplySink) async throws -> JSONValue in

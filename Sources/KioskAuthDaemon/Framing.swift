@@ -104,7 +104,7 @@ final class IdleGuard: ChannelDuplexHandler, @unchecked Sendable {
         let reply = timeoutReply
         timer = context.eventLoop.scheduleTask(in: timeout) {
             let context = loopBound.value
-            context.writeAndFlush(NIOAny(reply)).whenComplete { _ in context.close(promise: nil) }
+            context.writeAndFlush(NIOAny(reply)).whenComplete { _ in loopBound.value.close(promise: nil) }
         }
     }
 }

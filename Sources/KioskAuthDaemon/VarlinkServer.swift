@@ -1,5 +1,5 @@
 import CKioskAuthSystem
-public import Foundation
+import Foundation
 import KioskAuthProtocol
 public import Logging
 import NIOConcurrencyHelpers
