@@ -76,6 +76,9 @@ public struct DaemonConfiguration: Sendable {
         public var selfEnrollment = true
         /// Fingers one person may enrol.
         public var maxFingersPerPerson = 10
+        /// Before enrolling, an identify touch over every enrolled print refuses a finger already
+        /// enrolled to anyone (readers that can identify).
+        public var duplicateCheck = true
     }
 
     /// Activation of pre-provisioned people.
@@ -223,6 +226,7 @@ public struct DaemonConfiguration: Sendable {
         case ("Fingerprint", "IdentifyPauseSec"): fingerprint.identifyPause = try seconds(value)
         case ("Fingerprint", "SelfEnrollment"): fingerprint.selfEnrollment = try bool(value)
         case ("Fingerprint", "MaxFingersPerPerson"): fingerprint.maxFingersPerPerson = try int(value, 1...10)
+        case ("Fingerprint", "DuplicateCheck"): fingerprint.duplicateCheck = try bool(value)
         case ("Activation", "CodeLifetimeSec"): activation.codeLifetime = try seconds(value)
         case ("Activation", "MaxTries"): activation.maxTries = try int(value, 1...100)
         case ("Activation", "TerminalMaxFailures"): activation.terminalMaxFailures = try int(value, 1...1000)
