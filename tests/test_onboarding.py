@@ -136,3 +136,14 @@ def test_export_has_everything_but_secrets(daemon):
     assert exported["activationCodes"][0]["revokedAt"]
     text = r.stdout
     assert "482913" not in text and code not in text and code.replace("-", "") not in text
+
+
+def test_account_check_refuses_people_who_are_not_active(daemon):
+    add(daemon, "sarah")
+    r = daemon.call("io.kioskauth.CheckAccount", {"name": "sarah"})["parameters"]
+    assert r["allowed"] is False and r["reason"].startswith("Your account is not activated yet")
+    assert daemon.ctl("passcode", "set", "sarah", input="482913\n482913\n").returncode == 0
+    r = daemon.call("io.kioskauth.CheckAccount", {"name": "sarah"})["parameters"]
+    assert r["allowed"] is True and "reason" not in r
+    assert daemon.call("io.kioskauth.CheckAccount", {"name": "ghost"})["error"] == "io.kioskauth.NoSuchPerson"
+    assert daemon.call("io.kioskauth.CheckAccount", {"name": "sarah"}, user="nobody")["error"] == "io.kioskauth.PermissionDenied"

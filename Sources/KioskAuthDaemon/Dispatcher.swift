@@ -93,6 +93,9 @@ public struct Dispatcher: Sendable {
         register(prefix + "CompleteActivation") { (input: Message.CompleteActivation, caller, _) in
             try await authority.completeActivation(caller, input)
         }
+        register(prefix + "CheckAccount") { (input: Message.CheckAccount, caller, _) in
+            try await authority.checkAccount(caller, input)
+        }
         register(prefix + "ExportPerson") { (input: Message.Name, caller, _) in
             try await authority.exportPerson(caller, input.name)
         }

@@ -372,6 +372,22 @@ method ExportPerson(name: string) -> (
   activationCodes: []object
 )
 
+# May this person log in now? The PAM module's account step. Root and the kioskauth group
+# only. Refusals carry one plain line for the person.
+method CheckAccount(
+  # Login name.
+  name: string,
+  # What the PAM module knows about the login being served.
+  context: ?CallerContext
+) -> (
+  # Whether the login may go ahead.
+  allowed: bool,
+  # Why not, in one line, when refused.
+  reason: ?string,
+  # The person, with their display name and roles.
+  person: Person
+)
+
 # No person by that name on this terminal.
 error NoSuchPerson (name: string)
 

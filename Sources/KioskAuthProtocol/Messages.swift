@@ -408,3 +408,25 @@ extension Message {
         }
     }
 }
+
+extension Message {
+    public struct CheckAccount: Codable, Sendable {
+        public var name: String
+        public var context: CallerContext?
+        public init(name: String, context: CallerContext? = nil) {
+            self.name = name
+            self.context = context
+        }
+    }
+
+    public struct AccountStatus: Codable, Sendable {
+        public var allowed: Bool
+        public var reason: String?
+        public var person: PersonRecord
+        public init(allowed: Bool, reason: String?, person: PersonRecord) {
+            self.allowed = allowed
+            self.reason = reason
+            self.person = person
+        }
+    }
+}
