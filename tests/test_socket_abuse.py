@@ -120,7 +120,7 @@ def test_silent_client_is_told_idle_timeout_and_disconnected(served):
     started = time.monotonic()
     reply = read_message(s)
     assert reply == {"error": "io.kioskauth.IdleTimeout", "parameters": {"seconds": 2}}
-    assert 1.5 < time.monotonic() - started < 6
+    assert 1.5 < time.monotonic() - started < 10
     assert_closed(s)
     well_behaved(served)
 
@@ -157,7 +157,7 @@ time.sleep(3)
     # While nobody holds 8 connections, root is served at once.
     started = time.monotonic()
     well_behaved(served)
-    assert time.monotonic() - started < 2
+    assert time.monotonic() - started < 10  # not queued behind the flood
     proc.wait(timeout=20)
 
 

@@ -123,7 +123,7 @@ extension FingerprintReaderTests {
                 let clock = ContinuousClock()
                 let start = clock.now
                 #expect(await failureCode { try await harness.reader.verify(template: template) } == .noReader)
-                #expect(clock.now - start < .milliseconds(200))
+                #expect(clock.now - start < .seconds(2))  // at once, not after a scan timeout (30 s)
             }
         }
 

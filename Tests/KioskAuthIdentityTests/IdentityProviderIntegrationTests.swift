@@ -276,7 +276,9 @@ struct IdentityProviderIntegrationTests {
                 _ = try await client.refresh(refreshToken: login.tokens.refreshToken!)
             }
             let elapsed = ContinuousClock.now - started
-            #expect(elapsed < .seconds(1), "connection refused took \(elapsed)")
+            // Bounds are generous on purpose: the point is that nothing waits for a network timeout
+            // (minutes), not how precise the deadline is on a loaded machine.
+            #expect(elapsed < .seconds(5), "connection refused took \(elapsed)")
             #expect(error?.isAmbiguous == false)
             #expect(error?.isTransient == true)
         }
@@ -294,7 +296,7 @@ struct IdentityProviderIntegrationTests {
             let elapsed = ContinuousClock.now - started
             server.resume()
             #expect(elapsed >= timeout - .milliseconds(50), "gave up after \(elapsed)")
-            #expect(elapsed < timeout + .seconds(1), "took \(elapsed) for a \(timeout) timeout")
+            #expect(elapsed < timeout + .seconds(5), "took \(elapsed) for a \(timeout) timeout")
             // The kernel accepted the connection and the request, so the stopped server might
             // still act on it: ambiguous.
             #expect(error?.isAmbiguous == true)
@@ -374,7 +376,7 @@ struct TransportDeadlineTests {
         }
         let elapsed = ContinuousClock.now - started
         #expect(error?.code == .timedOut, "\(String(describing: error))")
-        #expect(elapsed < .milliseconds(1800), "took \(elapsed)")
+        #expect(elapsed < .seconds(8), "took \(elapsed)")  // a hung connect would take minutes
         // Nothing was sent, so nothing can have happened at the provider: safe to retry.
         #expect(error?.isAmbiguous == false)
         withExtendedLifetime(listener) {}
