@@ -200,12 +200,19 @@ static const char *string_item(pam_handle_t *pamh, int item) {
     return value;
 }
 
-/* PAM_RHOST names the remote end; the local machine under any of its usual names is not. */
+/* PAM_RHOST names the remote end; the local machine under any of its usual names, or its own
+ * host name (sudo's pam_rhost option sets that), is not remote. */
 static bool host_is_local(const char *host) {
     static const char *const local[] = {"localhost", "localhost.localdomain", "127.0.0.1", "::1"};
+    char own[HOST_NAME_MAX + 1];
     for (size_t i = 0; i < sizeof(local) / sizeof(local[0]); i++)
         if (strcmp(host, local[i]) == 0)
             return true;
+    if (gethostname(own, sizeof(own)) == 0) {
+        own[sizeof(own) - 1] = '\0';
+        if (strcmp(host, own) == 0)
+            return true;
+    }
     return false;
 }
 

@@ -104,7 +104,7 @@ def preload_env(libraries: list[str]) -> dict:
     if preload:
         env["LD_PRELOAD"] = " ".join(preload)
     if PRELOAD:
-        # Leaks in the module are failures; the programs around it are not ours to judge.
+        # Python leaks by design at exit; pamtester (Pamtester) turns leak detection on.
         env["ASAN_OPTIONS"] = "detect_leaks=0:abort_on_error=0:exitcode=86"
         env["UBSAN_OPTIONS"] = "print_stacktrace=1:halt_on_error=1:exitcode=87"
     return env
@@ -190,18 +190,18 @@ class Pamtester(Conversation):
     """pamtester under pam_wrapper: `pamtester SERVICE USER OP...` with -I items."""
 
     def __init__(self, config: PamConfig, service: str, user: str, *ops: str, items: dict | None = None,
-                 timeout: float = 60.0, verbose: bool = False):
-        env = preload_env(["libpam_wrapper.so", str(STDBUF)])
-        env.update(PAM_WRAPPER="1", PAM_WRAPPER_SERVICE_DIR=str(config.dir), _STDBUF_O="L")
-        # timeout and env run before the preload applies: only pamtester carries pam_wrapper.
-        cmd = ["timeout", "-k", "5", str(timeout), "env", *(f"{k}={env[k]}" for k in ("LD_PRELOAD",)),
-               "pamtester", *(["-v"] if verbose else [])]
+                 timeout: float = 60.0, extra_env: dict | None = None):
+        inner = preload_env(["libpam_wrapper.so", str(STDBUF)])
+        wrapper = {"LD_PRELOAD": inner.pop("LD_PRELOAD"), "PAM_WRAPPER": "1",
+                   "PAM_WRAPPER_SERVICE_DIR": str(config.dir), "_STDBUF_O": "L", **(extra_env or {})}
+        if PRELOAD:
+            wrapper["ASAN_OPTIONS"] = "detect_leaks=1:abort_on_error=0:exitcode=86"
+        # timeout and env start before the preload applies: only pamtester carries pam_wrapper.
+        cmd = ["timeout", "-k", "5", str(timeout), "env", *(f"{k}={v}" for k, v in wrapper.items()), "pamtester"]
         for key, value in (items or {}).items():
             cmd += ["-I", f"{key}={value}"]
         cmd += [service, user, *ops]
-        env_outer = dict(env)
-        env_outer.pop("LD_PRELOAD", None)
-        super().__init__(cmd, env_outer)
+        super().__init__(cmd, inner)
 
     def result(self, timeout: float = 60.0) -> int:
         """The PAM code of the operation that ended the run (PAM_SUCCESS when all succeeded)."""
