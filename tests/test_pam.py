@@ -101,6 +101,19 @@ def test_only_the_pam_entry_points_are_exported(module):
     assert out.stdout.split() == ["True", "False", "False"], out.stderr
 
 
+def test_json_writer_and_reader_under_the_sanitizers():
+    out = subprocess.run(["make", "-s", "-C", str(REPO / "pam"), "json-check"], capture_output=True, text=True,
+                         timeout=300)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "json-check: ok" in out.stdout
+
+
+def test_the_c_sources_are_formatted():
+    out = subprocess.run(["make", "-s", "-C", str(REPO / "pam"), "format-check"], capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0, out.stdout + out.stderr
+
+
 def test_daemon_not_running_is_authinfo_unavail_within_a_second(pam, tmp_path):
     for socket_path in (tmp_path / "absent", stale_socket(tmp_path / "stale")):
         pam.kioskauth("kioskauth", str(socket_path))
