@@ -1,0 +1,1670 @@
+/*
+ * pam_kioskauth — lets any PAM-aware program (a greeter, a screen locker, sudo, a kiosk app)
+ * delegate login to kioskauthd.
+ *
+ * The module is a thin, stateless client of the daemon's varlink socket: every decision (who
+ * matches, lockouts, which services may use passcodes, remote sessions) is the daemon's. It is
+ * loaded into setuid programs, so it trusts nothing the caller controls: the socket path comes
+ * only from its socket= option (never the environment), and the process at the other end of
+ * the socket must be root or the daemon's own user. There are no module globals; every entry
+ * point parses its own options. Secrets (passcodes, tickets) are wiped as soon as they are no
+ * longer needed, including from the buffers they passed through.
+ */
+
+#define _GNU_SOURCE
+
+#include <errno.h>
+#include <limits.h>
+#include <poll.h>
+#include <pwd.h>
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <syslog.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <security/pam_ext.h>
+#include <security/pam_modules.h>
+#include <security/pam_modutil.h>
+
+/* Limits and fixed names. */
+#define DEFAULT_SOCKET_PATH "/run/kioskauth/io.kioskauth"
+#define DAEMON_USER "kioskauthd"
+#define INTERFACE "io.kioskauth."
+/* A local socket connects at once or fails at once when nothing listens; only a full listen
+ * backlog makes connect() wait, and never longer than this. */
+#define CONNECT_TIMEOUT_MSEC 500
+/* A call that waits for no finger (passcode, account check) must be answered within this. */
+#define CALL_TIMEOUT_MSEC 10000
+/* How long a fingerprint call may take in all, queueing behind other conversations included
+ * (timeout=); the daemon's own ScanTimeoutSec bounds each touch. */
+#define DEFAULT_SCAN_TIMEOUT_SEC 60
+#define MAX_SCAN_TIMEOUT_SEC 600
+#define DEFAULT_MAX_TRIES 3
+#define MAX_MAX_TRIES 10
+#define RETRY_CONNECT_PAUSE_NSEC (10 * 1000 * 1000)
+#define MAX_REPLY_SIZE (256 * 1024)
+#define MAX_REQUEST_SIZE (64 * 1024)
+#define MAX_JSON_DEPTH 16
+#define MAX_NAME_LENGTH 64
+#define MAX_ITEM_LENGTH 255
+#define MAX_PASSCODE_LENGTH 128
+#define MAX_MESSAGE_LENGTH 512
+/* pam_set_data key: this module authenticated someone in this handle (fail closed in account). */
+#define DATA_AUTHENTICATED "pam_kioskauth.authenticated"
+
+#define PROMPT_NAME "Name: "
+#define PROMPT_PASSCODE "Passcode: "
+#define PROMPT_OLD_PASSCODE "Current passcode: "
+#define PROMPT_NEW_PASSCODE "New passcode: "
+#define PROMPT_RETYPE_PASSCODE "Retype new passcode: "
+#define MESSAGE_NOT_RECOGNISED "Fingerprint not recognised."
+#define MESSAGE_WRONG_PASSCODE "Wrong passcode."
+#define MESSAGE_HARD_LOCKED                                                                        \
+    "Your passcode is locked. Ask an administrator to reset it, or sign in online."
+#define MESSAGE_IDP_FALLBACK "Biometric login failed. Please sign in with your email and password."
+#define MESSAGE_UNAVAILABLE "The login service is not available."
+
+/* The module is built with hidden visibility and a version script; only these are exported. */
+#define _public_ __attribute__((visibility("default")))
+
+/* Cleanup helpers. */
+
+static inline void freep(void *p) { free(*(void **)p); }
+#define _cleanup_free_ __attribute__((cleanup(freep)))
+
+/* For strings that held a secret: the passcode as typed, a ticket. */
+static inline void erase_and_free(char *s) {
+    if (s) {
+        explicit_bzero(s, strlen(s));
+        free(s);
+    }
+}
+static inline void erase_and_freep(char **s) { erase_and_free(*s); }
+#define _cleanup_erase_ __attribute__((cleanup(erase_and_freep)))
+
+#define STARTS_WITH(s, prefix) (strncmp((s), (prefix), strlen(prefix)) == 0)
+
+/* Options: parsed afresh by every entry point. */
+
+enum mode {
+    MODE_AUTO,     /* finger (identify with no user, verify with one), then the passcode */
+    MODE_IDENTIFY, /* finger only: walk-up identify, or verify when the user is known */
+    MODE_VERIFY,   /* finger only, asking for the name when none is known */
+    MODE_PASSCODE, /* passcode only */
+};
+
+struct options {
+    const char *socket_path;
+    unsigned timeout_sec;
+    unsigned max_tries;
+    enum mode mode;
+    bool debug;
+};
+
+static bool parse_unsigned(const char *s, unsigned min, unsigned max, unsigned *out) {
+    if (*s < '0' || *s > '9')
+        return false;
+    errno = 0;
+    char *end = NULL;
+    unsigned long v = strtoul(s, &end, 10);
+    if (errno != 0 || *end != '\0' || v < min || v > max)
+        return false;
+    *out = (unsigned)v;
+    return true;
+}
+
+static void parse_options(pam_handle_t *pamh, int argc, const char **argv, struct options *o) {
+    *o = (struct options){
+        .socket_path = DEFAULT_SOCKET_PATH,
+        .timeout_sec = DEFAULT_SCAN_TIMEOUT_SEC,
+        .max_tries = DEFAULT_MAX_TRIES,
+        .mode = MODE_AUTO,
+    };
+    for (int i = 0; i < argc; i++) {
+        const char *arg = argv[i];
+        if (STARTS_WITH(arg, "socket=")) {
+            const char *path = arg + strlen("socket=");
+            if (path[0] != '/' || strlen(path) >= sizeof(((struct sockaddr_un *)NULL)->sun_path))
+                pam_syslog(pamh, LOG_WARNING,
+                           "socket= must be an absolute path shorter than %zu bytes: %s, ignoring",
+                           sizeof(((struct sockaddr_un *)NULL)->sun_path), path);
+            else
+                o->socket_path = path;
+        } else if (STARTS_WITH(arg, "timeout=")) {
+            if (!parse_unsigned(arg + strlen("timeout="), 1, MAX_SCAN_TIMEOUT_SEC, &o->timeout_sec))
+                pam_syslog(pamh, LOG_WARNING, "timeout= takes 1-%u seconds: %s, ignoring",
+                           MAX_SCAN_TIMEOUT_SEC, arg);
+        } else if (STARTS_WITH(arg, "max_tries=")) {
+            if (!parse_unsigned(arg + strlen("max_tries="), 1, MAX_MAX_TRIES, &o->max_tries))
+                pam_syslog(pamh, LOG_WARNING, "max_tries= takes 1-%u: %s, ignoring", MAX_MAX_TRIES,
+                           arg);
+        } else if (strcmp(arg, "mode=auto") == 0) {
+            o->mode = MODE_AUTO;
+        } else if (strcmp(arg, "mode=identify") == 0) {
+            o->mode = MODE_IDENTIFY;
+        } else if (strcmp(arg, "mode=verify") == 0) {
+            o->mode = MODE_VERIFY;
+        } else if (strcmp(arg, "mode=passcode") == 0) {
+            o->mode = MODE_PASSCODE;
+        } else if (strcmp(arg, "debug") == 0) {
+            o->debug = true;
+        } else {
+            pam_syslog(pamh, LOG_WARNING, "Unknown option: %s, ignoring", arg);
+        }
+    }
+}
+
+/* The login being served: the PAM handle, the options, and what the daemon is told about the
+ * caller (the varlink CallerContext). */
+struct login {
+    pam_handle_t *pamh;
+    struct options options;
+    int flags;
+    const char *service;
+    const char *tty;
+    const char *remote_host; /* sent only when the session is remote */
+    bool remote;
+    uid_t ruid;
+};
+
+static int log_ret(const struct login *l, int ret, int priority, const char *format, ...)
+    __attribute__((format(printf, 4, 5)));
+
+/* Logs and returns `ret`, so a failure is reported and returned in one statement. */
+static int log_ret(const struct login *l, int ret, int priority, const char *format, ...) {
+    va_list ap;
+    va_start(ap, format);
+    pam_vsyslog(l->pamh, priority, format, ap);
+    va_end(ap);
+    return ret;
+}
+
+#define log_debug(l, ...)                                                                          \
+    do {                                                                                           \
+        if ((l)->options.debug)                                                                    \
+            pam_syslog((l)->pamh, LOG_DEBUG, __VA_ARGS__);                                         \
+    } while (0)
+
+static const char *string_item(pam_handle_t *pamh, int item) {
+    const void *value = NULL;
+    if (pam_get_item(pamh, item, &value) != PAM_SUCCESS || !value || !*(const char *)value)
+        return NULL;
+    return value;
+}
+
+/* PAM_RHOST names the remote end; the local machine under any of its usual names, or its own
+ * host name (sudo's pam_rhost option sets that), is not remote. */
+static bool host_is_local(const char *host) {
+    static const char *const local[] = {"localhost", "localhost.localdomain", "127.0.0.1", "::1"};
+    char own[HOST_NAME_MAX + 1];
+    for (size_t i = 0; i < sizeof(local) / sizeof(local[0]); i++)
+        if (strcmp(host, local[i]) == 0)
+            return true;
+    if (gethostname(own, sizeof(own)) == 0) {
+        own[sizeof(own) - 1] = '\0';
+        if (strcmp(host, own) == 0)
+            return true;
+    }
+    return false;
+}
+
+static void login_init(struct login *l, pam_handle_t *pamh, int flags, int argc,
+                       const char **argv) {
+    *l = (struct login){.pamh = pamh, .flags = flags, .ruid = getuid()};
+    parse_options(pamh, argc, argv, &l->options);
+    const char *service = string_item(pamh, PAM_SERVICE);
+    const char *tty = string_item(pamh, PAM_TTY);
+    const char *host = string_item(pamh, PAM_RHOST);
+    /* Over-long items are not sent; a remote host still makes the session remote. */
+    l->service = service && strlen(service) <= MAX_ITEM_LENGTH ? service : NULL;
+    l->tty = tty && strlen(tty) <= MAX_ITEM_LENGTH ? tty : NULL;
+    l->remote = host && !host_is_local(host);
+    l->remote_host = l->remote && strlen(host) <= MAX_ITEM_LENGTH ? host : NULL;
+}
+
+/* Text from the daemon is shown to the person: control characters (terminal escapes) become '?'. */
+static void sanitise(const char *in, char *out, size_t size) {
+    size_t i = 0;
+    for (; in[i] && i + 1 < size; i++)
+        out[i] = ((unsigned char)in[i] < 0x20 || in[i] == 0x7f) ? '?' : in[i];
+    out[i] = '\0';
+}
+
+/* An instruction the person needs (touch the reader): shown even with PAM_SILENT. */
+static void instruct(const struct login *l, const char *text) {
+    char clean[MAX_MESSAGE_LENGTH];
+    sanitise(text, clean, sizeof(clean));
+    (void)pam_info(l->pamh, "%s", clean);
+}
+
+/* Information and complaints: left out with PAM_SILENT. A failed conversation here changes
+ * nothing, so its result is ignored. */
+static void inform(const struct login *l, const char *text) {
+    if (!(l->flags & PAM_SILENT))
+        instruct(l, text);
+}
+
+static void complain(const struct login *l, const char *text) {
+    char clean[MAX_MESSAGE_LENGTH];
+    if (l->flags & PAM_SILENT)
+        return;
+    sanitise(text, clean, sizeof(clean));
+    (void)pam_error(l->pamh, "%s", clean);
+}
+
+/* Login names as the daemon accepts them: a-z 0-9 . _ - @ +, starting with a letter or a digit,
+ * at most 64 bytes. Anything else is nobody the daemon manages. */
+static bool is_alphanumeric(char c) { return (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9'); }
+
+static bool login_name_is_valid(const char *name) {
+    size_t n = strnlen(name, MAX_NAME_LENGTH + 1);
+    if (n == 0 || n > MAX_NAME_LENGTH || !is_alphanumeric(name[0]))
+        return false;
+    for (size_t i = 0; i < n; i++)
+        if (!is_alphanumeric(name[i]) && !strchr("._-@+", name[i]))
+            return false;
+    return true;
+}
+
+/* A growing byte buffer whose old and final contents are wiped: requests carry passcodes and
+ * replies carry tickets. After an allocation failure every append is a no-op and `failed` stays
+ * set. The data is always NUL-terminated. */
+struct buffer {
+    char *data;
+    size_t length;
+    size_t capacity;
+    bool failed;
+};
+
+static void buffer_erase(struct buffer *b) {
+    if (b->data) {
+        explicit_bzero(b->data, b->capacity);
+        free(b->data);
+    }
+    *b = (struct buffer){0};
+}
+#define _cleanup_buffer_ __attribute__((cleanup(buffer_erase)))
+
+static bool buffer_reserve(struct buffer *b, size_t extra) {
+    if (b->failed)
+        return false;
+    if (extra > MAX_REPLY_SIZE || b->length + extra + 1 > 2 * MAX_REPLY_SIZE) {
+        b->failed = true;
+        return false;
+    }
+    size_t need = b->length + extra + 1;
+    if (need <= b->capacity)
+        return true;
+    size_t capacity = b->capacity ? b->capacity : 512;
+    while (capacity < need)
+        capacity *= 2;
+    /* Not realloc(): it could leave a copy of a secret behind in freed memory. */
+    char *data = malloc(capacity);
+    if (!data) {
+        b->failed = true;
+        return false;
+    }
+    if (b->data) {
+        memcpy(data, b->data, b->length + 1);
+        explicit_bzero(b->data, b->capacity);
+        free(b->data);
+    }
+    b->data = data;
+    b->capacity = capacity;
+    return true;
+}
+
+static void buffer_append(struct buffer *b, const void *bytes, size_t n) {
+    if (!buffer_reserve(b, n))
+        return;
+    memcpy(b->data + b->length, bytes, n);
+    b->length += n;
+    b->data[b->length] = '\0';
+}
+
+static void buffer_puts(struct buffer *b, const char *s) { buffer_append(b, s, strlen(s)); }
+
+/* JSON writer. */
+
+/* Length of the valid UTF-8 sequence starting at s (1-4), or 0 when there is none. */
+static size_t utf8_sequence_length(const unsigned char *s) {
+    unsigned char c = s[0];
+    size_t n;
+    uint32_t cp;
+    if (c < 0x80)
+        return 1;
+    if ((c & 0xe0) == 0xc0) {
+        n = 2;
+        cp = c & 0x1f;
+    } else if ((c & 0xf0) == 0xe0) {
+        n = 3;
+        cp = c & 0x0f;
+    } else if ((c & 0xf8) == 0xf0) {
+        n = 4;
+        cp = c & 0x07;
+    } else {
+        return 0;
+    }
+    for (size_t i = 1; i < n; i++) {
+        if ((s[i] & 0xc0) != 0x80)
+            return 0;
+        cp = (cp << 6) | (s[i] & 0x3f);
+    }
+    if ((n == 2 && cp < 0x80) || (n == 3 && cp < 0x800) || (n == 4 && cp < 0x10000) ||
+        cp > 0x10ffff || (cp >= 0xd800 && cp <= 0xdfff))
+        return 0;
+    return n;
+}
+
+/* Writes s as a JSON string: quotes, backslashes and control characters escaped, bytes that are
+ * not UTF-8 replaced by U+FFFD. */
+static void json_string(struct buffer *b, const char *s) {
+    static const char hex[] = "0123456789abcdef";
+    buffer_puts(b, "\"");
+    for (const unsigned char *p = (const unsigned char *)s; *p;) {
+        size_t n = utf8_sequence_length(p);
+        if (n == 0) {
+            buffer_puts(b, "\\ufffd");
+            p++;
+            continue;
+        }
+        if (*p == '"' || *p == '\\') {
+            char escaped[2] = {'\\', (char)*p};
+            buffer_append(b, escaped, sizeof(escaped));
+        } else if (*p < 0x20 || *p == 0x7f) {
+            char escaped[6] = {'\\', 'u', '0', '0', hex[*p >> 4], hex[*p & 0xf]};
+            buffer_append(b, escaped, sizeof(escaped));
+            explicit_bzero(escaped, sizeof(escaped));
+        } else {
+            buffer_append(b, p, n);
+        }
+        p += n;
+    }
+    buffer_puts(b, "\"");
+}
+
+static void json_unsigned(struct buffer *b, unsigned long long v) {
+    char digits[24];
+    int n = snprintf(digits, sizeof(digits), "%llu", v);
+    buffer_append(b, digits, (size_t)n);
+}
+
+/* The CallerContext of every authenticating call. */
+static void json_context(struct buffer *b, const struct login *l) {
+    buffer_puts(b, "{\"ruid\":");
+    json_unsigned(b, l->ruid);
+    buffer_puts(b, l->remote ? ",\"remote\":true" : ",\"remote\":false");
+    if (l->service) {
+        buffer_puts(b, ",\"service\":");
+        json_string(b, l->service);
+    }
+    if (l->tty) {
+        buffer_puts(b, ",\"tty\":");
+        json_string(b, l->tty);
+    }
+    if (l->remote_host) {
+        buffer_puts(b, ",\"remoteHost\":");
+        json_string(b, l->remote_host);
+    }
+    buffer_puts(b, "}");
+}
+
+/* JSON reader: just enough for the daemon's replies. Numbers keep their integer part (every
+ * number in the API is an integer). */
+
+enum json_type {
+    JSON_NULL,
+    JSON_FALSE,
+    JSON_TRUE,
+    JSON_NUMBER,
+    JSON_STRING,
+    JSON_ARRAY,
+    JSON_OBJECT
+};
+
+struct json {
+    enum json_type type;
+    long long number;
+    char *string;
+    size_t count;       /* array items or object members */
+    char **keys;        /* object member names */
+    struct json *items; /* array items or object values */
+};
+
+static void json_free(struct json *v) {
+    for (size_t i = 0; i < v->count; i++) {
+        if (v->keys)
+            free(v->keys[i]);
+        if (v->items)
+            json_free(&v->items[i]);
+    }
+    free(v->keys);
+    free(v->items);
+    erase_and_free(v->string);
+    *v = (struct json){0};
+}
+
+struct parser {
+    const char *p;
+    const char *end;
+};
+
+static void skip_space(struct parser *ps) {
+    while (ps->p < ps->end && (*ps->p == ' ' || *ps->p == '\t' || *ps->p == '\n' || *ps->p == '\r'))
+        ps->p++;
+}
+
+static int hex_value(char c) {
+    if (c >= '0' && c <= '9')
+        return c - '0';
+    if (c >= 'a' && c <= 'f')
+        return c - 'a' + 10;
+    if (c >= 'A' && c <= 'F')
+        return c - 'A' + 10;
+    return -1;
+}
+
+static bool parse_hex4(struct parser *ps, uint32_t *out) {
+    if (ps->end - ps->p < 4)
+        return false;
+    uint32_t v = 0;
+    for (int i = 0; i < 4; i++) {
+        int h = hex_value(ps->p[i]);
+        if (h < 0)
+            return false;
+        v = (v << 4) | (uint32_t)h;
+    }
+    ps->p += 4;
+    *out = v;
+    return true;
+}
+
+static size_t utf8_encode(uint32_t cp, char *out) {
+    if (cp < 0x80) {
+        out[0] = (char)cp;
+        return 1;
+    }
+    if (cp < 0x800) {
+        out[0] = (char)(0xc0 | (cp >> 6));
+        out[1] = (char)(0x80 | (cp & 0x3f));
+        return 2;
+    }
+    if (cp < 0x10000) {
+        out[0] = (char)(0xe0 | (cp >> 12));
+        out[1] = (char)(0x80 | ((cp >> 6) & 0x3f));
+        out[2] = (char)(0x80 | (cp & 0x3f));
+        return 3;
+    }
+    out[0] = (char)(0xf0 | (cp >> 18));
+    out[1] = (char)(0x80 | ((cp >> 12) & 0x3f));
+    out[2] = (char)(0x80 | ((cp >> 6) & 0x3f));
+    out[3] = (char)(0x80 | (cp & 0x3f));
+    return 4;
+}
+
+/* Parses a string at ps->p (on its opening quote). The decoded text is never longer than its
+ * encoding, so one allocation of that size suffices. */
+static bool parse_string(struct parser *ps, char **out) {
+    const char *start = ++ps->p;
+    const char *close = start;
+    while (close < ps->end && *close != '"') {
+        if (*close == '\\')
+            close++;
+        close++;
+    }
+    if (close >= ps->end)
+        return false;
+    char *s = malloc((size_t)(close - start) + 1);
+    if (!s)
+        return false;
+    size_t n = 0;
+    while (ps->p < close) {
+        unsigned char c = (unsigned char)*ps->p++;
+        if (c < 0x20)
+            goto fail;
+        if (c != '\\') {
+            s[n++] = (char)c;
+            continue;
+        }
+        char e = *ps->p++;
+        switch (e) {
+        case '"':
+        case '\\':
+        case '/':
+            s[n++] = e;
+            break;
+        case 'b':
+            s[n++] = '\b';
+            break;
+        case 'f':
+            s[n++] = '\f';
+            break;
+        case 'n':
+            s[n++] = '\n';
+            break;
+        case 'r':
+            s[n++] = '\r';
+            break;
+        case 't':
+            s[n++] = '\t';
+            break;
+        case 'u': {
+            uint32_t cp, low;
+            if (!parse_hex4(ps, &cp))
+                goto fail;
+            if (cp >= 0xd800 && cp <= 0xdbff) {
+                if (close - ps->p < 6 || ps->p[0] != '\\' || ps->p[1] != 'u')
+                    goto fail;
+                ps->p += 2;
+                if (!parse_hex4(ps, &low) || low < 0xdc00 || low > 0xdfff)
+                    goto fail;
+                cp = 0x10000 + ((cp - 0xd800) << 10) + (low - 0xdc00);
+            } else if ((cp >= 0xdc00 && cp <= 0xdfff) || cp == 0) {
+                goto fail;
+            }
+            n += utf8_encode(cp, s + n);
+            break;
+        }
+        default:
+            goto fail;
+        }
+        if (ps->p > close)
+            goto fail;
+    }
+    s[n] = '\0';
+    ps->p = close + 1;
+    *out = s;
+    return true;
+fail:
+    explicit_bzero(s, (size_t)(close - start) + 1);
+    free(s);
+    return false;
+}
+
+static bool is_digit(char c) { return c >= '0' && c <= '9'; }
+
+/* Parsed by hand rather than with strtod(), which follows the calling program's locale. */
+static bool parse_number(struct parser *ps, long long *out) {
+    const char *p = ps->p;
+    bool negative = false;
+    long long v = 0;
+    if (p < ps->end && *p == '-') {
+        negative = true;
+        p++;
+    }
+    if (p >= ps->end || !is_digit(*p))
+        return false;
+    if (*p == '0') {
+        p++;
+    } else {
+        for (; p < ps->end && is_digit(*p); p++)
+            v = v > (LLONG_MAX - 9) / 10 ? LLONG_MAX : v * 10 + (*p - '0');
+    }
+    if (p < ps->end && *p == '.') {
+        p++;
+        if (p >= ps->end || !is_digit(*p))
+            return false;
+        while (p < ps->end && is_digit(*p))
+            p++;
+    }
+    if (p < ps->end && (*p == 'e' || *p == 'E')) {
+        p++;
+        bool negative_exponent = false;
+        if (p < ps->end && (*p == '+' || *p == '-'))
+            negative_exponent = *p++ == '-';
+        if (p >= ps->end || !is_digit(*p))
+            return false;
+        int exponent = 0;
+        for (; p < ps->end && is_digit(*p); p++)
+            exponent = exponent > 100 ? exponent : exponent * 10 + (*p - '0');
+        for (int i = 0; i < exponent && v != 0; i++)
+            v = negative_exponent ? v / 10 : (v > LLONG_MAX / 10 ? LLONG_MAX : v * 10);
+    }
+    ps->p = p;
+    *out = negative ? -v : v;
+    return true;
+}
+
+static bool parse_literal(struct parser *ps, const char *word) {
+    size_t n = strlen(word);
+    if ((size_t)(ps->end - ps->p) < n || memcmp(ps->p, word, n) != 0)
+        return false;
+    ps->p += n;
+    return true;
+}
+
+static bool parse_value(struct parser *ps, struct json *v, unsigned depth);
+
+/* Parses an array or an object at ps->p (on its opening bracket). */
+static bool parse_container(struct parser *ps, struct json *v, unsigned depth) {
+    bool object = *ps->p == '{';
+    char close = object ? '}' : ']';
+    size_t capacity = 0;
+    v->type = object ? JSON_OBJECT : JSON_ARRAY;
+    ps->p++;
+    skip_space(ps);
+    if (ps->p < ps->end && *ps->p == close) {
+        ps->p++;
+        return true;
+    }
+    for (;;) {
+        if (v->count == capacity) {
+            size_t grown = capacity ? capacity * 2 : 8;
+            struct json *items = calloc(grown, sizeof(*items));
+            char **keys = object ? calloc(grown, sizeof(*keys)) : NULL;
+            if (!items || (object && !keys)) {
+                free(items);
+                free(keys);
+                return false;
+            }
+            if (v->count) {
+                memcpy(items, v->items, v->count * sizeof(*items));
+                if (object)
+                    memcpy(keys, v->keys, v->count * sizeof(*keys));
+            }
+            free(v->items);
+            free(v->keys);
+            v->items = items;
+            v->keys = keys;
+            capacity = grown;
+        }
+        skip_space(ps);
+        /* Counted before parsing, so that a half-parsed member is freed with the rest. */
+        v->count++;
+        if (object) {
+            if (ps->p >= ps->end || *ps->p != '"' || !parse_string(ps, &v->keys[v->count - 1]))
+                return false;
+            skip_space(ps);
+            if (ps->p >= ps->end || *ps->p != ':')
+                return false;
+            ps->p++;
+        }
+        if (!parse_value(ps, &v->items[v->count - 1], depth + 1))
+            return false;
+        skip_space(ps);
+        if (ps->p < ps->end && *ps->p == ',') {
+            ps->p++;
+            continue;
+        }
+        if (ps->p < ps->end && *ps->p == close) {
+            ps->p++;
+            return true;
+        }
+        return false;
+    }
+}
+
+static bool parse_value(struct parser *ps, struct json *v, unsigned depth) {
+    if (depth > MAX_JSON_DEPTH)
+        return false;
+    skip_space(ps);
+    if (ps->p >= ps->end)
+        return false;
+    switch (*ps->p) {
+    case '{':
+    case '[':
+        return parse_container(ps, v, depth);
+    case '"':
+        v->type = JSON_STRING;
+        return parse_string(ps, &v->string);
+    case 't':
+        v->type = JSON_TRUE;
+        return parse_literal(ps, "true");
+    case 'f':
+        v->type = JSON_FALSE;
+        return parse_literal(ps, "false");
+    case 'n':
+        v->type = JSON_NULL;
+        return parse_literal(ps, "null");
+    default:
+        v->type = JSON_NUMBER;
+        return parse_number(ps, &v->number);
+    }
+}
+
+static bool json_parse(const char *text, size_t length, struct json *v) {
+    struct parser ps = {.p = text, .end = text + length};
+    *v = (struct json){0};
+    if (parse_value(&ps, v, 0)) {
+        skip_space(&ps);
+        if (ps.p == ps.end)
+            return true;
+    }
+    json_free(v);
+    return false;
+}
+
+static const struct json *json_get(const struct json *object, const char *key) {
+    if (!object || object->type != JSON_OBJECT)
+        return NULL;
+    for (size_t i = 0; i < object->count; i++)
+        if (strcmp(object->keys[i], key) == 0)
+            return &object->items[i];
+    return NULL;
+}
+
+static const char *json_get_string(const struct json *object, const char *key) {
+    const struct json *v = json_get(object, key);
+    return v && v->type == JSON_STRING ? v->string : NULL;
+}
+
+static bool json_get_bool(const struct json *object, const char *key) {
+    const struct json *v = json_get(object, key);
+    return v && v->type == JSON_TRUE;
+}
+
+static bool json_get_integer(const struct json *object, const char *key, long long *out) {
+    const struct json *v = json_get(object, key);
+    if (!v || v->type != JSON_NUMBER)
+        return false;
+    *out = v->number;
+    return true;
+}
+
+/* The connection to the daemon. */
+
+struct connection {
+    int fd;
+    struct buffer input; /* received bytes not yet taken as a message */
+};
+#define CONNECTION_INIT                                                                            \
+    { .fd = -1 }
+
+static void connection_close(struct connection *c) {
+    if (c->fd >= 0)
+        close(c->fd);
+    c->fd = -1;
+    buffer_erase(&c->input);
+}
+#define _cleanup_connection_ __attribute__((cleanup(connection_close)))
+
+static uint64_t now_msec(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
+}
+
+static int remaining_msec(uint64_t deadline) {
+    uint64_t now = now_msec();
+    if (now >= deadline)
+        return 0;
+    return deadline - now > INT_MAX ? INT_MAX : (int)(deadline - now);
+}
+
+/* Waits until fd is ready. A signal ends an interruptible wait (-EINTR): that is how Ctrl-C in
+ * sudo, or a greeter cancelling, stops a wait for a finger. Other waits are short and resume. */
+static int wait_for(int fd, short events, uint64_t deadline, bool interruptible) {
+    for (;;) {
+        int timeout = remaining_msec(deadline);
+        if (timeout == 0)
+            return -ETIMEDOUT;
+        struct pollfd pfd = {.fd = fd, .events = events};
+        int r = poll(&pfd, 1, timeout);
+        if (r > 0)
+            return 0; /* POLLHUP and POLLERR surface in the recv() or send() that follows */
+        if (r == 0)
+            return -ETIMEDOUT;
+        if (errno != EINTR)
+            return -errno;
+        if (interruptible)
+            return -EINTR;
+    }
+}
+
+/* Whether the process serving the socket is root or the daemon's own user. */
+static bool peer_is_daemon(const struct login *l, int fd) {
+    struct ucred cred;
+    socklen_t length = sizeof(cred);
+    if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &length) < 0 || length != sizeof(cred))
+        return log_ret(l, false, LOG_ERR, "Cannot read the peer credentials of %s: %m",
+                       l->options.socket_path);
+    if (cred.uid == 0)
+        return true;
+    const struct passwd *daemon_user = pam_modutil_getpwnam(l->pamh, DAEMON_USER);
+    if (daemon_user && daemon_user->pw_uid == cred.uid)
+        return true;
+    return log_ret(l, false, LOG_ERR,
+                   "%s is served by uid %u, which is neither root nor %s; refusing",
+                   l->options.socket_path, (unsigned)cred.uid, DAEMON_USER);
+}
+
+/* Connects within CONNECT_TIMEOUT_MSEC; returns 0 or a negative errno (already logged). */
+static int connection_open(const struct login *l, struct connection *c) {
+    struct sockaddr_un address = {.sun_family = AF_UNIX};
+    size_t length = strlen(l->options.socket_path);
+    memcpy(address.sun_path, l->options.socket_path, length);
+    socklen_t address_length = (socklen_t)(offsetof(struct sockaddr_un, sun_path) + length + 1);
+
+    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+    if (fd < 0)
+        return log_ret(l, -errno, LOG_ERR, "Cannot create a socket: %m");
+    uint64_t deadline = now_msec() + CONNECT_TIMEOUT_MSEC;
+    while (connect(fd, (const struct sockaddr *)&address, address_length) < 0) {
+        int error = errno;
+        if (error == EINTR)
+            continue;
+        /* Only a full listen backlog gives EAGAIN; a local socket cannot be polled for it. */
+        if (error == EAGAIN && remaining_msec(deadline) > 0) {
+            struct timespec pause = {.tv_nsec = RETRY_CONNECT_PAUSE_NSEC};
+            nanosleep(&pause, NULL);
+            continue;
+        }
+        close(fd);
+        if (error == EAGAIN)
+            error = ETIMEDOUT;
+        return log_ret(l, -error, LOG_WARNING, "Cannot connect to kioskauthd at %s: %s",
+                       l->options.socket_path, strerror(error));
+    }
+    if (!peer_is_daemon(l, fd)) {
+        close(fd);
+        return -EPERM;
+    }
+    c->fd = fd;
+    return 0;
+}
+
+/* Sends the request and its terminating NUL. */
+static int connection_send(struct connection *c, const struct buffer *request, uint64_t deadline) {
+    size_t sent = 0, total = request->length + 1;
+    while (sent < total) {
+        ssize_t n = send(c->fd, request->data + sent, total - sent, MSG_NOSIGNAL | MSG_DONTWAIT);
+        if (n > 0) {
+            sent += (size_t)n;
+            continue;
+        }
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n < 0 && errno == EAGAIN) {
+            int r = wait_for(c->fd, POLLOUT, deadline, false);
+            if (r < 0)
+                return r;
+            continue;
+        }
+        return n < 0 ? -errno : -EIO;
+    }
+    return 0;
+}
+
+/* A reply: its parsed form, the error's short name when it is one of ours (the full name
+ * otherwise), its parameters, and whether more replies follow. */
+struct reply {
+    struct json root;
+    const char *error;
+    const struct json *parameters;
+    bool continues;
+};
+
+static void reply_clear(struct reply *r) {
+    json_free(&r->root);
+    *r = (struct reply){0};
+}
+#define _cleanup_reply_ __attribute__((cleanup(reply_clear)))
+
+static bool is_error(const struct reply *r, const char *name) {
+    return r->error && strcmp(r->error, name) == 0;
+}
+
+/* Reads the next NUL-terminated message and parses it into reply. */
+static int connection_receive(struct connection *c, uint64_t deadline, bool interruptible,
+                              struct reply *reply) {
+    reply_clear(reply);
+    for (;;) {
+        char *end = c->input.length ? memchr(c->input.data, '\0', c->input.length) : NULL;
+        if (end) {
+            size_t length = (size_t)(end - c->input.data);
+            bool parsed = json_parse(c->input.data, length, &reply->root);
+            size_t rest = c->input.length - length - 1;
+            memmove(c->input.data, end + 1, rest);
+            explicit_bzero(c->input.data + rest, c->input.length - rest);
+            c->input.length = rest;
+            if (!parsed || reply->root.type != JSON_OBJECT) {
+                reply_clear(reply);
+                return -EBADMSG;
+            }
+            const char *error = json_get_string(&reply->root, "error");
+            if (error && STARTS_WITH(error, INTERFACE))
+                error += strlen(INTERFACE);
+            reply->error = error;
+            reply->parameters = json_get(&reply->root, "parameters");
+            reply->continues = json_get_bool(&reply->root, "continues");
+            return 0;
+        }
+        if (c->input.length >= MAX_REPLY_SIZE)
+            return -EMSGSIZE;
+        int r = wait_for(c->fd, POLLIN, deadline, interruptible);
+        if (r < 0)
+            return r;
+        if (!buffer_reserve(&c->input, 4096))
+            return -ENOMEM;
+        ssize_t n = recv(c->fd, c->input.data + c->input.length,
+                         c->input.capacity - c->input.length - 1, MSG_DONTWAIT);
+        if (n == 0)
+            return -ECONNRESET;
+        if (n < 0) {
+            if (errno == EINTR || errno == EAGAIN)
+                continue;
+            return -errno;
+        }
+        c->input.length += (size_t)n;
+        c->input.data[c->input.length] = '\0';
+    }
+}
+
+/* One call on an open connection that waits for no finger. */
+static int exchange(const struct login *l, struct connection *c, const struct buffer *request,
+                    struct reply *reply) {
+    if (request->failed)
+        return log_ret(l, -ENOMEM, LOG_CRIT, "Out of memory");
+    uint64_t deadline = now_msec() + CALL_TIMEOUT_MSEC;
+    int r = connection_send(c, request, deadline);
+    if (r >= 0)
+        r = connection_receive(c, deadline, false, reply);
+    if (r < 0)
+        return log_ret(l, r, LOG_WARNING, "kioskauthd did not answer: %s", strerror(-r));
+    return 0;
+}
+
+/* One call on a connection of its own. */
+static int ask(const struct login *l, const struct buffer *request, struct reply *reply) {
+    _cleanup_connection_ struct connection c = CONNECTION_INIT;
+    int r = connection_open(l, &c);
+    if (r < 0)
+        return r;
+    return exchange(l, &c, request, reply);
+}
+
+/* A scan (VerifyFinger, Identify) on a connection of its own: shows the daemon's prompts as
+ * they stream in and leaves the final reply in `reply`. Returns 0; -ETIMEDOUT when no final
+ * reply came within timeout=; -EINTR when a signal ended the wait; another negative errno when
+ * the daemon could not be asked. Closing the connection cancels a scan still running. */
+static int scan(const struct login *l, const struct buffer *request, struct reply *reply,
+                bool *touch_requested) {
+    _cleanup_connection_ struct connection c = CONNECTION_INIT;
+    *touch_requested = false;
+    if (request->failed)
+        return log_ret(l, -ENOMEM, LOG_CRIT, "Out of memory");
+    int r = connection_open(l, &c);
+    if (r < 0)
+        return r;
+    uint64_t deadline = now_msec() + (uint64_t)l->options.timeout_sec * 1000;
+    r = connection_send(&c, request, deadline);
+    for (;;) {
+        if (r >= 0)
+            r = connection_receive(&c, deadline, true, reply);
+        if (r == -EINTR || r == -ETIMEDOUT) {
+            log_debug(l, "Scan ended: %s", r == -EINTR ? "interrupted by a signal" : "timed out");
+            return r;
+        }
+        if (r < 0)
+            return log_ret(l, r, LOG_WARNING, "kioskauthd did not answer: %s", strerror(-r));
+        if (!reply->continues)
+            return 0;
+        const struct json *progress = json_get(reply->parameters, "progress");
+        const char *state = json_get_string(progress, "state");
+        const char *hint = json_get_string(progress, "hint");
+        if (state && strcmp(state, "touch") == 0)
+            *touch_requested = true;
+        if (hint)
+            instruct(l, hint);
+    }
+}
+
+/* The person named in a successful reply, when the name is one the daemon could have made. */
+static const char *reply_person_name(const struct reply *reply) {
+    const char *name = json_get_string(json_get(reply->parameters, "person"), "name");
+    return name && login_name_is_valid(name) ? name : NULL;
+}
+
+static const char *not_active_message(const char *state) {
+    if (state && strcmp(state, "suspended") == 0)
+        return "Your account is suspended.";
+    if (state && strcmp(state, "pending_activation") == 0)
+        return "Your account is not activated yet.";
+    return "Your account may not log in now.";
+}
+
+static void say_wait(const struct login *l, const char *what, long long seconds) {
+    char text[MAX_MESSAGE_LENGTH];
+    long long minutes = (seconds + 59) / 60;
+    if (seconds < 60)
+        snprintf(text, sizeof(text), "%s Try again in %lld second%s.", what, seconds,
+                 seconds == 1 ? "" : "s");
+    else
+        snprintf(text, sizeof(text), "%s Try again in %lld minute%s.", what, minutes,
+                 minutes == 1 ? "" : "s");
+    complain(l, text);
+}
+
+/* What a fingerprint step leaves to do: nothing more (return `ret`), ask for the name, or ask
+ * for the passcode. `ret` is what to return when the mode allows no next step. */
+enum next { NEXT_NONE, NEXT_ASK_NAME, NEXT_PASSCODE };
+struct step {
+    int ret;
+    enum next next;
+};
+
+/* Errors that end a scan without a verdict on the finger: a name or the passcode can go on. */
+static bool is_reader_trouble(const struct reply *reply) {
+    return is_error(reply, "NoReader") || is_error(reply, "ScanTimeout") ||
+           is_error(reply, "ReaderRemoved") || is_error(reply, "ReaderUnavailable") ||
+           is_error(reply, "ScanCancelled");
+}
+
+static struct step unexpected(const struct login *l, const char *method,
+                              const struct reply *reply) {
+    const struct json *p = reply->parameters;
+    const char *reason = json_get_string(p, "reason");
+    pam_syslog(l->pamh, LOG_WARNING, "%s failed: %s%s%s", method, reply->error, reason ? ": " : "",
+               reason ? reason : "");
+    return (struct step){PAM_AUTHINFO_UNAVAIL, NEXT_NONE};
+}
+
+/* Walk-up unlock: on a match, and only then, PAM_USER becomes the person recognised. */
+static struct step identify(const struct login *l) {
+    _cleanup_buffer_ struct buffer request = {0};
+    buffer_puts(&request, "{\"method\":\"io.kioskauth.Identify\",\"more\":true,"
+                          "\"parameters\":{\"context\":");
+    json_context(&request, l);
+    buffer_puts(&request, "}}");
+
+    for (unsigned attempt = 1;; attempt++) {
+        _cleanup_reply_ struct reply reply = {0};
+        bool touch_requested;
+        int r = scan(l, &request, &reply, &touch_requested);
+        if (r == -EINTR)
+            return (struct step){PAM_AUTH_ERR, NEXT_NONE};
+        if (r == -ETIMEDOUT)
+            return (struct step){PAM_AUTHINFO_UNAVAIL, NEXT_ASK_NAME};
+        if (r < 0)
+            return (struct step){PAM_AUTHINFO_UNAVAIL, NEXT_NONE};
+
+        if (!reply.error) {
+            const char *name = reply_person_name(&reply);
+            if (!name)
+                return unexpected(l, "Identify", &(struct reply){.error = "malformed reply"});
+            r = pam_set_item(l->pamh, PAM_USER, name);
+            if (r != PAM_SUCCESS)
+                return (struct step){
+                    log_ret(l, r, LOG_ERR, "Cannot set PAM_USER: %s", pam_strerror(l->pamh, r)),
+                    NEXT_NONE};
+            const char *display_name =
+                json_get_string(json_get(reply.parameters, "person"), "displayName");
+            char welcome[MAX_MESSAGE_LENGTH];
+            snprintf(welcome, sizeof(welcome), "Welcome back, %s",
+                     display_name && *display_name ? display_name : name);
+            inform(l, welcome);
+            log_debug(l, "Identified %s", name);
+            return (struct step){PAM_SUCCESS, NEXT_NONE};
+        }
+        if (is_error(&reply, "NotIdentified")) {
+            /* No touch was asked for when nobody is enrolled: ask for the name at once. */
+            if (!touch_requested || json_get_bool(reply.parameters, "askForName"))
+                return (struct step){PAM_AUTH_ERR, NEXT_ASK_NAME};
+            complain(l, MESSAGE_NOT_RECOGNISED);
+            if (attempt >= l->options.max_tries)
+                return (struct step){PAM_MAXTRIES, NEXT_ASK_NAME};
+            continue;
+        }
+        if (is_error(&reply, "ScanRetry")) {
+            const char *hint = json_get_string(reply.parameters, "hint");
+            complain(l, hint ? hint : "Try again.");
+            if (attempt >= l->options.max_tries)
+                return (struct step){PAM_MAXTRIES, NEXT_ASK_NAME};
+            continue;
+        }
+        if (is_error(&reply, "IdentifyPaused") || is_reader_trouble(&reply)) {
+            log_debug(l, "Identify: %s", reply.error);
+            return (struct step){PAM_AUTHINFO_UNAVAIL, NEXT_ASK_NAME};
+        }
+        if (is_error(&reply, "FingerprintNotAllowed")) {
+            log_debug(l, "Identify refused: %s", json_get_string(reply.parameters, "reason"));
+            return (struct step){PAM_AUTHINFO_UNAVAIL, NEXT_NONE};
+        }
+        return unexpected(l, "Identify", &reply);
+    }
+}
+
+/* After too many failed matches: the passcode, or for a person from the identity provider who
+ * has none, their email and password (which this module cannot take yet). */
+static struct step fallback(const struct login *l, const struct reply *reply) {
+    const char *to = json_get_string(reply->parameters, "fallback");
+    if (to && strcmp(to, "idp") == 0) {
+        complain(l, MESSAGE_IDP_FALLBACK);
+        return (struct step){PAM_AUTHINFO_UNAVAIL, NEXT_NONE};
+    }
+    return (struct step){PAM_MAXTRIES, NEXT_PASSCODE};
+}
+
+/* 1:1 match of the named person's finger. */
+static struct step verify_finger(const struct login *l, const char *name) {
+    _cleanup_buffer_ struct buffer request = {0};
+    buffer_puts(&request, "{\"method\":\"io.kioskauth.VerifyFinger\",\"more\":true,"
+                          "\"parameters\":{\"name\":");
+    json_string(&request, name);
+    buffer_puts(&request, ",\"context\":");
+    json_context(&request, l);
+    buffer_puts(&request, "}}");
+
+    for (unsigned attempt = 1;; attempt++) {
+        _cleanup_reply_ struct reply reply = {0};
+        bool touch_requested;
+        int r = scan(l, &request, &reply, &touch_requested);
+        if (r == -EINTR)
+            return (struct step){PAM_AUTH_ERR, NEXT_NONE};
+        if (r == -ETIMEDOUT)
+            return (struct step){PAM_AUTHINFO_UNAVAIL, NEXT_PASSCODE};
+        if (r < 0)
+            return (struct step){PAM_AUTHINFO_UNAVAIL, NEXT_NONE};
+
+        if (!reply.error) {
+            const char *matched = reply_person_name(&reply);
+            if (!matched || strcmp(matched, name) != 0)
+                return unexpected(l, "VerifyFinger", &(struct reply){.error = "malformed reply"});
+            log_debug(l, "Fingerprint verified for %s", name);
+            return (struct step){PAM_SUCCESS, NEXT_NONE};
+        }
+        if (is_error(&reply, "FingerprintNotRecognized")) {
+            complain(l, MESSAGE_NOT_RECOGNISED);
+            if (json_get_bool(reply.parameters, "fallbackRequired"))
+                return fallback(l, &reply);
+            if (attempt >= l->options.max_tries)
+                return (struct step){PAM_MAXTRIES, NEXT_PASSCODE};
+            continue;
+        }
+        if (is_error(&reply, "ScanRetry")) {
+            const char *hint = json_get_string(reply.parameters, "hint");
+            complain(l, hint ? hint : "Try again.");
+            if (attempt >= l->options.max_tries)
+                return (struct step){PAM_MAXTRIES, NEXT_PASSCODE};
+            continue;
+        }
+        if (is_error(&reply, "FallbackRequired"))
+            return fallback(l, &reply);
+        /* No reader, or no finger enrolled: no error text, only the passcode prompt. */
+        if (is_error(&reply, "NoFingers") || is_reader_trouble(&reply)) {
+            log_debug(l, "VerifyFinger: %s", reply.error);
+            return (struct step){PAM_AUTHINFO_UNAVAIL, NEXT_PASSCODE};
+        }
+        if (is_error(&reply, "NoSuchPerson"))
+            return (struct step){PAM_USER_UNKNOWN, NEXT_NONE};
+        if (is_error(&reply, "PersonNotActive")) {
+            complain(l, not_active_message(json_get_string(reply.parameters, "state")));
+            return (struct step){PAM_AUTH_ERR, NEXT_NONE};
+        }
+        if (is_error(&reply, "FingerprintNotAllowed")) {
+            log_debug(l, "VerifyFinger refused: %s", json_get_string(reply.parameters, "reason"));
+            return (struct step){PAM_AUTHINFO_UNAVAIL, NEXT_NONE};
+        }
+        return unexpected(l, "VerifyFinger", &reply);
+    }
+}
+
+/* Turns a VerifyPasscode error into what the person is told and the PAM code; *retry says
+ * whether another attempt may follow. */
+static int passcode_refused(const struct login *l, const struct reply *reply, bool *retry) {
+    const struct json *p = reply->parameters;
+    long long seconds = 0;
+    *retry = false;
+    if (is_error(reply, "WrongPasscode")) {
+        if (json_get_integer(p, "retryAfterSeconds", &seconds) && seconds > 0) {
+            say_wait(l, "Wrong passcode. Too many attempts.", seconds);
+            return PAM_MAXTRIES;
+        }
+        complain(l, MESSAGE_WRONG_PASSCODE);
+        *retry = true;
+        return PAM_AUTH_ERR;
+    }
+    if (is_error(reply, "PasscodeLocked")) {
+        if (json_get_bool(p, "hardLocked") || !json_get_integer(p, "retryAfterSeconds", &seconds))
+            complain(l, MESSAGE_HARD_LOCKED);
+        else
+            say_wait(l, "Too many wrong passcodes.", seconds);
+        return PAM_MAXTRIES;
+    }
+    if (is_error(reply, "PasscodeNotAllowed")) {
+        const char *reason = json_get_string(p, "reason");
+        char text[MAX_MESSAGE_LENGTH];
+        pam_syslog(l->pamh, LOG_NOTICE, "Passcode refused by kioskauthd: %s",
+                   reason ? reason : "no reason given");
+        snprintf(text, sizeof(text), "Passcode not accepted: %s.", reason ? reason : "not allowed");
+        complain(l, text);
+        return PAM_AUTHINFO_UNAVAIL;
+    }
+    if (is_error(reply, "NoPasscode")) {
+        complain(l, "No passcode is set for you.");
+        return PAM_AUTHINFO_UNAVAIL;
+    }
+    if (is_error(reply, "NoSuchPerson"))
+        return PAM_USER_UNKNOWN;
+    if (is_error(reply, "PersonNotActive")) {
+        complain(l, not_active_message(json_get_string(p, "state")));
+        return PAM_AUTH_ERR;
+    }
+    return unexpected(l, "VerifyPasscode", reply).ret;
+}
+
+static void passcode_request(struct buffer *request, const struct login *l, const char *name,
+                             const char *passcode) {
+    buffer_puts(request, "{\"method\":\"io.kioskauth.VerifyPasscode\",\"parameters\":{\"name\":");
+    json_string(request, name);
+    buffer_puts(request, ",\"passcode\":");
+    json_string(request, passcode);
+    buffer_puts(request, ",\"context\":");
+    json_context(request, l);
+    buffer_puts(request, "}}");
+}
+
+/* Asks for a secret; returns PAM_SUCCESS with *answer set, PAM_CONV_ERR (not logged: the
+ * application reports its own conversation failures), or PAM_AUTH_ERR for an empty or
+ * over-long answer, which is not sent as an attempt. */
+static int ask_secret(const struct login *l, const char *prompt, char **answer) {
+    *answer = NULL;
+    int r = pam_prompt(l->pamh, PAM_PROMPT_ECHO_OFF, answer, "%s", prompt);
+    if (r != PAM_SUCCESS || !*answer) {
+        erase_and_free(*answer);
+        *answer = NULL;
+        return PAM_CONV_ERR;
+    }
+    if (!**answer || strlen(*answer) > MAX_PASSCODE_LENGTH) {
+        erase_and_free(*answer);
+        *answer = NULL;
+        return PAM_AUTH_ERR;
+    }
+    return PAM_SUCCESS;
+}
+
+static int get_person(const struct login *l, const char *name, struct reply *reply);
+
+/* Seconds from now until an RFC 3339 UTC time as the daemon writes it ("2026-01-02T03:04:05Z"),
+ * or -1 when it cannot be read. Only for telling the person how long to wait. */
+static long long seconds_until(const char *timestamp) {
+    struct tm tm = {0};
+    char zone = 0;
+    if (sscanf(timestamp, "%4d-%2d-%2dT%2d:%2d:%2d%c", &tm.tm_year, &tm.tm_mon, &tm.tm_mday,
+               &tm.tm_hour, &tm.tm_min, &tm.tm_sec, &zone) != 7 ||
+        zone != 'Z')
+        return -1;
+    tm.tm_year -= 1900;
+    tm.tm_mon -= 1;
+    time_t until = timegm(&tm);
+    time_t now = time(NULL);
+    if (until == (time_t)-1)
+        return -1;
+    return until > now ? (long long)(until - now) : 1;
+}
+
+/* Before asking for a passcode, asks the daemon whether one could be accepted at all, so that
+ * nobody types a passcode that is refused unread: locked, none set, not active, unknown. Returns
+ * PAM_SUCCESS to go on and ask. A caller that may not read the person (not root) just asks. */
+static int passcode_precheck(const struct login *l, const char *name) {
+    _cleanup_reply_ struct reply reply = {0};
+    if (get_person(l, name, &reply) < 0)
+        return PAM_AUTHINFO_UNAVAIL;
+    if (is_error(&reply, "NoSuchPerson"))
+        return PAM_USER_UNKNOWN;
+    if (reply.error)
+        return PAM_SUCCESS;
+    const struct json *p = json_get(reply.parameters, "person");
+    const char *state = json_get_string(p, "state");
+    const char *locked_until = json_get_string(p, "passcodeLockedUntil");
+    if (!state || strcmp(state, "active") != 0) {
+        complain(l, not_active_message(state));
+        return PAM_AUTH_ERR;
+    }
+    if (!json_get_bool(p, "hasPasscode")) {
+        complain(l, "No passcode is set for you.");
+        return PAM_AUTHINFO_UNAVAIL;
+    }
+    if (json_get_bool(p, "passcodeHardLocked")) {
+        complain(l, MESSAGE_HARD_LOCKED);
+        return PAM_MAXTRIES;
+    }
+    if (locked_until) {
+        long long seconds = seconds_until(locked_until);
+        if (seconds > 0)
+            say_wait(l, "Too many wrong passcodes.", seconds);
+        else
+            complain(l, "Too many wrong passcodes. Try again later.");
+        return PAM_MAXTRIES;
+    }
+    return PAM_SUCCESS;
+}
+
+static int verify_passcode(const struct login *l, const char *name) {
+    int precheck = passcode_precheck(l, name);
+    if (precheck != PAM_SUCCESS)
+        return precheck;
+    for (unsigned attempt = 1; attempt <= l->options.max_tries; attempt++) {
+        _cleanup_erase_ char *passcode = NULL;
+        int r = ask_secret(l, PROMPT_PASSCODE, &passcode);
+        if (r != PAM_SUCCESS)
+            return r;
+        _cleanup_buffer_ struct buffer request = {0};
+        passcode_request(&request, l, name, passcode);
+        _cleanup_reply_ struct reply reply = {0};
+        if (ask(l, &request, &reply) < 0)
+            return PAM_AUTHINFO_UNAVAIL;
+        if (!reply.error) {
+            const char *matched = reply_person_name(&reply);
+            if (!matched || strcmp(matched, name) != 0)
+                return unexpected(l, "VerifyPasscode", &(struct reply){.error = "malformed reply"})
+                    .ret;
+            log_debug(l, "Passcode verified for %s", name);
+            return PAM_SUCCESS;
+        }
+        bool retry;
+        r = passcode_refused(l, &reply, &retry);
+        if (!retry)
+            return r;
+    }
+    return PAM_MAXTRIES;
+}
+
+/* Asks for the name (after walk-up identify gave up, or when a mode needs one) and makes it
+ * PAM_USER; *name then points at PAM's copy. */
+static int ask_name(const struct login *l, const char **name) {
+    _cleanup_free_ char *answer = NULL;
+    int r = pam_prompt(l->pamh, PAM_PROMPT_ECHO_ON, &answer, "%s", PROMPT_NAME);
+    if (r != PAM_SUCCESS || !answer)
+        return PAM_CONV_ERR;
+    /* The daemon lowercases names; PAM_USER must be the name it will answer for. */
+    for (char *p = answer; *p; p++)
+        if (*p >= 'A' && *p <= 'Z')
+            *p = (char)(*p - 'A' + 'a');
+    if (!*answer)
+        return PAM_AUTH_ERR;
+    if (!login_name_is_valid(answer))
+        return PAM_USER_UNKNOWN;
+    r = pam_set_item(l->pamh, PAM_USER, answer);
+    if (r != PAM_SUCCESS)
+        return log_ret(l, r, LOG_ERR, "Cannot set PAM_USER: %s", pam_strerror(l->pamh, r));
+    *name = string_item(l->pamh, PAM_USER);
+    return *name ? PAM_SUCCESS : PAM_SERVICE_ERR;
+}
+
+static int authenticate(const struct login *l) {
+    enum mode mode = l->options.mode;
+    const char *user = NULL;
+    int r = pam_get_item(l->pamh, PAM_USER, (const void **)&user);
+    if (r != PAM_SUCCESS)
+        return log_ret(l, PAM_SERVICE_ERR, LOG_ERR, "Cannot read PAM_USER: %s",
+                       pam_strerror(l->pamh, r));
+
+    if (!user || !*user) {
+        if (mode == MODE_AUTO || mode == MODE_IDENTIFY) {
+            struct step s = identify(l);
+            if (s.next == NEXT_NONE || mode == MODE_IDENTIFY)
+                return s.ret;
+        }
+        r = ask_name(l, &user);
+        if (r != PAM_SUCCESS)
+            return r;
+    } else if (!login_name_is_valid(user)) {
+        /* Not a name the daemon could manage: let the next module decide, without asking. */
+        log_debug(l, "Not a kioskauth name: %s", user);
+        return PAM_USER_UNKNOWN;
+    }
+
+    if (mode != MODE_PASSCODE) {
+        struct step s = verify_finger(l, user);
+        if (s.next == NEXT_NONE || mode != MODE_AUTO)
+            return s.ret;
+    }
+    return verify_passcode(l, user);
+}
+
+static void free_data(pam_handle_t *pamh, void *data, int error_status) {
+    (void)pamh;
+    (void)error_status;
+    free(data);
+}
+
+/* Remembers in the handle that this module authenticated someone, so that account fails
+ * closed. If it cannot be remembered, the authentication does not count. */
+static int remember_authentication(const struct login *l) {
+    const char *user = string_item(l->pamh, PAM_USER);
+    char *copy = user ? strdup(user) : NULL;
+    if (!copy)
+        return log_ret(l, PAM_BUF_ERR, LOG_CRIT, "Out of memory");
+    int r = pam_set_data(l->pamh, DATA_AUTHENTICATED, copy, free_data);
+    if (r != PAM_SUCCESS) {
+        free(copy);
+        return log_ret(l, r, LOG_ERR, "Cannot remember the authentication: %s",
+                       pam_strerror(l->pamh, r));
+    }
+    return PAM_SUCCESS;
+}
+
+_public_ PAM_EXTERN int pam_sm_authenticate(pam_handle_t *pamh, int flags, int argc,
+                                            const char **argv) {
+    struct login l;
+    login_init(&l, pamh, flags, argc, argv);
+    log_debug(&l, "auth: service %s, tty %s, %s session", l.service ? l.service : "-",
+              l.tty ? l.tty : "-", l.remote ? "remote" : "local");
+    int r = authenticate(&l);
+    if (r == PAM_SUCCESS)
+        r = remember_authentication(&l);
+    log_debug(&l, "auth: %s", pam_strerror(pamh, r));
+    return r;
+}
+
+_public_ PAM_EXTERN int pam_sm_setcred(pam_handle_t *pamh, int flags, int argc, const char **argv) {
+    (void)pamh;
+    (void)flags;
+    (void)argc;
+    (void)argv;
+    return PAM_SUCCESS;
+}
+
+static int get_person(const struct login *l, const char *name, struct reply *reply) {
+    _cleanup_buffer_ struct buffer request = {0};
+    buffer_puts(&request, "{\"method\":\"io.kioskauth.GetPerson\",\"parameters\":{\"name\":");
+    json_string(&request, name);
+    buffer_puts(&request, "}}");
+    return ask(l, &request, reply);
+}
+
+/* Whether the person may log in now. People the daemon does not manage are the next module's
+ * business, unless this module authenticated them in this handle: then every doubt refuses. */
+static int check_account(const struct login *l, bool authenticated_here) {
+    const char *user = string_item(l->pamh, PAM_USER);
+    if (!user || !login_name_is_valid(user)) {
+        if (authenticated_here)
+            return log_ret(l, PAM_PERM_DENIED, LOG_ERR, "PAM_USER changed after authentication");
+        return PAM_USER_UNKNOWN;
+    }
+    _cleanup_reply_ struct reply reply = {0};
+    if (get_person(l, user, &reply) < 0) {
+        if (!authenticated_here)
+            return PAM_IGNORE;
+        complain(l, MESSAGE_UNAVAILABLE);
+        return log_ret(l, PAM_PERM_DENIED, LOG_ERR,
+                       "Cannot ask kioskauthd whether %s may log in; refusing", user);
+    }
+    if (!reply.error) {
+        const char *state = json_get_string(json_get(reply.parameters, "person"), "state");
+        if (state && strcmp(state, "active") == 0)
+            return PAM_SUCCESS;
+        complain(l, not_active_message(state));
+        return log_ret(l, PAM_PERM_DENIED, LOG_NOTICE, "%s may not log in: %s", user,
+                       state ? state : "no state");
+    }
+    if (is_error(&reply, "NoSuchPerson")) {
+        if (!authenticated_here)
+            return PAM_USER_UNKNOWN;
+        complain(l, "Your account was removed from this terminal.");
+        return log_ret(l, PAM_PERM_DENIED, LOG_NOTICE, "%s was removed after authenticating", user);
+    }
+    unexpected(l, "GetPerson", &reply);
+    if (!authenticated_here)
+        return PAM_IGNORE;
+    complain(l, MESSAGE_UNAVAILABLE);
+    return PAM_PERM_DENIED;
+}
+
+_public_ PAM_EXTERN int pam_sm_acct_mgmt(pam_handle_t *pamh, int flags, int argc,
+                                         const char **argv) {
+    struct login l;
+    login_init(&l, pamh, flags, argc, argv);
+    const void *mark = NULL;
+    bool authenticated_here = pam_get_data(pamh, DATA_AUTHENTICATED, &mark) == PAM_SUCCESS && mark;
+    int r = check_account(&l, authenticated_here);
+    log_debug(&l, "account: %s", pam_strerror(pamh, r));
+    return r;
+}
+
+/* Sessions: placeholders until the daemon's sessions API exists (the identity-provider and
+ * sessions issue); then open and close register and end the session with the daemon, so that
+ * idle, overnight, lock and step-up rules apply to it. */
+_public_ PAM_EXTERN int pam_sm_open_session(pam_handle_t *pamh, int flags, int argc,
+                                            const char **argv) {
+    (void)pamh;
+    (void)flags;
+    (void)argc;
+    (void)argv;
+    return PAM_SUCCESS;
+}
+
+_public_ PAM_EXTERN int pam_sm_close_session(pam_handle_t *pamh, int flags, int argc,
+                                             const char **argv) {
+    (void)pamh;
+    (void)flags;
+    (void)argc;
+    (void)argv;
+    return PAM_SUCCESS;
+}
+
+/* Checks the current passcode on `c` (opened here if closed) and keeps the ticket it returns:
+ * a person changes their own passcode with a ticket bound to this connection. */
+static int verify_for_change(const struct login *l, struct connection *c, const char *name,
+                             const char *passcode, char **ticket) {
+    erase_and_free(*ticket);
+    *ticket = NULL;
+    connection_close(c);
+    if (connection_open(l, c) < 0)
+        return PAM_AUTHINFO_UNAVAIL;
+    _cleanup_buffer_ struct buffer request = {0};
+    passcode_request(&request, l, name, passcode);
+    _cleanup_reply_ struct reply reply = {0};
+    if (exchange(l, c, &request, &reply) < 0)
+        return PAM_AUTHINFO_UNAVAIL;
+    if (reply.error) {
+        bool retry;
+        int r = passcode_refused(l, &reply, &retry);
+        return r == PAM_AUTH_ERR ? PAM_PERM_DENIED : r;
+    }
+    const char *t = json_get_string(reply.parameters, "ticket");
+    if (!t)
+        return unexpected(l, "VerifyPasscode", &(struct reply){.error = "no ticket"}).ret;
+    *ticket = strdup(t);
+    return *ticket ? PAM_SUCCESS : log_ret(l, PAM_BUF_ERR, LOG_CRIT, "Out of memory");
+}
+
+static void set_passcode_request(struct buffer *request, const char *name, const char *passcode,
+                                 const char *confirmation, const char *ticket) {
+    buffer_puts(request, "{\"method\":\"io.kioskauth.SetPasscode\",\"parameters\":{\"name\":");
+    json_string(request, name);
+    buffer_puts(request, ",\"passcode\":");
+    json_string(request, passcode);
+    buffer_puts(request, ",\"confirmation\":");
+    json_string(request, confirmation);
+    buffer_puts(request, ",\"ticket\":");
+    json_string(request, ticket);
+    buffer_puts(request, "}}");
+}
+
+static int change_passcode(const struct login *l, const char *name) {
+    _cleanup_erase_ char *old = NULL;
+    _cleanup_erase_ char *ticket = NULL;
+    _cleanup_connection_ struct connection c = CONNECTION_INIT;
+    int r = ask_secret(l, PROMPT_OLD_PASSCODE, &old);
+    if (r != PAM_SUCCESS)
+        return r == PAM_CONV_ERR ? r : PAM_AUTHTOK_ERR;
+    r = verify_for_change(l, &c, name, old, &ticket);
+    if (r != PAM_SUCCESS)
+        return r;
+
+    for (unsigned attempt = 1; attempt <= l->options.max_tries; attempt++) {
+        _cleanup_erase_ char *passcode = NULL;
+        _cleanup_erase_ char *confirmation = NULL;
+        r = ask_secret(l, PROMPT_NEW_PASSCODE, &passcode);
+        if (r == PAM_SUCCESS)
+            r = ask_secret(l, PROMPT_RETYPE_PASSCODE, &confirmation);
+        if (r != PAM_SUCCESS)
+            return r == PAM_CONV_ERR ? r : PAM_AUTHTOK_ERR;
+
+        /* The daemon closes idle connections and a ticket is used once: while the person was
+         * typing, either may have gone. Then the current passcode is checked again for a fresh
+         * ticket, once. */
+        _cleanup_reply_ struct reply reply = {0};
+        for (bool again = true;; again = false) {
+            _cleanup_buffer_ struct buffer request = {0};
+            set_passcode_request(&request, name, passcode, confirmation, ticket);
+            r = exchange(l, &c, &request, &reply);
+            if (!again ||
+                (r >= 0 && !is_error(&reply, "TicketInvalid") && !is_error(&reply, "IdleTimeout")))
+                break;
+            r = verify_for_change(l, &c, name, old, &ticket);
+            if (r != PAM_SUCCESS)
+                return r;
+        }
+        if (r < 0)
+            return PAM_AUTHTOK_ERR;
+        if (!reply.error) {
+            inform(l, "Passcode changed.");
+            return PAM_SUCCESS;
+        }
+        if (is_error(&reply, "WeakPasscode")) {
+            const char *message = json_get_string(reply.parameters, "message");
+            complain(l, message ? message : "That passcode is too easy to guess.");
+            continue;
+        }
+        if (is_error(&reply, "NoSuchPerson"))
+            return PAM_USER_UNKNOWN;
+        if (is_error(&reply, "PermissionDenied") || is_error(&reply, "TicketInvalid")) {
+            complain(l, "You may not change this passcode here.");
+            return log_ret(l, PAM_PERM_DENIED, LOG_NOTICE, "SetPasscode refused for %s: %s", name,
+                           reply.error);
+        }
+        unexpected(l, "SetPasscode", &reply);
+        return PAM_AUTHTOK_ERR;
+    }
+    return PAM_AUTHTOK_ERR;
+}
+
+/* The preliminary pass only checks that the daemon manages this person. */
+static int check_passcode_change(const struct login *l, const char *name) {
+    _cleanup_reply_ struct reply reply = {0};
+    if (get_person(l, name, &reply) < 0)
+        return PAM_AUTHINFO_UNAVAIL;
+    if (!reply.error)
+        return PAM_SUCCESS;
+    if (is_error(&reply, "NoSuchPerson"))
+        return PAM_USER_UNKNOWN;
+    return unexpected(l, "GetPerson", &reply).ret;
+}
+
+_public_ PAM_EXTERN int pam_sm_chauthtok(pam_handle_t *pamh, int flags, int argc,
+                                         const char **argv) {
+    struct login l;
+    login_init(&l, pamh, flags, argc, argv);
+    const char *user = string_item(pamh, PAM_USER);
+    int r;
+    if (!user || !login_name_is_valid(user))
+        r = PAM_USER_UNKNOWN;
+    else if (flags & PAM_PRELIM_CHECK)
+        r = check_passcode_change(&l, user);
+    else
+        r = change_passcode(&l, user);
+    log_debug(&l, "chauthtok%s: %s", flags & PAM_PRELIM_CHECK ? " (check)" : "",
+              pam_strerror(pamh, r));
+    return r;
+}
