@@ -79,6 +79,7 @@ DEFAULT_CONFIG := config/kioskauthd.conf
 
 all: binaries
 	$(MAKE) support
+	$(MAKE) -C pam pam_kioskauth.so
 
 binaries:
 	$(SWIFT) build -c $(CONFIGURATION) --product kioskauthd
