@@ -266,7 +266,9 @@ public actor Authority {
                     detail: "not an admin and not self")
                 throw APIError.permissionDenied("only admins set other people's passcodes")
             }
-            guard let ticket = input.ticket, consumeTicket(ticket, person: person, caller: caller) else {
+            // Checked now, used up only once the new code is accepted: a weak code does not cost
+            // the person their fresh authentication.
+            guard let ticket = input.ticket, isValidTicket(ticket, person: person, caller: caller) else {
                 audit(
                     caller, action: "passcode.set", result: "refused", person: name.rawValue,
                     detail: "self-service without a valid ticket")
@@ -286,6 +288,9 @@ public actor Authority {
         let parameters = hashParameters
         let verifier = try await hash { () throws(StoreError) in
             try PasscodeVerifier.make(passcode: passcode, parameters: parameters)
+        }
+        if !groups.isAdmin(caller), let ticket = input.ticket, !consumeTicket(ticket, person: person, caller: caller) {
+            throw APIError.ticketInvalid
         }
         var current = try existingPerson(name, caller: caller, action: "passcode.set")
         guard current.id == person.id else { throw APIError.noSuchPerson(name.rawValue) }
@@ -466,7 +471,13 @@ public actor Authority {
 
     /// Single use; bound to the person and the connection that earned it.
     func consumeTicket(_ ticket: String, person: StoredPerson, caller: Caller) -> Bool {
-        guard let entry = tickets.removeValue(forKey: ticket) else { return false }
+        defer { tickets[ticket] = nil }
+        return isValidTicket(ticket, person: person, caller: caller)
+    }
+
+    /// Whether a self-service ticket is valid for this person and connection, without using it up.
+    func isValidTicket(_ ticket: String, person: StoredPerson, caller: Caller) -> Bool {
+        guard let entry = tickets[ticket] else { return false }
         return entry.purpose == .selfService && entry.personID == person.id && entry.connectionID == caller.connectionID
             && entry.expires > now()
     }

@@ -30,7 +30,7 @@ public struct DaemonConfiguration: Sendable {
         ]
         /// PAM services that act for another user: passcodes only for the invoking user.
         public var switchUserServices: Set<String> = [
-            "su", "su-l", "sudo", "sudo-i", "runuser", "runuser-l", "pkexec", "polkit-1", "doas",
+            "su", "su-l", "sudo", "sudo-i", "runuser", "runuser-l", "pkexec", "polkit-1", "doas", "passwd", "chpasswd",
         ]
         /// Lifetime of a self-service ticket.
         public var ticketLifetime: TimeInterval = 120
