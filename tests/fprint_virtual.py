@@ -398,3 +398,8 @@ def _selftest() -> None:  # pragma: no cover - run by hand with a Python that ha
 
 if __name__ == "__main__":
     _selftest()
+
+
+def scan(socket_path: str | os.PathLike, finger_id: str) -> None:
+    """Touches virtual_device(_storage) at ``socket_path`` with finger ``finger_id``."""
+    VirtualDevice(socket_path).scan(finger_id)

@@ -290,7 +290,7 @@ class VarlinkConnection:
 
 def enroll(d, sensor: Path, name: str, finger_id: str) -> dict:
     """Enrols a finger over the socket, touching the virtual reader whenever it waits for one."""
-    from fprint_sockets import scan
+    from fprint_virtual import scan
 
     connection = VarlinkConnection(d.socket)
     connection.send({"method": "io.kioskauth.EnrollFinger", "parameters": {"name": name}, "more": True})

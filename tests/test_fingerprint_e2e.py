@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from fprint_virtual import PrintImage, VirtualDevice, VirtualImage, environment, no_reader_environment, prints_directory
+from fprint_virtual import PrintImage, VirtualDevice, VirtualImage, environment, no_reader_environment, prints_directory, scan
 from kioskauth_testing import FAST_HASH_CONFIG, KIOSKAUTHCTL, connect, read_message, send_message
 
 
@@ -22,10 +22,6 @@ def start(make_daemon, kind, config=""):
     d.extra_env.update({k: v for k, v in environment(kind, sensor, base={}).items()})
     d.start()
     return d, sensor
-
-
-def scan(sensor, finger_id):
-    VirtualDevice(sensor).scan(finger_id)
 
 
 def stored_ids(sensor):

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from fprint_sockets import scan, virtual_env
+from fprint_virtual import environment, scan
 from kioskauth_testing import FAST_HASH_CONFIG
 from pam_support import (MODULE, PAM_AUTH_ERR, PAM_AUTHINFO_UNAVAIL, PAM_CONV_ERR,
                          PAM_MAXTRIES, PAM_PERM_DENIED, PAM_SUCCESS, PAM_USER_UNKNOWN, REPO, Client, PamConfig,
@@ -49,7 +49,7 @@ def start(make_daemon, kind=None, config=""):
     d = make_daemon(config=FAST_HASH_CONFIG + config)
     sensor = d.root / "sensor.sock"
     if kind:
-        d.extra_env.update(virtual_env(kind, sensor))
+        d.extra_env.update(environment(kind, sensor, base={}))
     else:
         d.extra_env.update({"FP_DRIVERS_WHITELIST": "virtual_device", "FP_DRIVERS_ALLOWLIST": "virtual_device"})
     d.start()
