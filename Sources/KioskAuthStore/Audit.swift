@@ -1,5 +1,6 @@
 import Crypto
 public import Foundation
+public import KioskAuthCore
 
 /// What is recorded for every authentication and admin action. Never a secret.
 public struct AuditRecord: Sendable, Equatable {
@@ -84,26 +85,50 @@ extension Store {
     /// Appends a record to the chain, durably, and returns it with its MAC (the new head).
     @discardableResult
     public func appendAudit(_ record: AuditRecord, now: Date) throws(StoreError) -> AuditEntry {
-        let genesis = self.genesis
-        return try transaction { db in
-            let last = try db.query("SELECT seq, mac FROM audit ORDER BY seq DESC LIMIT 1").first
-            let previous = last?["mac"].bytes ?? genesis
-            let sequence = (last?["seq"].int ?? 0) + 1
-            let time = Int64((now.timeIntervalSince1970 * 1_000_000).rounded())
-            let mac = mac(previous: previous, sequence: sequence, timeMicroseconds: time, record: record)
+        try transaction { db in try appendAudit(record, now: now, in: db) }
+    }
+
+    /// Appends inside a transaction the caller holds, so an action and its audit entry commit
+    /// together (or not at all).
+    func appendAudit(_ record: AuditRecord, now: Date, in db: SQLiteConnection) throws -> AuditEntry {
+        let last = try db.query("SELECT seq, mac FROM audit ORDER BY seq DESC LIMIT 1").first
+        let previous = last?["mac"].bytes ?? genesis
+        let sequence = (last?["seq"].int ?? 0) + 1
+        let time = Int64((now.timeIntervalSince1970 * 1_000_000).rounded())
+        let mac = mac(previous: previous, sequence: sequence, timeMicroseconds: time, record: record)
+        try db.query(
+            "INSERT INTO audit (seq, time_us, action, result, person, method, caller_uid, caller_pid, service, detail, mac) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            [
+                .integer(Int64(sequence)), .integer(time), .text(record.action), .text(record.result),
+                record.person.map { .text($0) } ?? .null, record.method.map { .text($0) } ?? .null,
+                record.callerUID.map { .integer(Int64($0)) } ?? .null,
+                record.callerPID.map { .integer(Int64($0)) } ?? .null,
+                record.service.map { .text($0) } ?? .null, record.detail.map { .text($0) } ?? .null, .blob(mac),
+            ])
+        try db.query(
+            "INSERT INTO meta (key, value) VALUES ('audit_head', ?) ON CONFLICT (key) DO UPDATE SET value = excluded.value",
+            [.blob(Array(String(sequence).utf8) + [0] + mac)])
+        return AuditEntry(sequence: sequence, timeMicroseconds: time, record: record, mac: mac)
+    }
+
+    /// The effects of one authentication in one durable commit: the person's failure counters,
+    /// the unlock time when it succeeded, and its audit entry. One fsync on the unlock path
+    /// instead of three, and no state where the counters moved but the audit did not.
+    public func recordAuthentication(
+        of person: StoredPerson, failures: CredentialFailureState, unlockedAt: Date?, audit record: AuditRecord, now: Date
+    ) throws(StoreError) -> AuditEntry {
+        try transaction { db in
             try db.query(
-                "INSERT INTO audit (seq, time_us, action, result, person, method, caller_uid, caller_pid, service, detail, mac) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                "UPDATE people SET passcode_failures = ?, passcode_locked_until = ?, passcode_hard_locked = ?, fingerprint_failures = ?, last_unlock_at = COALESCE(?, last_unlock_at), updated_at = ? WHERE id = ?",
                 [
-                    .integer(Int64(sequence)), .integer(time), .text(record.action), .text(record.result),
-                    record.person.map { .text($0) } ?? .null, record.method.map { .text($0) } ?? .null,
-                    record.callerUID.map { .integer(Int64($0)) } ?? .null,
-                    record.callerPID.map { .integer(Int64($0)) } ?? .null,
-                    record.service.map { .text($0) } ?? .null, record.detail.map { .text($0) } ?? .null, .blob(mac),
+                    .integer(Int64(failures.passcodeFailures)),
+                    failures.passcodeLockedUntil.map { .real($0.timeIntervalSince1970) } ?? .null,
+                    .integer(failures.passcodeHardLocked ? 1 : 0), .integer(Int64(failures.fingerprintFailures)),
+                    unlockedAt.map { .real($0.timeIntervalSince1970) } ?? .null, .real(now.timeIntervalSince1970),
+                    .integer(person.id),
                 ])
-            try db.query(
-                "INSERT INTO meta (key, value) VALUES ('audit_head', ?) ON CONFLICT (key) DO UPDATE SET value = excluded.value",
-                [.blob(Array(String(sequence).utf8) + [0] + mac)])
-            return AuditEntry(sequence: sequence, timeMicroseconds: time, record: record, mac: mac)
+            guard db.changes == 1 else { throw StoreError(.noSuchPerson(person.name.rawValue)) }
+            return try appendAudit(record, now: now, in: db)
         }
     }
 
