@@ -66,7 +66,9 @@ extension Authority {
         let name = try loginName(input.name)
         let person = try existingPerson(name, caller: caller, action: "finger.enroll")
         if !groups.isAdmin(caller) {
-            guard configuration.fingerprint.selfEnrollment, isSelf(caller, person) else {
+            // The person themself, or a greeter/kiosk app (kioskauth group) that just authenticated
+            // them on this connection (the ticket below proves it), e.g. after an online login.
+            guard configuration.fingerprint.selfEnrollment, isSelf(caller, person) || groups.isAuthenticator(caller) else {
                 audit(caller, action: "finger.enroll", result: "refused", person: name.rawValue, detail: "not an admin and not self")
                 throw APIError.permissionDenied("only admins enrol other people's fingers")
             }
@@ -186,6 +188,7 @@ extension Authority {
             audit(caller, action: "finger.verify", result: "refused", person: name.rawValue, method: "fingerprint", service: service, detail: reason)
             throw APIError.own("FingerprintNotAllowed", ["reason": .string(reason)])
         }
+        try checkOfflineUnlock(caller, person, action: "finger.verify", method: "fingerprint", service: service)
         guard person.state == .active else {
             throw APIError.own("PersonNotActive", ["name": .string(name.rawValue), "state": .string(person.state.rawValue.replacingOccurrences(of: "-", with: "_"))])
         }
@@ -196,6 +199,7 @@ extension Authority {
         let fingers = try withStore(caller, action: "finger.verify", person: name.rawValue) { () throws(StoreError) in try store.fingers(of: person) }
         guard !fingers.isEmpty else { throw APIError.own("NoFingers", ["name": .string(name.rawValue)]) }
         let reader = try requireReader()
+        let scanStarted = services.clock.reading()
         try? await sink.progress(Message.ScanReply(progress: ScanProgress(state: "touch", hint: Self.touchPrompt)))
         let matched: Bool
         do {
@@ -233,7 +237,7 @@ extension Authority {
         audit(caller, action: "finger.verify", result: "success", person: name.rawValue, method: "fingerprint", service: service)
         let updated = try existingPerson(name, caller: caller, action: "finger.verify")
         return Message.ScanReply(
-            person: record(updated), ticket: issueTicket(for: updated, caller: caller),
+            person: record(updated), ticket: issueTicket(for: updated, caller: caller, startedAt: scanStarted),
             ticketExpiresIn: Int(configuration.access.ticketLifetime))
     }
 
@@ -262,6 +266,7 @@ extension Authority {
         guard !roster.fingers.isEmpty else {
             throw APIError.own("NotIdentified", ["unknownInARow": .number(0), "askForName": .bool(false)])
         }
+        let scanStarted = services.clock.reading()
         try? await sink.progress(Message.ScanReply(progress: ScanProgress(state: "touch", hint: Self.touchPrompt)))
         let result: MatchResult
         do {
@@ -287,6 +292,7 @@ extension Authority {
         }
         throttle.record(identified: true, in: &throttleState, now: scanned)
         try? store.setTerminalValue(throttleState, forKey: Self.identifyThrottleKey)
+        try checkOfflineUnlock(caller, person, action: "finger.identify", method: "fingerprint", service: service)
         var failures = person.failures
         credentialGuard.recordFingerprint(matched: true, in: &failures)
         try withStore(caller, action: "finger.identify", person: person.name.rawValue) { () throws(StoreError) in
@@ -295,7 +301,9 @@ extension Authority {
         }
         audit(caller, action: "finger.identify", result: "success", person: person.name.rawValue, method: "fingerprint", service: service, detail: "roster \(roster.fingers.count)")
         let updated = try existingPerson(person.name, caller: caller, action: "finger.identify")
-        return Message.ScanReply(person: record(updated), rosterSize: roster.fingers.count)
+        return Message.ScanReply(
+            person: record(updated), ticket: issueTicket(for: updated, caller: caller, startedAt: scanStarted),
+            ticketExpiresIn: Int(configuration.access.ticketLifetime), rosterSize: roster.fingers.count)
     }
 
     // MARK: Start-up

@@ -25,18 +25,28 @@ public actor Authority {
     /// The fingerprint reader service; nil when fingerprints are disabled.
     let reader: FingerprintReader?
 
-    private struct Ticket {
+    struct Ticket {
         var personID: Int64
         var connectionID: UInt64
         var expires: Date
+        /// When the authentication that earned it began (a session lock after this voids it).
+        var startedAt: ClockReading
+        /// When it succeeded.
+        var issuedAt: ClockReading
     }
-    private var tickets: [String: Ticket] = [:]
+    var tickets: [String: Ticket] = [:]
+    /// The clock, the identity provider and the event hub (see Authority+IdentityProvider.swift).
+    let services: OnlineServices
+    /// Offline window, refresh schedule, sessions and connectivity; isolated to this actor.
+    let online: OnlineState
 
     public init(
         store: Store, configuration: DaemonConfiguration, groups: AccessGroups, hashingPool: NIOThreadPool,
         isSocketActivated: Bool, usesDevelopmentKey: Bool, reader: FingerprintReader?, logger: Logger,
-        now: @escaping @Sendable () -> Date = { Date() }
+        services: OnlineServices = OnlineServices(), now: @escaping @Sendable () -> Date = { Date() }
     ) {
+        self.services = services
+        self.online = OnlineState(configuration: configuration)
         self.store = store
         self.configuration = configuration
         self.groups = groups
@@ -125,7 +135,7 @@ public actor Authority {
     }
 
     func record(_ person: StoredPerson) -> PersonRecord {
-        PersonRecord(
+        var record = PersonRecord(
             name: person.name.rawValue, displayName: person.displayName, primaryRole: person.roles.primary.rawValue,
             roles: person.roles.all.map(\.rawValue), origin: person.origin.rawValue,
             state: person.state.rawValue.replacingOccurrences(of: "-", with: "_"), uid: person.uid,
@@ -133,6 +143,8 @@ public actor Authority {
             passcodeLockedUntil: person.failures.passcodeLockedUntil.flatMap { $0 > now() ? Self.timestamp($0) : nil },
             passcodeHardLocked: person.failures.passcodeHardLocked, fingerprintFailures: person.failures.fingerprintFailures,
             createdAt: Self.timestamp(person.createdAt), lastUnlockAt: person.lastUnlockAt.map(Self.timestamp))
+        addIdentityProviderFields(to: &record, of: person)
+        return record
     }
 
     // MARK: Status
@@ -205,6 +217,7 @@ public actor Authority {
         try requireAdmin(caller, action: "person.remove", person: name)
         let name = try loginName(name)
         let person = try existingPerson(name, caller: caller, action: "person.remove")
+        try prepareRemoval(caller, of: person)
         let templates = try withStore(caller, action: "person.remove", person: name.rawValue) { () throws(StoreError) in
             try store.removePerson(person)
         }
@@ -300,6 +313,7 @@ public actor Authority {
             audit(caller, action: "passcode.verify", result: "refused", person: name.rawValue, method: "passcode", service: service, detail: reason)
             throw APIError.own("PasscodeNotAllowed", ["reason": .string(reason)])
         }
+        try checkOfflineUnlock(caller, person, action: "passcode.verify", method: "passcode", service: service)
         guard person.state == .active else {
             audit(caller, action: "passcode.verify", result: "refused", person: name.rawValue, method: "passcode", service: service, detail: "state \(person.state.rawValue)")
             throw APIError.own("PersonNotActive", ["name": .string(name.rawValue), "state": .string(person.state.rawValue.replacingOccurrences(of: "-", with: "_"))])
@@ -379,7 +393,8 @@ public actor Authority {
 
     // MARK: Tickets
 
-    func issueTicket(for person: StoredPerson, caller: Caller) -> String {
+    func issueTicket(for person: StoredPerson, caller: Caller, startedAt: ClockReading? = nil) -> String {
+        let reading = services.clock.reading()
         let current = now()
         tickets = tickets.filter { $0.value.expires > current }
         var bytes = [UInt8](repeating: 0, count: 24)
@@ -388,14 +403,23 @@ public actor Authority {
         let ticket = Data(bytes).base64EncodedString()
         tickets[ticket] = Ticket(
             personID: person.id, connectionID: caller.connectionID,
-            expires: current.addingTimeInterval(configuration.access.ticketLifetime))
+            expires: current.addingTimeInterval(configuration.access.ticketLifetime), startedAt: startedAt ?? reading,
+            issuedAt: reading)
         return ticket
     }
 
     /// Single use; bound to the person and the connection that earned it.
     func consumeTicket(_ ticket: String, person: StoredPerson, caller: Caller) -> Bool {
-        guard let entry = tickets.removeValue(forKey: ticket) else { return false }
-        return entry.personID == person.id && entry.connectionID == caller.connectionID && entry.expires > now()
+        takeTicket(ticket, person: person, caller: caller) != nil
+    }
+
+    /// Consumes a ticket and returns it when it is valid for `person` on the caller's connection.
+    func takeTicket(_ ticket: String, person: StoredPerson, caller: Caller) -> Ticket? {
+        guard let entry = tickets.removeValue(forKey: ticket) else { return nil }
+        guard entry.personID == person.id && entry.connectionID == caller.connectionID && entry.expires > now() else {
+            return nil
+        }
+        return entry
     }
 
     /// Forgets every ticket of a closed connection.

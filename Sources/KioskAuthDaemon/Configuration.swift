@@ -83,6 +83,10 @@ public struct DaemonConfiguration: Sendable {
     public var store = Store()
     public var passcode = Passcode()
     public var fingerprint = Fingerprint()
+    /// The identity provider (off unless `[IdentityProvider] Issuer` is set).
+    public var identityProvider = IdentityProvider()
+    /// Session rules.
+    public var session = Session()
     /// Log level: trace, debug, info, notice, warning, error, critical.
     public var logLevel = "info"
 
@@ -204,6 +208,7 @@ public struct DaemonConfiguration: Sendable {
         case ("Fingerprint", "IdentifyPauseSec"): fingerprint.identifyPause = try seconds(value)
         case ("Fingerprint", "SelfEnrollment"): fingerprint.selfEnrollment = try bool(value)
         case ("Fingerprint", "MaxFingersPerPerson"): fingerprint.maxFingersPerPerson = try int(value, 1...10)
+        case ("IdentityProvider", _), ("Session", _): return try setOnlineKey(section: section, key: key, value: value)
         default: return false
         }
         return true

@@ -75,7 +75,7 @@ struct KioskAuthCtl: ParsableCommand {
         version: "0.1.0",
         subcommands: [
             Status.self, User.self, Passcode.self, FingerCommand.self, VerifyCommand.self, IdentifyCommand.self, ReaderCommand.self,
-            Lockout.self, Audit.self,
+            Lockout.self, Audit.self, SessionCommand.self, Login.self,
         ])
 
     /// Runs the command; usage errors exit 2, failures print one line and exit 1.
@@ -178,6 +178,20 @@ struct KioskAuthCtl: ParsableCommand {
         case "ReaderFull": return "the reader's storage is full"
         case "ScanCancelled": return "the scan was cancelled"
         case "FingerprintNotAllowed": return "fingerprint not allowed: \(string("reason") ?? "")"
+        case "IdentityProviderNotConfigured": return "no identity provider is configured on this terminal"
+        case "WrongCredentials": return "wrong email or password"
+        case "NotAdmitted": return "not admitted on this terminal: \(string("reason") ?? "")"
+        case "UnknownRole": return "refused: \(string("reason") ?? "unknown role")"
+        case "IdentityProviderUnavailable": return "the identity provider cannot be reached: \(string("reason") ?? ""); try again later"
+        case "IdentityProviderRefused": return "the identity provider refused the request: \(string("reason") ?? "")"
+        case "DeviceLoginDenied": return "the device login was denied"
+        case "DeviceLoginExpired": return "the device code expired; start again"
+        case "OfflineWindowExpired", "OnlineLoginRequired": return string("message") ?? "Sign in online."
+        case "NoSuchSession": return "no open session \(string("id") ?? "")"
+        case "SessionEnded": return "the session has ended (\(string("reason") ?? "ended"))"
+        case "SessionLocked": return "the session is locked: authenticate first"
+        case "StaleAuthentication": return "that authentication began before the session was locked; authenticate again"
+        case "NoAccessToken": return "no access token: \(string("reason") ?? "")"
         default: return error.description
         }
     }
@@ -196,12 +210,49 @@ struct Status: ParsableCommand {
         print("store key:    \(status.developmentKey ? "DEVELOPMENT KEY FILE (not for production)" : "systemd credential")")
         print("uptime:       \(status.uptimeSeconds) s")
         print("audit:        \(status.auditEvents) events, head \(status.auditHead.prefix(16))…")
+        guard let connectivity = try? global.call("GetConnectivity", Message.Empty(), as: Message.Connectivity.self) else {
+            return
+        }
+        guard connectivity.identityProvider else {
+            print("identity provider: none configured (local people only)")
+            return
+        }
+        var line = "identity provider: \(connectivity.state)"
+        if let since = connectivity.since { line += " since \(since)" }
+        if connectivity.circuit != "closed" { line += ", refresh paused (circuit \(connectivity.circuit))" }
+        print(line)
+        for person in connectivity.people {
+            var window = "  \(person.name): offline window \(person.window)"
+            if let left = person.windowSecondsLeft { window += ", \(left / 3600) h \(left % 3600 / 60) min left" }
+            if let reason = person.suspendedReason { window += " (\(reason))" }
+            print(window)
+        }
+        print("revocation queue: \(connectivity.outboxPending) pending\(connectivity.lastDeliveryAt.map { ", last delivery \($0)" } ?? "")\(connectivity.lastDeliveryError.map { ", last error: \($0)" } ?? "")")
     }
 }
 
 struct User: ParsableCommand {
     static let configuration = CommandConfiguration(
-        abstract: "Add, list, show and remove people.", subcommands: [Add.self, List.self, Show.self, Remove.self])
+        abstract: "Add, list, show, change and remove people.", subcommands: [Add.self, List.self, Show.self, Set.self, Remove.self])
+
+    struct Set: ParsableCommand {
+        static let configuration = CommandConfiguration(abstract: "Change a person's settings.")
+        @OptionGroup var global: GlobalOptions
+        @Argument(help: "Login name.") var name: String
+        @Option(help: "Offer fingerprint enrolment after online logins: on, or off (as if declined).")
+        var biometricOffer: String?
+
+        func validate() throws {
+            guard let biometricOffer else { throw ValidationError("nothing to change: give --biometric-offer on|off") }
+            guard ["on", "off"].contains(biometricOffer) else { throw ValidationError("--biometric-offer takes on or off") }
+        }
+
+        func run() throws {
+            let enabled = biometricOffer == "on"
+            try global.call("SetBiometricOffer", Message.SetBiometricOffer(name: name, enabled: enabled), as: Message.PersonReply.self)
+            if !global.json { print("fingerprint enrolment offer for \(name): \(enabled ? "on" : "off")") }
+        }
+    }
 
     struct Add: ParsableCommand {
         static let configuration = CommandConfiguration(abstract: "Add a local person.")
@@ -266,6 +317,12 @@ struct User: ParsableCommand {
             print("fingers:       \(p.fingers.isEmpty ? "-" : p.fingers.joined(separator: ", "))")
             print("created:       \(p.createdAt)")
             print("last unlock:   \(iso(p.lastUnlockAt))")
+            if p.origin == "idp" {
+                print("email:         \(iso(p.email))")
+                print("last online:   \(iso(p.lastOnlineContactAt))")
+                if let reason = p.suspendedReason { print("suspended:     until an online login (\(reason))") }
+            }
+            if let offer = p.biometricOffer { print("finger offer:  \(offer ? "on" : "declined")") }
         }
     }
 
@@ -503,5 +560,57 @@ struct ReaderCommand: ParsableCommand {
             if r.hasStorage { features.append("storage") }
             print("\(r.name)\tdriver \(r.driver)\t\(r.enrollStages) enrol stages\t\(features.joined(separator: ", "))")
         }
+    }
+}
+
+struct SessionCommand: ParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "session", abstract: "List sessions, or end every session of a person.", subcommands: [List.self, End.self])
+
+    struct List: ParsableCommand {
+        static let configuration = CommandConfiguration(abstract: "List open sessions.")
+        @OptionGroup var global: GlobalOptions
+        @Argument(help: "Only this person's.") var name: String?
+
+        func run() throws {
+            let reply = try global.call("ListSessions", Message.ListSessions(name: name), as: Message.Sessions.self)
+            guard !global.json else { return }
+            let rows = [["ID", "NAME", "STATE", "SERVICE", "OPENED", "LAST ACTIVITY", "CUT-OFF"]]
+                + reply.sessions.map { s in
+                    [String(s.id.prefix(12)), s.name, s.state, s.service ?? "-", s.openedAt, s.lastActivityAt, s.overnightCutoff ?? "-"]
+                }
+            let widths = (0..<rows[0].count).map { column in rows.map { $0[column].count }.max() ?? 0 }
+            for row in rows {
+                print(zip(row, widths).map { $0.padding(toLength: $1, withPad: " ", startingAt: 0) }.joined(separator: "  "))
+            }
+        }
+    }
+
+    struct End: ParsableCommand {
+        static let configuration = CommandConfiguration(
+            abstract: "End every session of a person (security logout).")
+        @OptionGroup var global: GlobalOptions
+        @Argument(help: "Login name.") var name: String
+
+        func run() throws {
+            let reply = try global.call("EndSessions", Message.Name(name: name), as: Message.EndedSessions.self)
+            if !global.json { print("ended \(reply.ended) session\(reply.ended == 1 ? "" : "s") of \(name)") }
+        }
+    }
+}
+
+struct Login: ParsableCommand {
+    static let configuration = CommandConfiguration(
+        abstract: "Sign in online with the identity provider (the password is one line on standard input).")
+    @OptionGroup var global: GlobalOptions
+    @Argument(help: "Email address.") var email: String
+
+    func run() throws {
+        let password = try readSecret(prompt: "Password for \(email): ")
+        let reply = try global.call(
+            "LoginWithPassword", Message.LoginWithPassword(email: email, password: password), as: Message.OnlineLogin.self)
+        guard !global.json, let person = reply.person else { return }
+        print("signed in as \(person.name) (\(person.roles.joined(separator: ", ")))\(reply.created == true ? ", new on this terminal" : "")")
+        if reply.offerFingerprint == true { print("fingerprint enrolment can be offered (kioskauthctl finger enroll \(person.name))") }
     }
 }
