@@ -192,7 +192,7 @@ extension Authority {
             performRefreshActions(online.schedule.stopTracking(person.id, at: reading.wall))
         }
         online.accessTokens[person.id] = CachedAccessToken(
-            token: result.tokens.accessToken, expiresAt: lifetime.expiresAt)
+            token: result.tokens.accessToken, obtainedAt: lifetime.obtainedAt, expiresAt: lifetime.expiresAt)
         noteProviderAnswered()
         audit(
             caller, action: "idp.login", result: "success", person: person.name.rawValue, method: method,

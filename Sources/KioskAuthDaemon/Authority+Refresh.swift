@@ -217,7 +217,7 @@ extension Authority {
                 online.schedule.complete(.succeeded(lifetime), for: job.personID, at: now, using: &random),
                 success: (job.personID, rotated, contact))
             online.accessTokens[job.personID] = CachedAccessToken(
-                token: refreshed.tokens.accessToken, expiresAt: lifetime.expiresAt)
+                token: refreshed.tokens.accessToken, obtainedAt: lifetime.obtainedAt, expiresAt: lifetime.expiresAt)
             logger.info("tokens refreshed", metadata: ["person": "\(job.name)", "rotated": "\(rotated != nil)"])
             noteProviderAnswered()
             if let violation = refreshed.policyViolation {
@@ -297,33 +297,33 @@ extension Authority {
 
     // MARK: Access tokens for kiosk apps
 
-    /// The person's current access token, refreshed first when it is about to expire. Waits at
-    /// most the provider's request timeout for that refresh (this is never an unlock path).
+    /// The person's current access token, refreshed first when it is about to expire (less than
+    /// 30 s, or a quarter of its lifetime, left). Waits at most the provider's request timeout for
+    /// that refresh (this is never an unlock path).
     func accessToken(for person: StoredPerson) async throws(APIError) -> CachedAccessToken {
-        func fresh() -> CachedAccessToken? {
-            guard let cached = online.accessTokens[person.id],
-                cached.expiresAt.timeIntervalSince(now()) > Self.minimumAccessTokenValidity
-            else { return nil }
-            return cached
+        if let cached = online.accessTokens[person.id] {
+            let lifetime = cached.expiresAt.timeIntervalSince(cached.obtainedAt)
+            let margin = min(Self.minimumAccessTokenValidity, lifetime / 4)
+            if cached.expiresAt.timeIntervalSince(now()) > margin { return cached }
         }
-        if let cached = fresh() { return cached }
         guard services.provider != nil else {
             throw APIError.own("NoAccessToken", ["reason": .string("no identity provider is configured")])
         }
         guard online.schedule.phase(of: person.id) != nil else {
             throw APIError.own(
-                "NoAccessToken",
-                ["reason": .string("no refresh token is held for \(person.name.rawValue): sign in online")])
+                "NoAccessToken", ["reason": .string("no refresh token is held for \(person.name.rawValue): sign in online")])
         }
-        performRefreshActions(online.schedule.requestRefresh(for: person.id, at: now()))
+        let requested = now()
+        performRefreshActions(online.schedule.requestRefresh(for: person.id, at: requested))
         let deadline =
-            ContinuousClock.now + .milliseconds(Int64(configuration.identityProvider.requestTimeout * 1000))
-            + .seconds(1)
+            ContinuousClock.now + .milliseconds(Int64(configuration.identityProvider.requestTimeout * 1000)) + .seconds(1)
         while ContinuousClock.now < deadline {
-            do { try await Task.sleep(for: .milliseconds(100)) } catch { break }
-            if let cached = fresh() { return cached }
+            do { try await Task.sleep(for: .milliseconds(50)) } catch { break }
+            // A token obtained since the request is as fresh as the provider makes them.
+            if let cached = online.accessTokens[person.id], cached.obtainedAt >= requested, cached.expiresAt > now() {
+                return cached
+            }
         }
-        throw APIError.own(
-            "NoAccessToken", ["reason": .string("the identity provider could not be reached; try again later")])
+        throw APIError.own("NoAccessToken", ["reason": .string("the identity provider could not be reached; try again later")])
     }
 }

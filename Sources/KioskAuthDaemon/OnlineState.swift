@@ -26,6 +26,7 @@ public struct OnlineServices: Sendable {
 /// An access token kept in memory for `GetSessionToken`; never persisted, never logged.
 struct CachedAccessToken {
     var token: OAuthToken
+    var obtainedAt: Date
     var expiresAt: Date
 }
 
