@@ -48,7 +48,7 @@ class IdentityServer:
         self.args = [
             "--lifetime-seconds", str(lifetime), "--access-token-seconds", str(access_seconds),
             "--refresh-token-seconds", str(refresh_seconds), "--state-dir", str(self.state_dir),
-            "--test-controls", "--exit-on-stdin-eof", "--client-secret", secrets.token_urlsafe(24), *extra,
+            "--test-controls", "--exit-on-stdin-eof", f"--client-secret={secrets.token_urlsafe(24)}", *extra,
         ]
         for user in users:
             self.args += ["--user", ":".join(user)]

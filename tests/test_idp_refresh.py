@@ -290,3 +290,25 @@ def test_removing_a_person_revokes_their_refresh_token_at_the_idp(make_daemon, i
     with sqlite3.connect(idp.state_dir / "idp.sqlite3") as db:
         live = db.execute("SELECT COUNT(*) FROM oauth2_provider_refreshtoken WHERE revoked IS NULL").fetchone()[0]
     assert live == 0
+
+
+def test_a_token_rotated_by_a_superseded_refresh_is_revoked(make_daemon, idp):
+    d, _, name = signed_in(make_daemon, idp, passcode=False)
+    # The next refresh is processed at once (the token rotates) but answered 1.5 s late ...
+    idp.control("fault", {"kind": "stall-after", "seconds": 1.5, "count": 1})
+
+    def in_flight():
+        with sqlite3.connect(d.state / "kioskauth.sqlite") as db:
+            (state,) = db.execute("SELECT refresh_state FROM people").fetchone()
+        return json.loads(state).get("refreshStartedAt") is not None
+    wait_until(in_flight, ACCESS_SECONDS * 2, interval=0.02, message="a refresh in flight")
+    # ... and meanwhile the person signs in online: a new token family replaces the old one.
+    ok(login(d))
+    time.sleep(2.5)  # the late answer has arrived by now (and was discarded)
+    wait_until(lambda: any(e["action"] == "idp.revoke" for e in audit_events(d)), 15, message="a revocation")
+    wait_until(lambda: ok(d.call("io.kioskauth.GetConnectivity"))["outboxPending"] == 0, 15, message="delivery")
+    # Only the login's token is alive at the IdP; the late answer's rotated token was revoked.
+    with sqlite3.connect(idp.state_dir / "idp.sqlite3") as db:
+        live = db.execute("SELECT COUNT(*) FROM oauth2_provider_refreshtoken WHERE revoked IS NULL").fetchone()[0]
+    assert live == 1
+    assert person(d)["state"] == "active"

@@ -85,6 +85,7 @@ extension Authority {
         guard (1...Self.maximumPasswordLength).contains(input.password.utf8.count) else {
             throw APIError.invalidInput("password", "a password is 1 to \(Self.maximumPasswordLength) bytes")
         }
+        let started = services.clock.reading()
         let result: LoginResult
         do {
             result = try await provider.passwordLogin(email: email, password: input.password)
@@ -95,7 +96,8 @@ extension Authority {
                 detail: "\(email): \(Self.summary(error))")
             throw Self.apiError(identity: error)
         }
-        return try await completeOnlineLogin(caller, result, method: "idp-password", service: service)
+        return try await completeOnlineLogin(
+            caller, result, method: "idp-password", service: service, startedAt: started)
     }
 
     func startDeviceLogin(
@@ -113,6 +115,7 @@ extension Authority {
         }
         guard let provider = services.provider else { throw Self.notConfigured }
         guard sink.wantsMore else { throw APIError(VarlinkErrorName.expectedMore) }
+        let started = services.clock.reading()
         let authorization: DeviceAuthorization
         do {
             authorization = try await provider.startDeviceAuthorization()
@@ -140,7 +143,7 @@ extension Authority {
                 detail: Self.summary(error))
             throw Self.apiError(identity: error)
         }
-        return try await completeOnlineLogin(caller, result, method: "idp-device", service: service)
+        return try await completeOnlineLogin(caller, result, method: "idp-device", service: service, startedAt: started)
     }
 
     static func summary(_ error: any Error) -> String {
@@ -152,7 +155,7 @@ extension Authority {
     /// sealed refresh token and new offline window; lifts a suspension and clears a passcode hard
     /// lock; starts background refresh.
     func completeOnlineLogin(
-        _ caller: Caller, _ result: LoginResult, method: String, service: String?
+        _ caller: Caller, _ result: LoginResult, method: String, service: String?, startedAt: ClockReading
     ) async throws(APIError)
         -> Message.OnlineLogin
     {
@@ -180,6 +183,12 @@ extension Authority {
             displayName: Self.displayName(email: identity.email, subject: identity.subject), roles: roleSet,
             contact: contact, refreshToken: refreshToken,
             refresh: refreshToken.map { _ in RefreshRecord(token: lifetime) })
+        // A login starts a new token family: the one it replaces is revoked, not left alive.
+        if let existing = try? store.person(withSubject: identity.subject),
+            (try? store.queueRevocation(of: existing, now: reading.wall)) == true
+        {
+            services.refreshWakeup.signal()
+        }
         let (person, created) = try withStore(caller, action: "idp.login") { () throws(StoreError) in
             try store.recordOnlineLogin(login, now: reading.wall)
         }
@@ -203,7 +212,7 @@ extension Authority {
         let offer = await shouldOfferFingerprint(person)
         return Message.OnlineLogin(
             person: record(person), created: created, offerFingerprint: offer,
-            ticket: issueTicket(for: person, caller: caller),
+            ticket: issueTicket(for: person, caller: caller, startedAt: startedAt),
             ticketExpiresIn: Int(configuration.access.ticketLifetime))
     }
 

@@ -202,6 +202,19 @@ extension Authority {
     func completeRefresh(_ job: RefreshJob, _ result: RefreshJobResult) {
         guard online.generations[job.personID] == job.generation else {
             logger.debug("discarding the result of a superseded refresh", metadata: ["person": "\(job.name)"])
+            // The provider rotated a token nobody will use (the person logged in again or was
+            // removed meanwhile): revoke it rather than leave it alive.
+            if case .refreshed(let refreshed, _) = result, let orphan = refreshed.tokens.refreshToken {
+                do {
+                    try store.queueRevocation(
+                        token: Array(orphan.rawValue.utf8), ofPersonNamed: job.name.rawValue, now: now())
+                    services.refreshWakeup.signal()
+                } catch {
+                    logger.error(
+                        "cannot queue the revocation of an orphaned refresh token",
+                        metadata: ["error": "\(error.message)"])
+                }
+            }
             return
         }
         let reading = services.clock.reading()
@@ -311,12 +324,14 @@ extension Authority {
         }
         guard online.schedule.phase(of: person.id) != nil else {
             throw APIError.own(
-                "NoAccessToken", ["reason": .string("no refresh token is held for \(person.name.rawValue): sign in online")])
+                "NoAccessToken",
+                ["reason": .string("no refresh token is held for \(person.name.rawValue): sign in online")])
         }
         let requested = now()
         performRefreshActions(online.schedule.requestRefresh(for: person.id, at: requested))
         let deadline =
-            ContinuousClock.now + .milliseconds(Int64(configuration.identityProvider.requestTimeout * 1000)) + .seconds(1)
+            ContinuousClock.now + .milliseconds(Int64(configuration.identityProvider.requestTimeout * 1000))
+            + .seconds(1)
         while ContinuousClock.now < deadline {
             do { try await Task.sleep(for: .milliseconds(50)) } catch { break }
             // A token obtained since the request is as fresh as the provider makes them.
@@ -324,6 +339,7 @@ extension Authority {
                 return cached
             }
         }
-        throw APIError.own("NoAccessToken", ["reason": .string("the identity provider could not be reached; try again later")])
+        throw APIError.own(
+            "NoAccessToken", ["reason": .string("the identity provider could not be reached; try again later")])
     }
 }

@@ -40,13 +40,20 @@ extension Store {
     @discardableResult
     public func queueRevocation(of person: StoredPerson, now: Date) throws(StoreError) -> Bool {
         guard let token = try refreshToken(of: person) else { return false }
+        try queueRevocation(token: token, ofPersonNamed: person.name.rawValue, now: now)
+        return true
+    }
+
+    /// Queues the revocation of a refresh token the terminal no longer keeps (one a superseded
+    /// refresh rotated in), sealed.
+    public func queueRevocation(token: [UInt8], ofPersonNamed name: String, now: Date) throws(StoreError) {
         let key = UUID().uuidString.lowercased()
         let binding = Self.outboxBinding(kind: Self.revokeRefreshTokenKind, key: key)
         let sealed: [UInt8]
         do { sealed = try sealer.seal(token, binding: binding) } catch {
             throw StoreError(.integrity("sealing failed: \(error)"))
         }
-        let payload = String(decoding: try JSONEncoder().encodeOrThrow(["person": person.name.rawValue]), as: UTF8.self)
+        let payload = String(decoding: try JSONEncoder().encodeOrThrow(["person": name]), as: UTF8.self)
         try transaction { db in
             try db.query(
                 "INSERT INTO outbox (kind, idempotency_key, payload, sealed, created_at, next_attempt_at) VALUES (?, ?, ?, ?, ?, ?)",
@@ -55,7 +62,6 @@ extension Store {
                     .real(now.timeIntervalSince1970), .real(now.timeIntervalSince1970),
                 ])
         }
-        return true
     }
 
     /// Items due for delivery at `now`, oldest first, their secrets opened. An item whose secret
