@@ -223,3 +223,31 @@ def audit_events(d: Daemon) -> list[dict]:
 def set_passcode(d: Daemon, name: str, code: str = "482913") -> None:
     r = d.ctl("passcode", "set", name, input=f"{code}\n{code}\n")
     assert r.returncode == 0, r.stderr
+
+
+def enroll_with_ticket(conn: Connection, sensor, name: str, ticket: str, finger_id: str) -> dict:
+    """Enrols a finger on a virtual storage reader with a login's ticket, touching when asked."""
+    from fprint_virtual import VirtualDevice
+
+    send_message(conn.sock, {"method": "io.kioskauth.EnrollFinger", "parameters": {"name": name, "ticket": ticket}, "more": True})
+    while True:
+        reply = read_message(conn.sock)
+        progress = (reply.get("parameters") or {}).get("progress")
+        if "error" in reply or progress is None:
+            return reply
+        waits = (progress.get("hint") == "touch the reader to check this finger is not already enrolled"
+                 if progress["state"] == "duplicate-check" else progress.get("stage", 0) < progress.get("stages", 1))
+        if waits:
+            VirtualDevice(sensor).scan(finger_id)
+
+
+def scan_call(conn: Connection, sensor, method: str, parameters: dict, finger_id: str) -> dict:
+    """A VerifyFinger or Identify call that touches the virtual reader when it asks."""
+    from fprint_virtual import VirtualDevice
+
+    send_message(conn.sock, {"method": "io.kioskauth." + method, "parameters": parameters, "more": True})
+    while True:
+        reply = read_message(conn.sock)
+        if not reply.get("continues"):
+            return reply
+        VirtualDevice(sensor).scan(finger_id)

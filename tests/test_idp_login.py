@@ -10,21 +10,15 @@ import sqlite3
 
 import pytest
 
-from fprint_virtual import VirtualDevice, environment
+from fprint_virtual import environment
 from kioskauth_testing import ensure_group, read_message, send_message
 from idp_testing import (
-    SARAH, Connection, IdentityServer, audit_events, error_name, have_identity_server, login, make_identity_daemon, ok,
-    person, set_passcode, wait_until,
+    SARAH, Connection, IdentityServer, audit_events, enroll_with_ticket, error_name, have_identity_server, login,
+    make_identity_daemon, ok, person, set_passcode,
 )
 
 pytestmark = pytest.mark.skipif(not have_identity_server(), reason="django-oauth-toolkit is not installed")
 
-
-def wants_touch(progress):
-    """Whether the reader waits for a finger after this enrolment progress report."""
-    if progress["state"] == "duplicate-check":
-        return progress.get("hint") == "touch the reader to check this finger is not already enrolled"
-    return progress.get("stage", 0) < progress.get("stages", 1)
 
 NOOR = ("noor@clinic.example", "pw-noor", "coordinator", "nurses")
 EVE = ("eve@elsewhere.example", "pw-eve", "caregiver", "nurses")
@@ -147,15 +141,7 @@ def test_biometric_offer_is_made_once_and_a_decline_is_remembered(make_daemon, i
     assert offered["offerFingerprint"] is True
 
     # Accepting: the app enrols the finger with the login's ticket on the same connection.
-    send_message(conn.sock, {"method": "io.kioskauth.EnrollFinger",
-                             "parameters": {"name": name, "ticket": offered["ticket"]}, "more": True})
-    while True:
-        reply = read_message(conn.sock)
-        progress = (reply.get("parameters") or {}).get("progress")
-        if "error" in reply or progress is None:
-            break
-        if wants_touch(progress):
-            VirtualDevice(sensor).scan("sarah-right-index")
+    reply = enroll_with_ticket(conn, sensor, name, offered["ticket"], "sarah-right-index")
     assert "error" not in reply, reply
     assert reply["parameters"]["person"]["fingers"] == ["right-index"]
     # Someone with a finger is not offered enrolment again.
