@@ -228,6 +228,7 @@ extension Authority {
                 service: service, detail: reason)
             throw APIError.own("FingerprintNotAllowed", ["reason": .string(reason)])
         }
+        try checkOfflineUnlock(caller, person, action: "finger.verify", method: "fingerprint", service: service)
         guard person.state == .active else {
             throw APIError.own(
                 "PersonNotActive",
@@ -248,6 +249,7 @@ extension Authority {
         }
         guard !fingers.isEmpty else { throw APIError.own("NoFingers", ["name": .string(name.rawValue)]) }
         let reader = try requireReader()
+        let scanStarted = services.clock.reading()
         try? await sink.progress(Message.ScanReply(progress: ScanProgress(state: "touch", hint: Self.touchPrompt)))
         let matched: Bool
         do {
@@ -293,7 +295,7 @@ extension Authority {
             service: service)
         let updated = try existingPerson(name, caller: caller, action: "finger.verify")
         return Message.ScanReply(
-            person: record(updated), ticket: issueTicket(for: updated, caller: caller),
+            person: record(updated), ticket: issueTicket(for: updated, caller: caller, startedAt: scanStarted),
             ticketExpiresIn: Int(configuration.access.ticketLifetime))
     }
 
@@ -333,6 +335,7 @@ extension Authority {
         guard !roster.fingers.isEmpty else {
             throw APIError.own("NotIdentified", ["unknownInARow": .number(0), "askForName": .bool(false)])
         }
+        let scanStarted = services.clock.reading()
         try? await sink.progress(Message.ScanReply(progress: ScanProgress(state: "touch", hint: Self.touchPrompt)))
         let result: MatchResult
         do {
@@ -366,6 +369,7 @@ extension Authority {
         }
         throttle.record(identified: true, in: &throttleState, now: scanned)
         try? store.setTerminalValue(throttleState, forKey: Self.identifyThrottleKey)
+        try checkOfflineUnlock(caller, person, action: "finger.identify", method: "fingerprint", service: service)
         var failures = person.failures
         credentialGuard.recordFingerprint(matched: true, in: &failures)
         try withStore(caller, action: "finger.identify", person: person.name.rawValue) { () throws(StoreError) in
@@ -376,7 +380,9 @@ extension Authority {
             caller, action: "finger.identify", result: "success", person: person.name.rawValue, method: "fingerprint",
             service: service, detail: "roster \(roster.fingers.count)")
         let updated = try existingPerson(person.name, caller: caller, action: "finger.identify")
-        return Message.ScanReply(person: record(updated), rosterSize: roster.fingers.count)
+        return Message.ScanReply(
+            person: record(updated), ticket: issueTicket(for: updated, caller: caller, startedAt: scanStarted),
+            ticketExpiresIn: Int(configuration.access.ticketLifetime), rosterSize: roster.fingers.count)
     }
 
     // MARK: Start-up

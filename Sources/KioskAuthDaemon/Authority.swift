@@ -38,14 +38,24 @@ public actor Authority {
         var connectionID: UInt64
         var expires: Date
         var purpose: TicketPurpose
+        /// When the authentication that earned it began (a session lock after this voids it).
+        var startedAt: ClockReading
+        /// When it succeeded.
+        var issuedAt: ClockReading
     }
-    private var tickets: [String: Ticket] = [:]
+    var tickets: [String: Ticket] = [:]
+    /// The clock, the identity provider and the event hub (see Authority+IdentityProvider.swift).
+    let services: OnlineServices
+    /// Offline window, refresh schedule, sessions and connectivity; isolated to this actor.
+    let online: OnlineState
 
     public init(
         store: Store, configuration: DaemonConfiguration, groups: AccessGroups, hashingPool: NIOThreadPool,
         isSocketActivated: Bool, usesDevelopmentKey: Bool, reader: FingerprintReader?, logger: Logger,
-        now: @escaping @Sendable () -> Date = { Date() }
+        services: OnlineServices = OnlineServices(), now: @escaping @Sendable () -> Date = { Date() }
     ) {
+        self.services = services
+        self.online = OnlineState(configuration: configuration)
         self.store = store
         self.configuration = configuration
         self.groups = groups
@@ -145,7 +155,7 @@ public actor Authority {
     }
 
     func record(_ person: StoredPerson) -> PersonRecord {
-        PersonRecord(
+        var record = PersonRecord(
             name: person.name.rawValue, displayName: person.displayName, primaryRole: person.roles.primary.rawValue,
             roles: person.roles.all.map(\.rawValue), origin: person.origin.rawValue,
             state: person.state.rawValue.replacingOccurrences(of: "-", with: "_"), uid: person.uid,
@@ -155,6 +165,8 @@ public actor Authority {
             passcodeHardLocked: person.failures.passcodeHardLocked,
             fingerprintFailures: person.failures.fingerprintFailures,
             createdAt: Self.timestamp(person.createdAt), lastUnlockAt: person.lastUnlockAt.map(Self.timestamp))
+        addIdentityProviderFields(to: &record, of: person)
+        return record
     }
 
     // MARK: Status
@@ -235,6 +247,7 @@ public actor Authority {
         try requireAdmin(caller, action: "person.remove", person: name)
         let name = try loginName(name)
         let person = try existingPerson(name, caller: caller, action: "person.remove")
+        try prepareRemoval(caller, of: person)
         let templates = try withStore(caller, action: "person.remove", person: name.rawValue) { () throws(StoreError) in
             try store.removePerson(person)
         }
@@ -354,6 +367,7 @@ public actor Authority {
                 service: service, detail: reason)
             throw APIError.own("PasscodeNotAllowed", ["reason": .string(reason)])
         }
+        try checkOfflineUnlock(caller, person, action: "passcode.verify", method: "passcode", service: service)
         guard person.state == .active else {
             audit(
                 caller, action: "passcode.verify", result: "refused", person: name.rawValue, method: "passcode",
@@ -456,7 +470,10 @@ public actor Authority {
 
     // MARK: Tickets
 
-    func issueTicket(for person: StoredPerson, caller: Caller, purpose: TicketPurpose = .selfService) -> String {
+    func issueTicket(
+        for person: StoredPerson, caller: Caller, purpose: TicketPurpose = .selfService, startedAt: ClockReading? = nil
+    ) -> String {
+        let reading = services.clock.reading()
         let current = now()
         tickets = tickets.filter { $0.value.expires > current }
         var bytes = [UInt8](repeating: 0, count: 24)
@@ -465,14 +482,22 @@ public actor Authority {
         let ticket = Data(bytes).base64EncodedString()
         tickets[ticket] = Ticket(
             personID: person.id, connectionID: caller.connectionID,
-            expires: current.addingTimeInterval(configuration.access.ticketLifetime), purpose: purpose)
+            expires: current.addingTimeInterval(configuration.access.ticketLifetime), purpose: purpose,
+            startedAt: startedAt ?? reading, issuedAt: reading)
         return ticket
     }
 
     /// Single use; bound to the person and the connection that earned it.
     func consumeTicket(_ ticket: String, person: StoredPerson, caller: Caller) -> Bool {
+        takeTicket(ticket, person: person, caller: caller) != nil
+    }
+
+    /// Consumes a self-service ticket and returns it when it is valid for `person` on the
+    /// caller's connection. A ticket presented wrongly dies too.
+    func takeTicket(_ ticket: String, person: StoredPerson, caller: Caller) -> Ticket? {
         defer { tickets[ticket] = nil }
-        return isValidTicket(ticket, person: person, caller: caller)
+        guard isValidTicket(ticket, person: person, caller: caller) else { return nil }
+        return tickets[ticket]
     }
 
     /// Whether a self-service ticket is valid for this person and connection, without using it up.

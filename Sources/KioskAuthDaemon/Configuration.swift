@@ -105,6 +105,10 @@ public struct DaemonConfiguration: Sendable {
     public var store = Store()
     public var passcode = Passcode()
     public var fingerprint = Fingerprint()
+    /// The identity provider (off unless `[IdentityProvider] Issuer` is set).
+    public var identityProvider = IdentityProvider()
+    /// Session rules.
+    public var session = Session()
     /// Log level: trace, debug, info, notice, warning, error, critical.
     public var logLevel = "info"
 
@@ -234,6 +238,7 @@ public struct DaemonConfiguration: Sendable {
         case ("Roles", "Caregiver"): activation.roleDescriptions["caregiver"] = value
         case ("Roles", "Coordinator"): activation.roleDescriptions["coordinator"] = value
         case ("Roles", "Family"): activation.roleDescriptions["family"] = value
+        case ("IdentityProvider", _), ("Session", _): return try setOnlineKey(section: section, key: key, value: value)
         default: return false
         }
         return true

@@ -1,5 +1,6 @@
 public import Foundation
 import KioskAuthFingerprint
+import KioskAuthIdentity
 import KioskAuthStore
 public import Logging
 import NIOPosix
@@ -65,6 +66,17 @@ public enum Daemon {
         if let level = Logger.Level(rawValue: configuration.logLevel), baseLogger.logLevel == .info {
             logger.logLevel = level
         }
+        let identityProviderConfiguration: IdentityProviderConfiguration?
+        do {
+            identityProviderConfiguration = try configuration.makeIdentityProviderConfiguration(
+                credentialsDirectory: paths.credentialsDirectory)
+        } catch {
+            throw StartupError(message: "configuration: \(error.message)", exitCode: StartupError.configurationExitCode)
+        }
+        let clock = DaemonClock.system()
+        if clock.isTestClock {
+            logger.warning("TEST CLOCK ACTIVE: readings are shifted by KIOSKAUTH_TEST_CLOCK_FILE (debug build, tests only)")
+        }
         let notifier = SystemdNotifier()
         let readyLogger = logger
 
@@ -118,12 +130,23 @@ public enum Daemon {
                 logger.error("fingerprint support unavailable; passcodes only", metadata: ["error": "\(error)"])
             }
         }
+        var provider: IdentityProviderClient?
+        if let identityProviderConfiguration {
+            do {
+                provider = try IdentityProviderClient(configuration: identityProviderConfiguration, logger: logger)
+            } catch {
+                throw StartupError(message: "configuration: [IdentityProvider]: \(error)", exitCode: StartupError.configurationExitCode)
+            }
+            logger.info("identity provider configured", metadata: ["issuer": "\(configuration.identityProvider.issuer)"])
+        }
+        let onlineServices = OnlineServices(clock: clock, provider: provider)
         let authority = Authority(
             store: store, configuration: configuration, groups: groups, hashingPool: hashingPool,
             isSocketActivated: listenFD != nil, usesDevelopmentKey: { if case .developmentKeyFile = source { true } else { false } }(),
-            reader: reader, logger: logger)
+            reader: reader, logger: logger, services: onlineServices, now: { clock.now() })
         await authority.audit(nil, action: "daemon.start", result: "success", detail: "schema \(Store.schemaVersion)")
         await authority.reconcileSensor()
+        await authority.startOnline()
 
         let server = VarlinkServer(
             target: listenFD.map { .inherited(fd: $0) } ?? .path(paths.socket), authority: authority,
@@ -138,6 +161,11 @@ public enum Daemon {
         if let reader {
             services.append(.init(service: ReaderService(reader: reader, authority: authority, logger: logger)))
         }
+        if let provider {
+            services.append(
+                .init(service: RefreshService(authority: authority, provider: provider, wakeup: onlineServices.refreshWakeup, logger: logger)))
+        }
+        services.append(.init(service: TimekeepingService(authority: authority, wakeup: onlineServices.sessionWakeup, events: onlineServices.events)))
         if let interval = SystemdNotifier.watchdogInterval() {
             services.append(.init(service: WatchdogService(interval: interval, notifier: notifier, authority: authority, logger: logger)))
         }
@@ -149,6 +177,8 @@ public enum Daemon {
                 try await group.run()
             } onGracefulShutdown: {
                 notifier.notify("STOPPING=1\nSTATUS=Shutting down")
+                // Subscriptions are calls that never end by themselves: end them so the socket drains.
+                onlineServices.events.finishAll()
             }
         } catch {
             logger.error("stopped with an error", metadata: ["error": "\(error)"])
@@ -218,10 +248,12 @@ struct ReaderService: Service {
             case .added(let info):
                 logger.info("reader added", metadata: ["driver": "\(info.driver)", "reader": "\(info.name)"])
                 await authority.audit(nil, action: "reader.added", result: "success", detail: "\(info.driver): \(info.name)")
+                await authority.publishReaderEvent(added: true, reader: info.id)
                 await authority.reconcileSensor()
             case .removed(let id):
                 logger.info("reader removed", metadata: ["reader": "\(id)"])
                 await authority.audit(nil, action: "reader.removed", result: "success", detail: id)
+                await authority.publishReaderEvent(added: false, reader: id)
             }
         }
         await reader.shutdown()

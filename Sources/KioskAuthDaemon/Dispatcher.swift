@@ -142,6 +142,7 @@ public struct Dispatcher: Sendable {
         register(prefix + "VerifyAudit") { (_: Message.Empty, caller, _) in
             try await authority.verifyAudit(caller)
         }
+        registerOnlineMethods(authority: authority)
     }
 
     /// Registers a typed handler; input that does not decode is `InvalidParameter` naming the

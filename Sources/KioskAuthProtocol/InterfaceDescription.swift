@@ -57,7 +57,16 @@ type Person (
   # When the person was created (RFC 3339).
   createdAt: string,
   # When the person last unlocked this terminal (RFC 3339).
-  lastUnlockAt: ?string
+  lastUnlockAt: ?string,
+  # Identity-provider people: the email address the provider sent.
+  email: ?string,
+  # Whether fingerprint enrolment is offered after an online login; false once declined.
+  biometricOffer: ?bool,
+  # Why local unlock is suspended until the person's next online login, if it is:
+  # "refresh-token-rejected", "refresh-token-rejected-after-lost-response", "not-admitted".
+  suspendedReason: ?string,
+  # Identity-provider people: their last successful contact with the provider (RFC 3339).
+  lastOnlineContactAt: ?string
 )
 
 # A fingerprint reader the daemon can use.
@@ -300,6 +309,10 @@ method Identify(
   progress: ?ScanProgress,
   # The person recognised, on the final reply.
   person: ?Person,
+  # A short-lived ticket for the person recognised (self-service, AuthenticateSession).
+  ticket: ?string,
+  # Seconds the ticket stays valid.
+  ticketExpiresIn: ?int,
   # Fingers tried.
   rosterSize: ?int
 )
@@ -511,5 +524,314 @@ error ShuttingDown ()
 
 # Something failed inside the daemon; the journal has the details.
 error InternalError (reason: string)
+
+# ---------------------------------------------------------------------------------------------
+# The identity provider, the offline window, connectivity and sessions.
+
+# A session, opened by PAM open_session or the API. It ends when idle, at the overnight
+# cut-off, at its maximum age, when closed, or at a security logout; locking it bumps its lock
+# epoch, and nothing authenticated before a lock counts after it.
+type Session (
+  # Opaque session id.
+  id: string,
+  # The person's login name.
+  name: string,
+  # "active", "locked" or "ended".
+  state: string,
+  # PAM service that opened it, if any.
+  service: ?string,
+  # Terminal, if any.
+  tty: ?string,
+  # When it opened (RFC 3339).
+  openedAt: string,
+  # When activity was last reported or the person last authenticated (RFC 3339).
+  lastActivityAt: string,
+  # When the person last authenticated in this session, if they did (RFC 3339).
+  lastAuthenticationAt: ?string,
+  # Bumped by every lock.
+  lockEpoch: int,
+  # The overnight cut-off that ends this session (RFC 3339), if one applies.
+  overnightCutoff: ?string,
+  # Why it ended: idle, overnight, maximumAge, loggedOut, personRemoved, securityLogout, rebooted.
+  endReason: ?string,
+  # When it ended (RFC 3339).
+  endedAt: ?string
+)
+
+# Where an identity-provider person stands with the offline window.
+type PersonConnectivity (
+  # Login name.
+  name: string,
+  # "open", "expired", "clock-went-backwards" (the wall clock went back, which ends every
+  # window), "suspended" or "never" (no contact recorded).
+  window: string,
+  # Seconds of local unlock left while offline, when the window is open.
+  windowSecondsLeft: ?int,
+  # The last successful contact with the provider (RFC 3339).
+  lastContactAt: ?string,
+  # Why local unlock is suspended, when it is.
+  suspendedReason: ?string
+)
+
+# One event of the Subscribe stream.
+type Event (
+  # "subscribed" (first reply), "session-opened", "session-locked", "session-unlocked",
+  # "session-ended", "online", "offline", "reader-added", "reader-removed", "person-suspended",
+  # "shutdown" (last reply).
+  kind: string,
+  # When it happened (RFC 3339).
+  time: string,
+  # The session concerned, for session events.
+  session: ?string,
+  # The person concerned, if any.
+  name: ?string,
+  # Why: the end reason of a session, the suspension reason of a person.
+  reason: ?string,
+  # The reader concerned, for reader events.
+  reader: ?string
+)
+
+# What to show for a device login: go to the URL and type the code (on a phone).
+type DeviceLoginPrompt (
+  # The code to type.
+  userCode: string,
+  # Where to type it.
+  verificationUri: string,
+  # A URL that already carries the code (for a QR code), if the provider sends one.
+  verificationUriComplete: ?string,
+  # Seconds the code stays valid.
+  expiresIn: int,
+  # Seconds between the daemon's polls of the provider.
+  interval: int
+)
+
+# First login, or an online login, with the organisation's email and password (the OAuth
+# password grant). Root and the kioskauth group only. The person is created at their first
+# login (origin idp, roles from the role claim); every online login starts a new offline
+# window, lifts a suspension and clears a passcode hard lock.
+method LoginWithPassword(
+  # The email address.
+  email: string,
+  # The password as typed; sent to the identity provider only, never stored.
+  password: string,
+  # What the PAM module knows about the login being served.
+  context: ?CallerContext
+) -> (
+  # Always absent here (see StartDeviceLogin).
+  prompt: ?DeviceLoginPrompt,
+  # The person who logged in.
+  person: ?Person,
+  # Whether the person was created by this login.
+  created: ?bool,
+  # Whether to offer fingerprint enrolment now: a reader is present, the person has no finger,
+  # has not declined, and policy allows.
+  offerFingerprint: ?bool,
+  # A short-lived ticket for this person on this connection (enrol a finger, answer the offer,
+  # authenticate a session).
+  ticket: ?string,
+  # Seconds the ticket stays valid.
+  ticketExpiresIn: ?int
+)
+
+# Online login with the device authorization grant (RFC 8628), for providers that refuse the
+# password grant: the first reply carries the code and URL to show, the final one the person,
+# as LoginWithPassword's. Needs "more". Root and the kioskauth group only.
+method StartDeviceLogin(
+  # What the PAM module knows about the login being served.
+  context: ?CallerContext
+) -> (
+  # The code and URL, on the first reply.
+  prompt: ?DeviceLoginPrompt,
+  # The person who logged in, on the final reply.
+  person: ?Person,
+  # Whether the person was created by this login.
+  created: ?bool,
+  # Whether to offer fingerprint enrolment now.
+  offerFingerprint: ?bool,
+  # A short-lived ticket for this person on this connection.
+  ticket: ?string,
+  # Seconds the ticket stays valid.
+  ticketExpiresIn: ?int
+)
+
+# Turn the fingerprint-enrolment offer on or off for a person; a decline is remembered until
+# re-enabled. Admins; the person themself; or the kioskauth group with the ticket of the login.
+method SetBiometricOffer(
+  # Login name.
+  name: string,
+  # Whether to offer enrolment after online logins.
+  enabled: bool,
+  # The ticket of the login that made the offer (kioskauth group callers).
+  ticket: ?string
+) -> (person: Person)
+
+# The terminal's connectivity with the identity provider, for a calm offline indicator.
+# Everyone may ask; the per-person list holds everyone only for root, the kioskauth and
+# kioskauth-admin groups, otherwise only the caller's own person.
+method GetConnectivity() -> (
+  # Whether an identity provider is configured.
+  identityProvider: bool,
+  # "online" (the provider answered last time), "offline" (it did not) or "unknown" (not asked yet).
+  state: string,
+  # Since when the state holds (RFC 3339).
+  since: ?string,
+  # The last time the provider answered (RFC 3339).
+  lastContactAt: ?string,
+  # The refresher's circuit breaker: "closed", "open" or "half-open".
+  circuit: string,
+  # The configured offline window in seconds.
+  offlineWindowSeconds: int,
+  # Identity-provider people and their windows.
+  people: []PersonConnectivity,
+  # Revocations queued for delivery.
+  outboxPending: int,
+  # The last delivery from the queue (RFC 3339).
+  lastDeliveryAt: ?string,
+  # The last delivery error of a queued item.
+  lastDeliveryError: ?string
+)
+
+# Open a session for a person (PAM open_session, or a kiosk app after authenticating them).
+# Root and the kioskauth group, or the person themself. Refused for an identity-provider
+# person outside the offline window or suspended.
+method OpenSession(
+  # Login name.
+  name: string,
+  # What the PAM module knows about the login being served.
+  context: ?CallerContext,
+  # The ticket of the authentication that opens the session (from this connection), so that it
+  # counts for step-up.
+  ticket: ?string
+) -> (session: Session)
+
+# Close a session (logout).
+method CloseSession(
+  # Session id.
+  id: string
+) -> ()
+
+# Lock a session: its lock epoch is bumped, and only an authentication that starts after the
+# lock unlocks it (AuthenticateSession).
+method LockSession(
+  # Session id.
+  id: string
+) -> (session: Session)
+
+# Report activity in a session; postpones the idle timeout. Activity in a locked session does
+# not count.
+method ReportActivity(
+  # Session id.
+  id: string
+) -> (session: Session)
+
+# Record a fresh authentication of the session's person (the ticket from VerifyPasscode,
+# VerifyFinger, Identify or an online login on this connection): unlocks a locked session and
+# satisfies step-up. A ticket whose authentication started before the last lock is refused.
+method AuthenticateSession(
+  # Session id.
+  id: string,
+  # The ticket.
+  ticket: string
+) -> (session: Session)
+
+# Step-up: is there an authentication in this session no older than maxAgeSeconds and not
+# from before its last lock? If not, authenticate the person and call AuthenticateSession.
+method StepUp(
+  # Session id.
+  id: string,
+  # The oldest acceptable authentication, in seconds.
+  maxAgeSeconds: int
+) -> (
+  # Whether a recent enough authentication exists; no new scan is needed when true.
+  satisfied: bool,
+  # The session.
+  session: Session
+)
+
+# Open sessions: all of them for root and the kioskauth and kioskauth-admin groups, otherwise
+# the caller's own.
+method ListSessions(
+  # Only this person's.
+  name: ?string
+) -> (sessions: []Session)
+
+# End every session of a person: the "security logout" (admin, or the person themself).
+method EndSessions(
+  # Login name.
+  name: string
+) -> (
+  # Sessions ended.
+  ended: int
+)
+
+# The current access token of an active session's identity-provider person, for the kiosk
+# app's calls to its backend; refreshed behind the scenes when close to expiry. Root and the
+# kioskauth group, or the person themself. Never logged.
+method GetSessionToken(
+  # Session id.
+  id: string
+) -> (
+  # The access token.
+  accessToken: string,
+  # When it expires (RFC 3339).
+  expiresAt: string,
+  # Seconds until it expires.
+  expiresIn: int
+)
+
+# Stream events (needs "more"): a "subscribed" reply at once, then one reply per event until
+# the daemon shuts down. Root and the kioskauth and kioskauth-admin groups see every event;
+# others see connectivity and reader events and their own sessions'.
+method Subscribe() -> (event: Event)
+
+# No identity provider is configured on this terminal.
+error IdentityProviderNotConfigured ()
+
+# The identity provider refused the email and password.
+error WrongCredentials ()
+
+# The identity provider authenticated the person, but this terminal does not admit them
+# (email domain or group allow-list).
+error NotAdmitted (reason: string)
+
+# The role claim is missing or names a role this terminal does not know; roles are never guessed.
+error UnknownRole (reason: string)
+
+# The identity provider could not be reached, did not answer in time, or failed. Try again
+# later; local unlock is unaffected.
+error IdentityProviderUnavailable (reason: string)
+
+# The identity provider refused this terminal's request or sent something unusable (client
+# credentials, configuration, a token that does not validate). The journal has the details.
+error IdentityProviderRefused (reason: string)
+
+# The person denied the device login.
+error DeviceLoginDenied ()
+
+# The device code expired before the person completed the login.
+error DeviceLoginExpired ()
+
+# The identity-provider person's offline window has ended (the terminal has been offline too
+# long, or the clock went backwards): they must sign in online. message is one line to show.
+error OfflineWindowExpired (name: string, message: string)
+
+# The identity-provider person's local unlock is suspended until their next online login
+# (their refresh token was refused, or they are no longer admitted). message is one line to show.
+error OnlineLoginRequired (name: string, reason: string, message: string)
+
+# No open session with that id.
+error NoSuchSession (id: string)
+
+# The session has ended; open a new one.
+error SessionEnded (id: string, reason: string)
+
+# The session is locked: authenticate the person (AuthenticateSession) first.
+error SessionLocked (id: string)
+
+# The authentication began before the session's last lock, so it does not count.
+error StaleAuthentication (id: string)
+
+# No access token can be given now: the person is local, or the provider cannot be reached.
+error NoAccessToken (reason: string)
 """#
 }

@@ -18,6 +18,14 @@ public struct PersonRecord: Codable, Sendable, Equatable {
     public var fingerprintFailures: Int
     public var createdAt: String
     public var lastUnlockAt: String?
+    /// Identity-provider people: their email address.
+    public var email: String? = nil
+    /// Whether fingerprint enrolment is offered after an online login (false once declined).
+    public var biometricOffer: Bool? = nil
+    /// Why local unlock is suspended until the next online login, if it is.
+    public var suspendedReason: String? = nil
+    /// Identity-provider people: their last successful contact with the provider.
+    public var lastOnlineContactAt: String? = nil
 
     public init(
         name: String, displayName: String, primaryRole: String, roles: [String], origin: String,

@@ -71,13 +71,11 @@ struct KioskAuthCtl: ParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "kioskauthctl",
         abstract: "Manage kioskauth: people, passcodes, fingerprints and the audit trail.",
-        discussion:
-            "Speaks only kioskauthd's socket API; what you may do depends on who you are (root, kioskauth-admin, kioskauth).",
+        discussion: "Speaks only kioskauthd's socket API; what you may do depends on who you are (root, kioskauth-admin, kioskauth).",
         version: "0.1.0",
         subcommands: [
-            Status.self, User.self, Passcode.self, FingerCommand.self, VerifyCommand.self, IdentifyCommand.self,
-            ReaderCommand.self,
-            Activation.self, Lockout.self, Audit.self,
+            Status.self, User.self, Passcode.self, FingerCommand.self, VerifyCommand.self, IdentifyCommand.self, ReaderCommand.self,
+            Activation.self, Lockout.self, Audit.self, SessionCommand.self, Login.self,
         ])
 
     /// Runs the command; usage errors exit 2, failures print one line and exit 1.
@@ -149,14 +147,11 @@ struct KioskAuthCtl: ParsableCommand {
             return "wrong passcode (\(count))"
         case "PasscodeLocked":
             if case .bool(true)? = p?["hardLocked"] {
-                return
-                    "passcode locked after too many failures: an admin must reset it (kioskauthctl lockout reset NAME), or sign in online; fingerprint unlock still works"
+                return "passcode locked after too many failures: an admin must reset it (kioskauthctl lockout reset NAME), or sign in online; fingerprint unlock still works"
             }
-            return
-                "passcode locked for \(number("retryAfterSeconds") ?? 0) s after failed attempts; fingerprint unlock still works"
+            return "passcode locked for \(number("retryAfterSeconds") ?? 0) s after failed attempts; fingerprint unlock still works"
         case "NoPasscode": return "\(string("name") ?? "that person") has no passcode"
-        case "PersonNotActive":
-            return "\(string("name") ?? "that person") cannot unlock: \(string("state") ?? "not active")"
+        case "PersonNotActive": return "\(string("name") ?? "that person") cannot unlock: \(string("state") ?? "not active")"
         case "PasscodeNotAllowed": return "passcode not allowed: \(string("reason") ?? "")"
         case "TicketInvalid": return "authenticate first: the ticket is missing, expired or from another connection"
         case "StoreIntegrity": return "store integrity failure: \(string("reason") ?? "")"
@@ -168,24 +163,17 @@ struct KioskAuthCtl: ParsableCommand {
         case "NoReader": return "no fingerprint reader is present; use the passcode"
         case "FingerprintNotRecognized":
             if case .bool(true)? = p?["fallbackRequired"] {
-                return
-                    "finger not recognised (\(number("failures") ?? 0) in a row): use your \(string("fallback") == "idp" ? "email and password" : "passcode") now"
+                return "finger not recognised (\(number("failures") ?? 0) in a row): use your \(string("fallback") == "idp" ? "email and password" : "passcode") now"
             }
             return "finger not recognised (\(number("failures") ?? 0) in a row)"
         case "FallbackRequired":
-            return
-                "too many unrecognised fingers: \(string("name") ?? "this person") must use the \(string("fallback") == "idp" ? "email and password login" : "passcode") first"
+            return "too many unrecognised fingers: \(string("name") ?? "this person") must use the \(string("fallback") == "idp" ? "email and password login" : "passcode") first"
         case "NotIdentified":
-            if case .bool(true)? = p?["askForName"] {
-                return "finger not recognised among the most recent users: give your name and verify instead"
-            }
+            if case .bool(true)? = p?["askForName"] { return "finger not recognised among the most recent users: give your name and verify instead" }
             return "finger not recognised"
-        case "IdentifyPaused":
-            return
-                "walk-up identify is paused after unknown fingers; try again in \(number("retryAfterSeconds") ?? 0) s or give your name"
+        case "IdentifyPaused": return "walk-up identify is paused after unknown fingers; try again in \(number("retryAfterSeconds") ?? 0) s or give your name"
         case "NoFingers": return "\(string("name") ?? "that person") has no enrolled finger"
-        case "FingerAlreadyEnrolled":
-            return "that finger is already enrolled\(string("finger").map { $0.isEmpty ? "" : " (\($0))" } ?? "")"
+        case "FingerAlreadyEnrolled": return "that finger is already enrolled\(string("finger").map { $0.isEmpty ? "" : " (\($0))" } ?? "")"
         case "TooManyFingers": return "at most \(number("max") ?? 10) fingers per person"
         case "ScanRetry": return "the touch was not usable: \(string("hint") ?? "try again")"
         case "ScanTimeout": return "no finger was presented within \(number("seconds") ?? 0) s"
@@ -194,6 +182,20 @@ struct KioskAuthCtl: ParsableCommand {
         case "ReaderFull": return "the reader's storage is full"
         case "ScanCancelled": return "the scan was cancelled"
         case "FingerprintNotAllowed": return "fingerprint not allowed: \(string("reason") ?? "")"
+        case "IdentityProviderNotConfigured": return "no identity provider is configured on this terminal"
+        case "WrongCredentials": return "wrong email or password"
+        case "NotAdmitted": return "not admitted on this terminal: \(string("reason") ?? "")"
+        case "UnknownRole": return "refused: \(string("reason") ?? "unknown role")"
+        case "IdentityProviderUnavailable": return "the identity provider cannot be reached: \(string("reason") ?? ""); try again later"
+        case "IdentityProviderRefused": return "the identity provider refused the request: \(string("reason") ?? "")"
+        case "DeviceLoginDenied": return "the device login was denied"
+        case "DeviceLoginExpired": return "the device code expired; start again"
+        case "OfflineWindowExpired", "OnlineLoginRequired": return string("message") ?? "Sign in online."
+        case "NoSuchSession": return "no open session \(string("id") ?? "")"
+        case "SessionEnded": return "the session has ended (\(string("reason") ?? "ended"))"
+        case "SessionLocked": return "the session is locked: authenticate first"
+        case "StaleAuthentication": return "that authentication began before the session was locked; authenticate again"
+        case "NoAccessToken": return "no access token: \(string("reason") ?? "")"
         default: return error.description
         }
     }
@@ -209,18 +211,53 @@ struct Status: ParsableCommand {
         print("kioskauthd \(status.version), store schema \(status.schemaVersion)")
         print("people:       \(status.people)")
         print("socket:       \(global.socketPath)\(status.socketActivated ? " (socket-activated)" : "")")
-        print(
-            "store key:    \(status.developmentKey ? "DEVELOPMENT KEY FILE (not for production)" : "systemd credential")"
-        )
+        print("store key:    \(status.developmentKey ? "DEVELOPMENT KEY FILE (not for production)" : "systemd credential")")
         print("uptime:       \(status.uptimeSeconds) s")
         print("audit:        \(status.auditEvents) events, head \(status.auditHead.prefix(16))…")
+        guard let connectivity = try? global.call("GetConnectivity", Message.Empty(), as: Message.Connectivity.self) else {
+            return
+        }
+        guard connectivity.identityProvider else {
+            print("identity provider: none configured (local people only)")
+            return
+        }
+        var line = "identity provider: \(connectivity.state)"
+        if let since = connectivity.since { line += " since \(since)" }
+        if connectivity.circuit != "closed" { line += ", refresh paused (circuit \(connectivity.circuit))" }
+        print(line)
+        for person in connectivity.people {
+            var window = "  \(person.name): offline window \(person.window)"
+            if let left = person.windowSecondsLeft { window += ", \(left / 3600) h \(left % 3600 / 60) min left" }
+            if let reason = person.suspendedReason { window += " (\(reason))" }
+            print(window)
+        }
+        print("revocation queue: \(connectivity.outboxPending) pending\(connectivity.lastDeliveryAt.map { ", last delivery \($0)" } ?? "")\(connectivity.lastDeliveryError.map { ", last error: \($0)" } ?? "")")
     }
 }
 
 struct User: ParsableCommand {
     static let configuration = CommandConfiguration(
-        abstract: "Add, list, show, export and remove people.",
-        subcommands: [Add.self, List.self, Show.self, Export.self, Remove.self])
+        abstract: "Add, list, show, change, export and remove people.",
+        subcommands: [Add.self, List.self, Show.self, Set.self, Export.self, Remove.self])
+
+    struct Set: ParsableCommand {
+        static let configuration = CommandConfiguration(abstract: "Change a person's settings.")
+        @OptionGroup var global: GlobalOptions
+        @Argument(help: "Login name.") var name: String
+        @Option(help: "Offer fingerprint enrolment after online logins: on, or off (as if declined).")
+        var biometricOffer: String?
+
+        func validate() throws {
+            guard let biometricOffer else { throw ValidationError("nothing to change: give --biometric-offer on|off") }
+            guard ["on", "off"].contains(biometricOffer) else { throw ValidationError("--biometric-offer takes on or off") }
+        }
+
+        func run() throws {
+            let enabled = biometricOffer == "on"
+            try global.call("SetBiometricOffer", Message.SetBiometricOffer(name: name, enabled: enabled), as: Message.PersonReply.self)
+            if !global.json { print("fingerprint enrolment offer for \(name): \(enabled ? "on" : "off")") }
+        }
+    }
 
     struct Add: ParsableCommand {
         static let configuration = CommandConfiguration(abstract: "Add a local person.")
@@ -259,21 +296,16 @@ struct User: ParsableCommand {
         func run() throws {
             let reply = try global.call("ListPeople", Message.Empty(), as: Message.People.self)
             guard !global.json else { return }
-            let rows =
-                [["NAME", "DISPLAY NAME", "ROLES", "ORIGIN", "STATE", "UID", "PASSCODE", "FINGERS"]]
+            let rows = [["NAME", "DISPLAY NAME", "ROLES", "ORIGIN", "STATE", "UID", "PASSCODE", "FINGERS"]]
                 + reply.people.map { p in
                     [
-                        p.name, p.displayName, p.roles.joined(separator: ","), p.origin, p.state,
-                        p.uid.map(String.init) ?? "-",
-                        p.passcodeHardLocked ? "locked" : (p.hasPasscode ? "set" : "-"),
-                        p.fingers.isEmpty ? "-" : p.fingers.joined(separator: ","),
+                        p.name, p.displayName, p.roles.joined(separator: ","), p.origin, p.state, p.uid.map(String.init) ?? "-",
+                        p.passcodeHardLocked ? "locked" : (p.hasPasscode ? "set" : "-"), p.fingers.isEmpty ? "-" : p.fingers.joined(separator: ","),
                     ]
                 }
             let widths = (0..<rows[0].count).map { column in rows.map { $0[column].count }.max() ?? 0 }
             for row in rows {
-                print(
-                    zip(row, widths).map { $0.padding(toLength: $1, withPad: " ", startingAt: 0) }.joined(
-                        separator: "  "))
+                print(zip(row, widths).map { $0.padding(toLength: $1, withPad: " ", startingAt: 0) }.joined(separator: "  "))
             }
         }
     }
@@ -292,13 +324,17 @@ struct User: ParsableCommand {
             print("origin:        \(p.origin)")
             print("state:         \(p.state)")
             print("uid:           \(p.uid.map(String.init) ?? "-")")
-            print(
-                "passcode:      \(p.hasPasscode ? "set" : "not set")\(p.passcodeHardLocked ? ", HARD-LOCKED" : "")\(p.passcodeLockedUntil.map { ", delayed until \($0)" } ?? "")"
-            )
+            print("passcode:      \(p.hasPasscode ? "set" : "not set")\(p.passcodeHardLocked ? ", HARD-LOCKED" : "")\(p.passcodeLockedUntil.map { ", delayed until \($0)" } ?? "")")
             print("failures:      passcode \(p.passcodeFailures), fingerprint \(p.fingerprintFailures)")
             print("fingers:       \(p.fingers.isEmpty ? "-" : p.fingers.joined(separator: ", "))")
             print("created:       \(p.createdAt)")
             print("last unlock:   \(iso(p.lastUnlockAt))")
+            if p.origin == "idp" {
+                print("email:         \(iso(p.email))")
+                print("last online:   \(iso(p.lastOnlineContactAt))")
+                if let reason = p.suspendedReason { print("suspended:     until an online login (\(reason))") }
+            }
+            if let offer = p.biometricOffer { print("finger offer:  \(offer ? "on" : "declined")") }
         }
     }
 
@@ -342,8 +378,7 @@ struct Passcode: ParsableCommand {
             let first = try readSecret(prompt: "New passcode for \(name): ")
             let second = try readSecret(prompt: "Again: ")
             try global.call(
-                "SetPasscode", Message.SetPasscode(name: name, passcode: first, confirmation: second),
-                as: Message.PersonReply.self)
+                "SetPasscode", Message.SetPasscode(name: name, passcode: first, confirmation: second), as: Message.PersonReply.self)
             if !global.json { print("passcode set for \(name)") }
         }
     }
@@ -356,8 +391,7 @@ struct Passcode: ParsableCommand {
 
         func run() throws {
             let passcode = try readSecret(prompt: "Passcode for \(name): ")
-            let reply = try global.call(
-                "VerifyPasscode", Message.VerifyPasscode(name: name, passcode: passcode), as: Message.Verified.self)
+            let reply = try global.call("VerifyPasscode", Message.VerifyPasscode(name: name, passcode: passcode), as: Message.Verified.self)
             if !global.json { print("passcode accepted for \(reply.person.displayName)") }
         }
     }
@@ -385,15 +419,13 @@ struct Audit: ParsableCommand {
         defaultSubcommand: Show.self)
 
     struct Show: ParsableCommand {
-        static let configuration = CommandConfiguration(
-            commandName: "show", abstract: "Show audit events, oldest first.")
+        static let configuration = CommandConfiguration(commandName: "show", abstract: "Show audit events, oldest first.")
         @OptionGroup var global: GlobalOptions
         @Option(help: "Only events after this sequence number.") var after: Int?
         @Option(help: "At most this many events.") var limit: Int?
 
         func run() throws {
-            let reply = try global.call(
-                "GetAudit", Message.GetAudit(after: after, limit: limit), as: Message.AuditEvents.self)
+            let reply = try global.call("GetAudit", Message.GetAudit(after: after, limit: limit), as: Message.AuditEvents.self)
             guard !global.json else { return }
             for e in reply.events {
                 var line = "\(e.sequence)\t\(e.time)\t\(e.action)\t\(e.result)"
@@ -409,8 +441,7 @@ struct Audit: ParsableCommand {
     }
 
     struct Verify: ParsableCommand {
-        static let configuration = CommandConfiguration(
-            abstract: "Check the audit trail's HMAC chain; exits 1 when broken.")
+        static let configuration = CommandConfiguration(abstract: "Check the audit trail's HMAC chain; exits 1 when broken.")
         @OptionGroup var global: GlobalOptions
 
         func run() throws {
@@ -445,9 +476,7 @@ func scan(_ global: GlobalOptions, _ method: String, _ input: some Encodable) th
         if let stage = progress.stage, let stages = progress.stages, stages > 0, progress.state != "duplicate-check" {
             let width = 20
             let filled = min(width, stage * width / stages)
-            line =
-                "[" + String(repeating: "#", count: filled) + String(repeating: "-", count: width - filled)
-                + "] stage \(stage)/\(stages)"
+            line = "[" + String(repeating: "#", count: filled) + String(repeating: "-", count: width - filled) + "] stage \(stage)/\(stages)"
             if let hint = progress.hint { line += ": \(hint)" }
         } else {
             line = progress.hint ?? progress.state
@@ -470,8 +499,7 @@ let fingerNames = [
 
 struct FingerCommand: ParsableCommand {
     static let configuration = CommandConfiguration(
-        commandName: "finger", abstract: "Enrol, list and remove fingers.",
-        subcommands: [Enroll.self, List.self, Remove.self])
+        commandName: "finger", abstract: "Enrol, list and remove fingers.", subcommands: [Enroll.self, List.self, Remove.self])
 
     struct Enroll: ParsableCommand {
         static let configuration = CommandConfiguration(abstract: "Enrol a finger, with live progress.")
@@ -480,9 +508,7 @@ struct FingerCommand: ParsableCommand {
         @Option(help: "Which finger: left-thumb ... right-little.") var finger = "right-index"
 
         func validate() throws {
-            guard fingerNames.contains(finger) else {
-                throw ValidationError("unknown finger '\(finger)': use \(fingerNames.joined(separator: ", "))")
-            }
+            guard fingerNames.contains(finger) else { throw ValidationError("unknown finger '\(finger)': use \(fingerNames.joined(separator: ", "))") }
         }
 
         func run() throws {
@@ -507,8 +533,7 @@ struct FingerCommand: ParsableCommand {
     }
 
     struct Remove: ParsableCommand {
-        static let configuration = CommandConfiguration(
-            abstract: "Remove one finger, or all of a person's fingers (also from the sensor).")
+        static let configuration = CommandConfiguration(abstract: "Remove one finger, or all of a person's fingers (also from the sensor).")
         @OptionGroup var global: GlobalOptions
         @Argument(help: "Login name.") var name: String
         @Option(help: "The finger; all fingers when absent.") var finger: String?
@@ -518,18 +543,14 @@ struct FingerCommand: ParsableCommand {
         }
 
         func run() throws {
-            let reply = try global.call(
-                "RemoveFinger", Message.RemoveFinger(name: name, finger: finger), as: Message.Removed.self)
-            if !global.json {
-                print(reply.removed.isEmpty ? "nothing to remove" : "removed \(reply.removed.joined(separator: ", "))")
-            }
+            let reply = try global.call("RemoveFinger", Message.RemoveFinger(name: name, finger: finger), as: Message.Removed.self)
+            if !global.json { print(reply.removed.isEmpty ? "nothing to remove" : "removed \(reply.removed.joined(separator: ", "))") }
         }
     }
 }
 
 struct VerifyCommand: ParsableCommand {
-    static let configuration = CommandConfiguration(
-        commandName: "verify", abstract: "Scan a finger and match one person; exits 0 only on a match.")
+    static let configuration = CommandConfiguration(commandName: "verify", abstract: "Scan a finger and match one person; exits 0 only on a match.")
     @OptionGroup var global: GlobalOptions
     @Argument(help: "Login name.") var name: String
 
@@ -540,8 +561,7 @@ struct VerifyCommand: ParsableCommand {
 }
 
 struct IdentifyCommand: ParsableCommand {
-    static let configuration = CommandConfiguration(
-        commandName: "identify", abstract: "Scan a finger and say whose it is; exits 0 only when recognised.")
+    static let configuration = CommandConfiguration(commandName: "identify", abstract: "Scan a finger and say whose it is; exits 0 only when recognised.")
     @OptionGroup var global: GlobalOptions
 
     func run() throws {
@@ -552,8 +572,7 @@ struct IdentifyCommand: ParsableCommand {
 }
 
 struct ReaderCommand: ParsableCommand {
-    static let configuration = CommandConfiguration(
-        commandName: "reader", abstract: "Show the fingerprint readers present.")
+    static let configuration = CommandConfiguration(commandName: "reader", abstract: "Show the fingerprint readers present.")
     @OptionGroup var global: GlobalOptions
 
     func run() throws {
@@ -566,6 +585,58 @@ struct ReaderCommand: ParsableCommand {
             if r.hasStorage { features.append("storage") }
             print("\(r.name)\tdriver \(r.driver)\t\(r.enrollStages) enrol stages\t\(features.joined(separator: ", "))")
         }
+    }
+}
+
+struct SessionCommand: ParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "session", abstract: "List sessions, or end every session of a person.", subcommands: [List.self, End.self])
+
+    struct List: ParsableCommand {
+        static let configuration = CommandConfiguration(abstract: "List open sessions.")
+        @OptionGroup var global: GlobalOptions
+        @Argument(help: "Only this person's.") var name: String?
+
+        func run() throws {
+            let reply = try global.call("ListSessions", Message.ListSessions(name: name), as: Message.Sessions.self)
+            guard !global.json else { return }
+            let rows = [["ID", "NAME", "STATE", "SERVICE", "OPENED", "LAST ACTIVITY", "CUT-OFF"]]
+                + reply.sessions.map { s in
+                    [String(s.id.prefix(12)), s.name, s.state, s.service ?? "-", s.openedAt, s.lastActivityAt, s.overnightCutoff ?? "-"]
+                }
+            let widths = (0..<rows[0].count).map { column in rows.map { $0[column].count }.max() ?? 0 }
+            for row in rows {
+                print(zip(row, widths).map { $0.padding(toLength: $1, withPad: " ", startingAt: 0) }.joined(separator: "  "))
+            }
+        }
+    }
+
+    struct End: ParsableCommand {
+        static let configuration = CommandConfiguration(
+            abstract: "End every session of a person (security logout).")
+        @OptionGroup var global: GlobalOptions
+        @Argument(help: "Login name.") var name: String
+
+        func run() throws {
+            let reply = try global.call("EndSessions", Message.Name(name: name), as: Message.EndedSessions.self)
+            if !global.json { print("ended \(reply.ended) session\(reply.ended == 1 ? "" : "s") of \(name)") }
+        }
+    }
+}
+
+struct Login: ParsableCommand {
+    static let configuration = CommandConfiguration(
+        abstract: "Sign in online with the identity provider (the password is one line on standard input).")
+    @OptionGroup var global: GlobalOptions
+    @Argument(help: "Email address.") var email: String
+
+    func run() throws {
+        let password = try readSecret(prompt: "Password for \(email): ")
+        let reply = try global.call(
+            "LoginWithPassword", Message.LoginWithPassword(email: email, password: password), as: Message.OnlineLogin.self)
+        guard !global.json, let person = reply.person else { return }
+        print("signed in as \(person.name) (\(person.roles.joined(separator: ", ")))\(reply.created == true ? ", new on this terminal" : "")")
+        if reply.offerFingerprint == true { print("fingerprint enrolment can be offered (kioskauthctl finger enroll \(person.name))") }
     }
 }
 

@@ -1,0 +1,61 @@
+import Foundation
+import KioskAuthProtocol
+
+extension Dispatcher {
+    /// Routes the identity-provider, connectivity and session methods.
+    mutating func registerOnlineMethods(authority: Authority) {
+        let prefix = KioskAuthInterface.name + "."
+        register(prefix + "LoginWithPassword") { (input: Message.LoginWithPassword, caller, _) in
+            try await authority.loginWithPassword(caller, input)
+        }
+        register(prefix + "StartDeviceLogin") { (input: Message.StartDeviceLogin, caller, sink) in
+            try await authority.startDeviceLogin(caller, input, sink: sink)
+        }
+        register(prefix + "SetBiometricOffer") { (input: Message.SetBiometricOffer, caller, _) in
+            Message.PersonReply(person: try await authority.setBiometricOffer(caller, input))
+        }
+        register(prefix + "GetConnectivity") { (_: Message.Empty, caller, _) in
+            try await authority.connectivity(caller)
+        }
+        register(prefix + "OpenSession") { (input: Message.OpenSession, caller, _) in
+            Message.SessionReply(session: try await authority.openSession(caller, input))
+        }
+        register(prefix + "CloseSession") { (input: Message.SessionID, caller, _) in
+            try await authority.closeSession(caller, input.id)
+            return Message.Empty()
+        }
+        register(prefix + "LockSession") { (input: Message.SessionID, caller, _) in
+            Message.SessionReply(session: try await authority.lockSession(caller, input.id))
+        }
+        register(prefix + "ReportActivity") { (input: Message.SessionID, caller, _) in
+            Message.SessionReply(session: try await authority.reportActivity(caller, input.id))
+        }
+        register(prefix + "AuthenticateSession") { (input: Message.AuthenticateSession, caller, _) in
+            Message.SessionReply(session: try await authority.authenticateSession(caller, input))
+        }
+        register(prefix + "StepUp") { (input: Message.StepUp, caller, _) in
+            try await authority.stepUp(caller, input)
+        }
+        register(prefix + "ListSessions") { (input: Message.ListSessions, caller, _) in
+            Message.Sessions(sessions: try await authority.listSessions(caller, input))
+        }
+        register(prefix + "EndSessions") { (input: Message.Name, caller, _) in
+            Message.EndedSessions(ended: try await authority.endSessions(caller, input.name))
+        }
+        register(prefix + "GetSessionToken") { (input: Message.SessionID, caller, _) in
+            try await authority.sessionToken(caller, input.id)
+        }
+        register(prefix + "Subscribe") { (_: Message.Empty, caller, sink) in
+            guard sink.wantsMore else { throw APIError(VarlinkErrorName.expectedMore) }
+            let hub = authority.services.events
+            guard let (id, events) = hub.subscribe() else { throw APIError.shuttingDown }
+            defer { hub.unsubscribe(id) }
+            try await sink.progress(
+                Message.Event(event: EventRecord(kind: "subscribed", time: Authority.timestamp(Date()))))
+            for await event in events where await authority.mayReceive(caller, event) {
+                try await sink.progress(Message.Event(event: event))
+            }
+            return Message.Event(event: EventRecord(kind: "shutdown", time: Authority.timestamp(Date())))
+        }
+    }
+}

@@ -1,0 +1,133 @@
+import Foundation
+import KioskAuthCore
+public import KioskAuthIdentity
+import KioskAuthProtocol
+import KioskAuthStore
+
+/// What the online features share with the services and the socket handlers: the clock, the
+/// identity provider client (nil when none is configured), the event hub and the wake-ups of
+/// the two timer services. All of it is safe to use from anywhere.
+public struct OnlineServices: Sendable {
+    /// The daemon's clock.
+    public let clock: DaemonClock
+    /// The identity provider; nil when `[IdentityProvider] Issuer` is empty.
+    public let provider: (any IdentityProvider)?
+    let events = EventHub()
+    let refreshWakeup = Wakeup()
+    let sessionWakeup = Wakeup()
+
+    /// Bundles the clock and the provider.
+    public init(clock: DaemonClock = .system(), provider: (any IdentityProvider)? = nil) {
+        self.clock = clock
+        self.provider = provider
+    }
+}
+
+/// An access token kept in memory for `GetSessionToken`; never persisted, never logged.
+struct CachedAccessToken {
+    var token: OAuthToken
+    var obtainedAt: Date
+    var expiresAt: Date
+}
+
+/// The terminal's view of the identity provider's reachability, from the outcomes of the
+/// requests the daemon makes anyway (logins, refreshes, revocations).
+struct ProviderReachability {
+    enum State: String { case unknown, online, offline }
+    var state = State.unknown
+    var since: Date?
+    var lastAnswer: Date?
+}
+
+/// A refresh the refresh service must send: the person, the sealed token opened, and a
+/// generation so that a result that arrives after a newer login is discarded.
+struct RefreshJob: Sendable {
+    var personID: Int64
+    var name: LoginName
+    var generation: UInt64
+    var refreshToken: OAuthToken
+}
+
+/// How a refresh request ended, as the refresh service saw it.
+enum RefreshJobResult: Sendable {
+    /// Tokens arrived; `receivedAt` is the real wall clock when they did (the client computed
+    /// the expiry against it).
+    case refreshed(RefreshResult, receivedAt: Date)
+    /// The client failed.
+    case failed(IdentityError)
+}
+
+/// A queued delivery the refresh service must send.
+struct DeliveryJob: Sendable {
+    var id: Int64
+    var kind: String
+    var person: String?
+    var token: OAuthToken
+    var attempts: Int
+}
+
+/// A session as the daemon persists it: the state machine and when it was last locked (a ticket
+/// whose authentication started before that does not unlock it).
+struct PersistedSession: Codable {
+    var machine: SessionStateMachine
+    var lastLockedAt: ClockReading?
+}
+
+/// One open session in memory.
+struct SessionEntry {
+    var id: String
+    var personID: Int64
+    var name: LoginName
+    var service: String?
+    var tty: String?
+    var state: PersistedSession
+}
+
+/// The mutable state of the online features. It belongs to the `Authority` actor: only the
+/// actor touches it.
+final class OnlineState {
+    /// The terminal-wide offline-window state, loaded from the store at start.
+    var offlineWindow: OfflineWindow
+    /// Background refresh schedule, keyed by person row id.
+    var schedule: RefreshSchedule<Int64>
+    /// Login names of the people the schedule tracks.
+    var names: [Int64: LoginName] = [:]
+    /// Armed refresh timers (wall clock).
+    var refreshTimers: [Int64: Date] = [:]
+    /// The circuit breaker's timer.
+    var breakerWake: Date?
+    /// Refreshes to hand to the refresh service.
+    var pendingJobs: [RefreshJob] = []
+    /// Current job generation per person.
+    var generations: [Int64: UInt64] = [:]
+    var nextGeneration: UInt64 = 1
+    /// Access tokens from the last login or refresh.
+    var accessTokens: [Int64: CachedAccessToken] = [:]
+    /// Outbox items being delivered now.
+    var deliveriesInFlight: Set<Int64> = []
+    var reachability = ProviderReachability()
+    /// Open sessions by id.
+    var sessions: [String: SessionEntry] = [:]
+    /// When the offline window last took an observation (boot clock).
+    var lastObservation: ClockReading?
+
+    init(configuration: DaemonConfiguration) {
+        let idp = configuration.identityProvider
+        offlineWindow = OfflineWindow(policy: .init(window: .milliseconds(Int64(idp.offlineWindow * 1000))))
+        schedule = RefreshSchedule(
+            policy: RefreshPolicy(
+                initialBackoff: .milliseconds(Int64(idp.refreshInitialBackoff * 1000)),
+                maximumBackoff: .milliseconds(Int64(idp.refreshMaximumBackoff * 1000)),
+                circuitBreakerThreshold: idp.circuitBreakerThreshold,
+                circuitCoolDown: .milliseconds(Int64(idp.circuitCoolDown * 1000)),
+                maximumCircuitCoolDown: .milliseconds(Int64(max(idp.circuitCoolDown, 600) * 1000))))
+    }
+
+    /// A new job generation for `person`; results of older generations are discarded.
+    func bumpGeneration(of person: Int64) -> UInt64 {
+        let generation = nextGeneration
+        nextGeneration += 1
+        generations[person] = generation
+        return generation
+    }
+}

@@ -1,0 +1,99 @@
+import Foundation
+import KioskAuthIdentity
+import Logging
+import ServiceLifecycle
+
+/// Sends the refreshes and queued revocations the authority hands it, and reports how each
+/// ended. All decisions (when, whether, what a failure means) are the authority's; this service
+/// owns only the waiting and the network I/O, which never happens inside the authority actor.
+///
+/// It wakes when a timer is due or when the authority signals new work, and at least every
+/// second, because timers run on the wall clock (token expiry is the provider's wall-clock
+/// notion) and must notice clock changes and resume from suspend.
+struct RefreshService: Service {
+    let authority: Authority
+    let provider: any IdentityProvider
+    let wakeup: Wakeup
+    let logger: Logger
+
+    /// The longest the loop sleeps between checks.
+    static let maximumSleep: Duration = .seconds(1)
+
+    func run() async throws {
+        logger.info("background refresh running")
+        await withGracefulShutdownHandler {
+            await withDiscardingTaskGroup { group in
+                while !Task.isCancelled && !Task.isShuttingDownGracefully {
+                    let work = await authority.refreshTick()
+                    for job in work.jobs {
+                        group.addTask { await refresh(job) }
+                    }
+                    for delivery in work.deliveries {
+                        group.addTask { await deliver(delivery) }
+                    }
+                    await wakeup.wait(upTo: min(work.sleep, Self.maximumSleep))
+                }
+                // Requests still out are cancelled; their in-flight records make the next start
+                // treat them as lost responses.
+                group.cancelAll()
+            }
+        } onGracefulShutdown: {
+            wakeup.signal()
+        }
+        logger.info("background refresh stopped")
+    }
+
+    private func refresh(_ job: RefreshJob) async {
+        let result: RefreshJobResult
+        do {
+            let refreshed = try await provider.refresh(refreshToken: job.refreshToken)
+            result = .refreshed(refreshed, receivedAt: Date())
+        } catch let error as IdentityError {
+            result = .failed(error)
+        } catch {
+            // Cancellation at shutdown: the persisted in-flight marker speaks for it.
+            return
+        }
+        if Task.isCancelled { return }
+        await authority.completeRefresh(job, result)
+    }
+
+    private func deliver(_ job: DeliveryJob) async {
+        var failure: (any Error)?
+        do {
+            try await provider.revoke(refreshToken: job.token)
+        } catch {
+            failure = error
+        }
+        if Task.isCancelled && failure != nil {
+            await authority.releaseDelivery(job)
+            return
+        }
+        await authority.completeDelivery(job, error: failure)
+    }
+}
+
+/// Re-checks sessions every second (ending idle and overnight sessions and telling
+/// subscribers), feeds the offline window a clock reading every minute, and once more at
+/// shutdown, so the durable high-water mark is never far behind.
+///
+/// It stops before the socket server (services stop in reverse order), and on its way ends every
+/// `Subscribe` call, which would otherwise hold the server's drain.
+struct TimekeepingService: Service {
+    let authority: Authority
+    let wakeup: Wakeup
+    let events: EventHub
+
+    func run() async throws {
+        await withGracefulShutdownHandler {
+            while !Task.isCancelled && !Task.isShuttingDownGracefully {
+                await authority.timekeepingTick()
+                await wakeup.wait(upTo: .seconds(1))
+            }
+        } onGracefulShutdown: {
+            events.finishAll()
+            wakeup.signal()
+        }
+        await authority.observeClock()
+    }
+}
