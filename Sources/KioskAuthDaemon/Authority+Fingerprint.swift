@@ -274,14 +274,11 @@ extension Authority {
         let current = try existingPerson(name, caller: caller, action: "finger.verify")
         var failures = current.failures
         let fallbackRequired = credentialGuard.recordFingerprint(matched: matched, in: &failures)
-        try withStore(caller, action: "finger.verify", person: name.rawValue) { () throws(StoreError) in
-            try store.saveFailures(failures, for: current, now: now())
-            if matched { try store.recordUnlock(of: current, now: now()) }
-        }
+        try recordAuthentication(
+            caller, person: current, failures: failures, unlocked: matched, action: "finger.verify",
+            result: matched ? "success" : "failure", method: "fingerprint", service: service,
+            detail: matched ? nil : "no match; failures=\(failures.fingerprintFailures)")
         guard matched else {
-            audit(
-                caller, action: "finger.verify", result: "failure", person: name.rawValue, method: "fingerprint",
-                service: service, detail: "no match; failures=\(failures.fingerprintFailures)")
             throw APIError.own(
                 "FingerprintNotRecognized",
                 [
@@ -290,9 +287,6 @@ extension Authority {
                     "fallback": .string(fallback(for: current)),
                 ])
         }
-        audit(
-            caller, action: "finger.verify", result: "success", person: name.rawValue, method: "fingerprint",
-            service: service)
         let updated = try existingPerson(name, caller: caller, action: "finger.verify")
         return Message.ScanReply(
             person: record(updated), ticket: issueTicket(for: updated, caller: caller, startedAt: scanStarted),
@@ -372,13 +366,9 @@ extension Authority {
         try checkOfflineUnlock(caller, person, action: "finger.identify", method: "fingerprint", service: service)
         var failures = person.failures
         credentialGuard.recordFingerprint(matched: true, in: &failures)
-        try withStore(caller, action: "finger.identify", person: person.name.rawValue) { () throws(StoreError) in
-            try store.saveFailures(failures, for: person, now: scanned)
-            try store.recordUnlock(of: person, now: scanned)
-        }
-        audit(
-            caller, action: "finger.identify", result: "success", person: person.name.rawValue, method: "fingerprint",
-            service: service, detail: "roster \(roster.fingers.count)")
+        try recordAuthentication(
+            caller, person: person, failures: failures, unlocked: true, action: "finger.identify", result: "success",
+            method: "fingerprint", service: service, detail: "roster \(roster.fingers.count)")
         let updated = try existingPerson(person.name, caller: caller, action: "finger.identify")
         return Message.ScanReply(
             person: record(updated), ticket: issueTicket(for: updated, caller: caller, startedAt: scanStarted),

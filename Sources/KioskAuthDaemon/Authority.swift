@@ -123,6 +123,27 @@ public actor Authority {
         }
     }
 
+    /// Saves an authentication's effects — failure counters, the unlock time on success — and
+    /// its audit entry in one durable commit, and writes the new audit head to the journal.
+    func recordAuthentication(
+        _ caller: Caller, person: StoredPerson, failures: CredentialFailureState, unlocked: Bool, action: String,
+        result: String, method: String, service: String?, detail: String? = nil
+    ) throws(APIError) {
+        let record = AuditRecord(
+            action: action, result: result, person: person.name.rawValue, method: method, callerUID: caller.uid,
+            callerPID: caller.pid, service: service, detail: detail)
+        let at = now()
+        let entry = try withStore(caller, action: action, person: person.name.rawValue) { () throws(StoreError) in
+            try store.recordAuthentication(of: person, failures: failures, unlockedAt: unlocked ? at : nil, audit: record, now: at)
+        }
+        logger.info(
+            "audit",
+            metadata: [
+                "action": "\(action)", "result": "\(result)", "person": "\(person.name.rawValue)",
+                "audit_seq": "\(entry.sequence)", "audit_head": "\(entry.macHex)",
+            ])
+    }
+
     func requireAdmin(_ caller: Caller, action: String, person: String? = nil) throws(APIError) {
         guard groups.isAdmin(caller) else {
             audit(caller, action: action, result: "refused", person: person, detail: "caller is not an admin")
@@ -416,15 +437,12 @@ public actor Authority {
         if matched {
             var cleared = before
             _ = credentialGuard.recordPasscode(matched: true, in: &cleared, now: now())
+            try recordAuthentication(
+                caller, person: person, failures: cleared, unlocked: true, action: "passcode.verify", result: "success",
+                method: "passcode", service: service)
             let current = try withStore(caller, action: "passcode.verify", person: name.rawValue) {
-                () throws(StoreError) in
-                try store.saveFailures(cleared, for: person, now: now())
-                try store.recordUnlock(of: person, now: now())
-                return try store.person(named: name)
+                () throws(StoreError) in try store.person(named: name)
             }
-            audit(
-                caller, action: "passcode.verify", result: "success", person: name.rawValue, method: "passcode",
-                service: service)
             let ticket = issueTicket(for: person, caller: caller)
             return Message.Verified(
                 person: record(current ?? person), ticket: ticket,
