@@ -6,7 +6,8 @@
  * - every string the writer produces (all bytes 1-255, escapes, invalid UTF-8) parses back to
  *   the same text, or to U+FFFD where the input was not UTF-8;
  * - every prefix of a reply, and many random mutations of replies, are refused or parsed
- *   without a memory error (the sanitizers abort on one).
+ *   without a memory error (the sanitizers abort on one);
+ * - display names cleaned for the environment: no control characters, whole characters only.
  */
 
 #include "pam_kioskauth.c"
@@ -167,6 +168,39 @@ static void check_mutations(unsigned rounds) {
     printf("mutations: %u inputs parsed\n", parsed);
 }
 
+/* Each input is copied into a buffer of exactly its size, and the output goes into one of
+ * exactly the given size, so a read or write past either end is caught. */
+static void check_display_name(const char *in, size_t size, const char *expected) {
+    char *copy = strdup(in);
+    char *out = malloc(size);
+    CHECK(copy && out);
+    clean_display_name(copy, out, size);
+    if (strcmp(out, expected) != 0) {
+        fprintf(stderr, "display name %s: got \"%s\", expected \"%s\"\n", in, out, expected);
+        exit(1);
+    }
+    free(out);
+    free(copy);
+}
+
+static void check_display_names(void) {
+    check_display_name("Sarah Lee", 64, "Sarah Lee");
+    check_display_name("", 1, "");
+    check_display_name("a\nb\r\tc\x1b[31md\x7f", 64, "a b  c [31md ");
+    /* C1 controls (NEL, CSI) and the Unicode line and paragraph separators. */
+    check_display_name("a\xc2\x85\xc2\x9b"
+                       "b\xe2\x80\xa8\xe2\x80\xa9",
+                       64, "a  b  ");
+    /* Not UTF-8: each byte becomes '?'. */
+    check_display_name("x\xff\xc0\xafy\xe2\x82", 64, "x???y??");
+    /* Cut at a character boundary: \u00c5 is two bytes, \u20ac three. */
+    check_display_name("\xc3\x85\xc3\x85", 4, "\xc3\x85");
+    check_display_name("ab\xe2\x82\xac", 5, "ab");
+    check_display_name("ab\xe2\x82\xac", 6, "ab\xe2\x82\xac");
+    CHECK(role_is_valid("caregiver") && !role_is_valid("") && !role_is_valid("Care") &&
+          !role_is_valid("a\nb") && !role_is_valid("abcdefghijklmnopqrstuvwxyzabcdefg"));
+}
+
 int main(int argc, char **argv) {
     unsigned rounds = argc > 1 ? (unsigned)strtoul(argv[1], NULL, 10) : 20000;
     check_replies();
@@ -176,6 +210,7 @@ int main(int argc, char **argv) {
           !login_name_is_valid("Sarah") && !login_name_is_valid(".x") && !login_name_is_valid("") &&
           !login_name_is_valid("s r"));
     CHECK(seconds_until("1970-01-01T00:00:00Z") == 1 && seconds_until("yesterday") == -1);
+    check_display_names();
     puts("json-check: ok");
     return 0;
 }

@@ -57,20 +57,44 @@
 #define MAX_ITEM_LENGTH 255
 #define MAX_PASSCODE_LENGTH 128
 #define MAX_MESSAGE_LENGTH 512
+/* An activation code is XXXX-XXXX; anything much longer is not one and is not sent. */
+#define MAX_CODE_LENGTH 64
+/* What reaches the environment: a role name, and a display name cut at a character boundary. */
+#define MAX_ROLE_LENGTH 32
+#define MAX_DISPLAY_NAME_LENGTH 256
 /* pam_set_data key: this module authenticated someone in this handle (fail closed in account). */
 #define DATA_AUTHENTICATED "pam_kioskauth.authenticated"
+/* Exported with pam_putenv() after a successful auth, so applications can choose what to show. */
+#define ENV_ROLE "KIOSKAUTH_ROLE"
+#define ENV_DISPLAY_NAME "KIOSKAUTH_DISPLAY_NAME"
 
 #define PROMPT_NAME "Name: "
 #define PROMPT_PASSCODE "Passcode: "
 #define PROMPT_OLD_PASSCODE "Current passcode: "
 #define PROMPT_NEW_PASSCODE "New passcode: "
 #define PROMPT_RETYPE_PASSCODE "Retype new passcode: "
+#define PROMPT_ACTIVATION_OFFER "Enter your activation code, or press Enter to skip: "
+#define PROMPT_ACTIVATION_CODE "Activation code: "
+#define PROMPT_CHOOSE_PASSCODE "Choose a passcode (6 digits): "
+#define PROMPT_CONFIRM_PASSCODE "Type the same passcode again: "
+#define PROMPT_ENABLE_FINGERPRINT "Enable fingerprint login? [y/N] "
 #define MESSAGE_NOT_RECOGNISED "Fingerprint not recognised."
 #define MESSAGE_WRONG_PASSCODE "Wrong passcode."
 #define MESSAGE_HARD_LOCKED                                                                        \
     "Your passcode is locked. Ask an administrator to reset it, or sign in online."
 #define MESSAGE_IDP_FALLBACK "Biometric login failed. Please sign in with your email and password."
 #define MESSAGE_UNAVAILABLE "The login service is not available."
+#define MESSAGE_NOT_SET_UP                                                                         \
+    "Your account is not set up yet. Enter the activation code you were given."
+#define MESSAGE_CODE_WRONG "That code is not right. Check it and try again."
+#define MESSAGE_ALREADY_ACTIVE                                                                     \
+    "This account is already set up: log in with your finger or passcode."
+#define MESSAGE_ENROLLED "Finger enrolled. Next time, just touch the reader."
+#define MESSAGE_ENROL_LATER "You can turn on fingerprint login later: ask your coordinator."
+#define MESSAGE_NOT_ENROLLED "The finger could not be enrolled."
+/* The daemon's fixed enrolment hint for a reader that cannot identify (io.kioskauth.varlink). */
+#define HINT_DUPLICATES_NOT_CHECKED                                                                \
+    "this reader cannot check whether the finger is already enrolled"
 
 /* The module is built with hidden visibility and a version script; only these are exported. */
 #define _public_ __attribute__((visibility("default")))
@@ -99,6 +123,7 @@ enum mode {
     MODE_IDENTIFY, /* finger only: walk-up identify, or verify when the user is known */
     MODE_VERIFY,   /* finger only, asking for the name when none is known */
     MODE_PASSCODE, /* passcode only */
+    MODE_ACTIVATE, /* first use only: activation code, new passcode, fingerprint offer */
 };
 
 struct options {
@@ -106,6 +131,7 @@ struct options {
     unsigned timeout_sec;
     unsigned max_tries;
     enum mode mode;
+    bool activation; /* with no user known, offer the activation code before the name */
     bool debug;
 };
 
@@ -154,6 +180,10 @@ static void parse_options(pam_handle_t *pamh, int argc, const char **argv, struc
             o->mode = MODE_VERIFY;
         } else if (strcmp(arg, "mode=passcode") == 0) {
             o->mode = MODE_PASSCODE;
+        } else if (strcmp(arg, "mode=activate") == 0) {
+            o->mode = MODE_ACTIVATE;
+        } else if (strcmp(arg, "activation") == 0) {
+            o->activation = true;
         } else if (strcmp(arg, "debug") == 0) {
             o->debug = true;
         } else {
@@ -162,8 +192,15 @@ static void parse_options(pam_handle_t *pamh, int argc, const char **argv, struc
     }
 }
 
-/* The login being served: the PAM handle, the options, and what the daemon is told about the
- * caller (the varlink CallerContext). */
+/* The person an auth step authenticated, as the environment will show them. */
+struct person_info {
+    bool known;
+    char role[MAX_ROLE_LENGTH + 1];
+    char display_name[MAX_DISPLAY_NAME_LENGTH + 1];
+};
+
+/* The login being served: the PAM handle, the options, what the daemon is told about the
+ * caller (the varlink CallerContext), and where auth notes whom it authenticated. */
 struct login {
     pam_handle_t *pamh;
     struct options options;
@@ -173,6 +210,7 @@ struct login {
     const char *remote_host; /* sent only when the session is remote */
     bool remote;
     uid_t ruid;
+    struct person_info *person; /* auth only; NULL elsewhere */
 };
 
 static int log_ret(const struct login *l, int ret, int priority, const char *format, ...)
@@ -334,13 +372,17 @@ static void buffer_puts(struct buffer *b, const char *s) { buffer_append(b, s, s
 
 /* JSON writer. */
 
-/* Length of the valid UTF-8 sequence starting at s (1-4), or 0 when there is none. */
-static size_t utf8_sequence_length(const unsigned char *s) {
+/* Length of the valid UTF-8 sequence starting at s (1-4), or 0 when there is none; *out (when
+ * not NULL) is its code point. */
+static size_t utf8_decode(const unsigned char *s, uint32_t *out) {
     unsigned char c = s[0];
     size_t n;
     uint32_t cp;
-    if (c < 0x80)
+    if (c < 0x80) {
+        if (out)
+            *out = c;
         return 1;
+    }
     if ((c & 0xe0) == 0xc0) {
         n = 2;
         cp = c & 0x1f;
@@ -361,6 +403,8 @@ static size_t utf8_sequence_length(const unsigned char *s) {
     if ((n == 2 && cp < 0x80) || (n == 3 && cp < 0x800) || (n == 4 && cp < 0x10000) ||
         cp > 0x10ffff || (cp >= 0xd800 && cp <= 0xdfff))
         return 0;
+    if (out)
+        *out = cp;
     return n;
 }
 
@@ -370,7 +414,7 @@ static void json_string(struct buffer *b, const char *s) {
     static const char hex[] = "0123456789abcdef";
     buffer_puts(b, "\"");
     for (const unsigned char *p = (const unsigned char *)s; *p;) {
-        size_t n = utf8_sequence_length(p);
+        size_t n = utf8_decode(p, NULL);
         if (n == 0) {
             buffer_puts(b, "\\ufffd");
             p++;
@@ -769,6 +813,95 @@ static bool json_get_integer(const struct json *object, const char *key, long lo
     return true;
 }
 
+/* The person in the environment. */
+
+/* Roles are the daemon's enum (caregiver, coordinator, family): lowercase words. */
+static bool role_is_valid(const char *role) {
+    size_t n = strnlen(role, MAX_ROLE_LENGTH + 1);
+    if (n == 0 || n > MAX_ROLE_LENGTH)
+        return false;
+    for (size_t i = 0; i < n; i++)
+        if (!((role[i] >= 'a' && role[i] <= 'z') || role[i] == '_' || role[i] == '-'))
+            return false;
+    return true;
+}
+
+/* Copies a display name for the environment: whole UTF-8 characters only, at most size - 1
+ * bytes; control characters (C0, DEL, C1) and line or paragraph separators become spaces, bytes
+ * that are not UTF-8 become '?'. The result holds no newline and no terminal escape. */
+static void clean_display_name(const char *in, char *out, size_t size) {
+    size_t length = 0;
+    for (const unsigned char *p = (const unsigned char *)in; *p;) {
+        uint32_t cp = 0;
+        size_t advance = utf8_decode(p, &cp);
+        const char *copy = (const char *)p;
+        size_t n = advance;
+        if (advance == 0) {
+            copy = "?";
+            n = advance = 1;
+        } else if (cp < 0x20 || (cp >= 0x7f && cp <= 0x9f) || cp == 0x2028 || cp == 0x2029) {
+            copy = " ";
+            n = 1;
+        }
+        if (length + n >= size)
+            break;
+        memcpy(out + length, copy, n);
+        length += n;
+        p += advance;
+    }
+    out[length] = '\0';
+}
+
+/* Notes whom an auth step authenticated, from the person record the daemon returned. */
+static void note_person(const struct login *l, const struct json *person) {
+    struct person_info *who = l->person;
+    if (!who)
+        return;
+    *who = (struct person_info){.known = true};
+    const char *role = json_get_string(person, "primaryRole");
+    const char *display_name = json_get_string(person, "displayName");
+    const char *name = json_get_string(person, "name");
+    if (role && role_is_valid(role))
+        memcpy(who->role, role, strlen(role) + 1);
+    else
+        pam_syslog(l->pamh, LOG_WARNING, "No valid primary role for %s",
+                   name && login_name_is_valid(name) ? name : "the person");
+    clean_display_name(display_name && *display_name ? display_name : (name ? name : ""),
+                       who->display_name, sizeof(who->display_name));
+}
+
+static int put_variable(const struct login *l, const char *variable, const char *value) {
+    char entry[sizeof(ENV_DISPLAY_NAME) + 1 + MAX_DISPLAY_NAME_LENGTH + 1];
+    snprintf(entry, sizeof(entry), "%s=%s", variable, value);
+    int r = pam_putenv(l->pamh, entry);
+    if (r != PAM_SUCCESS)
+        return log_ret(l, r, LOG_ERR, "Cannot set %s: %s", variable, pam_strerror(l->pamh, r));
+    return PAM_SUCCESS;
+}
+
+/* After a successful auth: KIOSKAUTH_ROLE and KIOSKAUTH_DISPLAY_NAME for the application (and,
+ * through pam_getenvlist(), the session it starts). */
+static int export_person(const struct login *l) {
+    const struct person_info *who = l->person;
+    if (!who || !who->known)
+        return log_ret(l, PAM_SERVICE_ERR, LOG_ERR, "Authenticated, but the person is not known");
+    int r = PAM_SUCCESS;
+    if (who->role[0])
+        r = put_variable(l, ENV_ROLE, who->role);
+    if (r == PAM_SUCCESS && who->display_name[0])
+        r = put_variable(l, ENV_DISPLAY_NAME, who->display_name);
+    return r;
+}
+
+/* Before auth: nothing this module exported for an earlier attempt on this handle survives. */
+static void clear_person(pam_handle_t *pamh) {
+    /* (libpam logs an error for deleting a variable that is not set.) */
+    if (pam_getenv(pamh, ENV_ROLE))
+        (void)pam_putenv(pamh, ENV_ROLE);
+    if (pam_getenv(pamh, ENV_DISPLAY_NAME))
+        (void)pam_putenv(pamh, ENV_DISPLAY_NAME);
+}
+
 /* The connection to the daemon. */
 
 struct connection {
@@ -1023,6 +1156,10 @@ static const char *reply_person_name(const struct reply *reply) {
     return name && login_name_is_valid(name) ? name : NULL;
 }
 
+static bool is_pending(const char *state) {
+    return state && strcmp(state, "pending_activation") == 0;
+}
+
 static const char *not_active_message(const char *state) {
     if (state && strcmp(state, "suspended") == 0)
         return "Your account is suspended.";
@@ -1043,9 +1180,10 @@ static void say_wait(const struct login *l, const char *what, long long seconds)
     complain(l, text);
 }
 
-/* What a fingerprint step leaves to do: nothing more (return `ret`), ask for the name, or ask
- * for the passcode. `ret` is what to return when the mode allows no next step. */
-enum next { NEXT_NONE, NEXT_ASK_NAME, NEXT_PASSCODE };
+/* What a fingerprint step leaves to do: nothing more (return `ret`), ask for the name, ask for
+ * the passcode, or activate a person who has not activated yet. `ret` is what to return when
+ * the mode allows no next step. */
+enum next { NEXT_NONE, NEXT_ASK_NAME, NEXT_PASSCODE, NEXT_ACTIVATE };
 struct step {
     int ret;
     enum next next;
@@ -1095,8 +1233,9 @@ static struct step identify(const struct login *l) {
                 return (struct step){
                     log_ret(l, r, LOG_ERR, "Cannot set PAM_USER: %s", pam_strerror(l->pamh, r)),
                     NEXT_NONE};
-            const char *display_name =
-                json_get_string(json_get(reply.parameters, "person"), "displayName");
+            const struct json *person = json_get(reply.parameters, "person");
+            const char *display_name = json_get_string(person, "displayName");
+            note_person(l, person);
             char welcome[MAX_MESSAGE_LENGTH];
             snprintf(welcome, sizeof(welcome), "Welcome back, %s",
                      display_name && *display_name ? display_name : name);
@@ -1168,6 +1307,7 @@ static struct step verify_finger(const struct login *l, const char *name) {
             const char *matched = reply_person_name(&reply);
             if (!matched || strcmp(matched, name) != 0)
                 return unexpected(l, "VerifyFinger", &(struct reply){.error = "malformed reply"});
+            note_person(l, json_get(reply.parameters, "person"));
             log_debug(l, "Fingerprint verified for %s", name);
             return (struct step){PAM_SUCCESS, NEXT_NONE};
         }
@@ -1196,7 +1336,10 @@ static struct step verify_finger(const struct login *l, const char *name) {
         if (is_error(&reply, "NoSuchPerson"))
             return (struct step){PAM_USER_UNKNOWN, NEXT_NONE};
         if (is_error(&reply, "PersonNotActive")) {
-            complain(l, not_active_message(json_get_string(reply.parameters, "state")));
+            const char *state = json_get_string(reply.parameters, "state");
+            if (is_pending(state))
+                return (struct step){PAM_AUTH_ERR, NEXT_ACTIVATE};
+            complain(l, not_active_message(state));
             return (struct step){PAM_AUTH_ERR, NEXT_NONE};
         }
         if (is_error(&reply, "FingerprintNotAllowed")) {
@@ -1282,6 +1425,17 @@ static int ask_secret(const struct login *l, const char *prompt, char **answer) 
 }
 
 static int get_person(const struct login *l, const char *name, struct reply *reply);
+static int account_status(const struct login *l, const char *name, struct reply *reply);
+static int activate_pending(const struct login *l, const char *name);
+
+/* The person's record, to check before asking anything: GetPerson as root (an admin), else
+ * CheckAccount, which authenticators such as a kiosk app may call (GetPerson would be refused,
+ * and audited as refused, every time). Negative when the daemon cannot be asked. */
+static int look_up(const struct login *l, const char *name, struct reply *reply) {
+    if (geteuid() == 0)
+        return get_person(l, name, reply);
+    return account_status(l, name, reply);
+}
 
 /* Seconds from now until an RFC 3339 UTC time as the daemon writes it ("2026-01-02T03:04:05Z"),
  * or -1 when it cannot be read. Only for telling the person how long to wait. */
@@ -1303,10 +1457,12 @@ static long long seconds_until(const char *timestamp) {
 
 /* Before asking for a passcode, asks the daemon whether one could be accepted at all, so that
  * nobody types a passcode that is refused unread: locked, none set, not active, unknown. Returns
- * PAM_SUCCESS to go on and ask. A caller that may not read the person (not root) just asks. */
-static int passcode_precheck(const struct login *l, const char *name) {
+ * PAM_SUCCESS to go on and ask; sets *pending for a person who has not activated yet. A caller
+ * that may not read the person just asks. */
+static int passcode_precheck(const struct login *l, const char *name, bool *pending) {
     _cleanup_reply_ struct reply reply = {0};
-    if (get_person(l, name, &reply) < 0)
+    *pending = false;
+    if (look_up(l, name, &reply) < 0)
         return PAM_AUTHINFO_UNAVAIL;
     if (is_error(&reply, "NoSuchPerson"))
         return PAM_USER_UNKNOWN;
@@ -1315,6 +1471,10 @@ static int passcode_precheck(const struct login *l, const char *name) {
     const struct json *p = json_get(reply.parameters, "person");
     const char *state = json_get_string(p, "state");
     const char *locked_until = json_get_string(p, "passcodeLockedUntil");
+    if (is_pending(state)) {
+        *pending = true;
+        return PAM_AUTH_ERR;
+    }
     if (!state || strcmp(state, "active") != 0) {
         complain(l, not_active_message(state));
         return PAM_AUTH_ERR;
@@ -1339,7 +1499,10 @@ static int passcode_precheck(const struct login *l, const char *name) {
 }
 
 static int verify_passcode(const struct login *l, const char *name) {
-    int precheck = passcode_precheck(l, name);
+    bool pending;
+    int precheck = passcode_precheck(l, name, &pending);
+    if (pending)
+        return activate_pending(l, name);
     if (precheck != PAM_SUCCESS)
         return precheck;
     for (unsigned attempt = 1; attempt <= l->options.max_tries; attempt++) {
@@ -1357,6 +1520,7 @@ static int verify_passcode(const struct login *l, const char *name) {
             if (!matched || strcmp(matched, name) != 0)
                 return unexpected(l, "VerifyPasscode", &(struct reply){.error = "malformed reply"})
                     .ret;
+            note_person(l, json_get(reply.parameters, "person"));
             log_debug(l, "Passcode verified for %s", name);
             return PAM_SUCCESS;
         }
@@ -1390,6 +1554,431 @@ static int ask_name(const struct login *l, const char **name) {
     return *name ? PAM_SUCCESS : PAM_SERVICE_ERR;
 }
 
+/* First use: one-time activation of a person an admin provisioned. In one conversation the
+ * person enters their activation code, chooses a passcode, may enrol a finger, and is logged in.
+ * Everything runs on one connection because the daemon binds its tickets to the connection; if
+ * the daemon closes it while the person is typing (its idle timeout, the ticket's lifetime), a
+ * fresh ticket is fetched with what the person already typed, so nobody is asked twice. */
+
+struct activation {
+    struct connection c;
+    char *code;   /* as typed, until the passcode is set: CheckActivationCode again for a ticket */
+    char *ticket; /* for CompleteActivation, then for EnrollFinger */
+    char *passcode; /* the new passcode, until enrolment: VerifyPasscode again for a ticket */
+    char name[MAX_NAME_LENGTH + 1];
+    char display_name[MAX_DISPLAY_NAME_LENGTH + 1];
+    char *welcome;
+    char *role_description;
+    bool offer_fingerprint;
+};
+#define ACTIVATION_INIT                                                                            \
+    { .c = CONNECTION_INIT }
+
+static void activation_clear(struct activation *a) {
+    connection_close(&a->c);
+    erase_and_free(a->code);
+    erase_and_free(a->ticket);
+    erase_and_free(a->passcode);
+    free(a->welcome);
+    free(a->role_description);
+    *a = (struct activation)ACTIVATION_INIT;
+}
+#define _cleanup_activation_ __attribute__((cleanup(activation_clear)))
+
+static bool replace_string(char **slot, const char *value) {
+    erase_and_free(*slot);
+    *slot = value ? strdup(value) : NULL;
+    return *slot != NULL;
+}
+
+/* Checks a->code on a fresh connection; on success a->ticket and a->name are set. `name` is the
+ * person the code must belong to, when known. Shows the daemon's own message for each refusal;
+ * *retry says whether another code may be tried. */
+static int check_code(const struct login *l, struct activation *a, const char *name, bool *retry) {
+    *retry = false;
+    connection_close(&a->c);
+    if (connection_open(l, &a->c) < 0)
+        return PAM_AUTHINFO_UNAVAIL;
+    _cleanup_buffer_ struct buffer request = {0};
+    buffer_puts(&request,
+                "{\"method\":\"io.kioskauth.CheckActivationCode\",\"parameters\":{\"code\":");
+    json_string(&request, a->code);
+    if (name) {
+        buffer_puts(&request, ",\"name\":");
+        json_string(&request, name);
+    }
+    buffer_puts(&request, ",\"context\":");
+    json_context(&request, l);
+    buffer_puts(&request, "}}");
+    _cleanup_reply_ struct reply reply = {0};
+    if (exchange(l, &a->c, &request, &reply) < 0)
+        return PAM_AUTHINFO_UNAVAIL;
+
+    const struct json *p = reply.parameters;
+    if (!reply.error) {
+        const char *person = reply_person_name(&reply);
+        const char *ticket = json_get_string(p, "ticket");
+        if (!person || !ticket || (name && strcmp(person, name) != 0))
+            return unexpected(l, "CheckActivationCode", &(struct reply){.error = "malformed reply"})
+                .ret;
+        memcpy(a->name, person, strlen(person) + 1);
+        const char *display_name = json_get_string(json_get(p, "person"), "displayName");
+        clean_display_name(display_name && *display_name ? display_name : person, a->display_name,
+                           sizeof(a->display_name));
+        if (!replace_string(&a->ticket, ticket))
+            return log_ret(l, PAM_BUF_ERR, LOG_CRIT, "Out of memory");
+        return PAM_SUCCESS;
+    }
+    const char *message = json_get_string(p, "message");
+    if (is_error(&reply, "ActivationCodeWrong") || is_error(&reply, "ActivationCodeExpired") ||
+        is_error(&reply, "ActivationCodeUsed") || is_error(&reply, "ActivationCodeRevoked")) {
+        complain(l, message ? message : MESSAGE_CODE_WRONG);
+        *retry = true;
+        return PAM_AUTH_ERR;
+    }
+    if (is_error(&reply, "ActivationPaused")) {
+        complain(l, message ? message : "Too many wrong codes on this terminal. Try again later.");
+        return PAM_MAXTRIES;
+    }
+    if (is_error(&reply, "AlreadyActive")) {
+        complain(l, MESSAGE_ALREADY_ACTIVE);
+        return PAM_AUTH_ERR;
+    }
+    if (is_error(&reply, "NoSuchPerson"))
+        return PAM_USER_UNKNOWN;
+    if (is_error(&reply, "PermissionDenied")) {
+        const char *reason = json_get_string(p, "reason");
+        return log_ret(l, PAM_AUTHINFO_UNAVAIL, LOG_NOTICE, "Activation refused by kioskauthd: %s",
+                       reason ? reason : "no reason given");
+    }
+    return unexpected(l, "CheckActivationCode", &reply).ret;
+}
+
+/* Asks for the activation code (first_code: already typed at the offer) until the daemon takes
+ * one, at most max_tries times. */
+static int enter_code(const struct login *l, struct activation *a, const char *name,
+                      const char *first_code) {
+    for (unsigned attempt = 1;; attempt++) {
+        if (attempt == 1 && first_code) {
+            if (!replace_string(&a->code, first_code))
+                return log_ret(l, PAM_BUF_ERR, LOG_CRIT, "Out of memory");
+        } else {
+            erase_and_free(a->code);
+            a->code = NULL;
+            int r = pam_prompt(l->pamh, PAM_PROMPT_ECHO_ON, &a->code, "%s", PROMPT_ACTIVATION_CODE);
+            if (r != PAM_SUCCESS || !a->code)
+                return PAM_CONV_ERR;
+        }
+        if (!a->code[0])
+            return PAM_AUTH_ERR;
+        bool retry = true;
+        int r = PAM_AUTH_ERR;
+        if (strlen(a->code) > MAX_CODE_LENGTH)
+            complain(l, MESSAGE_CODE_WRONG);
+        else
+            r = check_code(l, a, name, &retry);
+        if (r == PAM_SUCCESS || !retry)
+            return r;
+        if (attempt >= l->options.max_tries)
+            return PAM_MAXTRIES;
+    }
+}
+
+static void complete_request(struct buffer *request, const char *ticket, const char *passcode,
+                             const char *confirmation) {
+    buffer_puts(request, "{\"method\":\"io.kioskauth.CompleteActivation\",\"parameters\":{"
+                         "\"ticket\":");
+    json_string(request, ticket);
+    buffer_puts(request, ",\"passcode\":");
+    json_string(request, passcode);
+    buffer_puts(request, ",\"confirmation\":");
+    json_string(request, confirmation);
+    buffer_puts(request, "}}");
+}
+
+/* Whether a call failed because the connection or its ticket went away while the person typed:
+ * then a fresh ticket is fetched and the call made once more. */
+static bool connection_lost(int r, const struct reply *reply) {
+    return r < 0 || is_error(reply, "TicketInvalid") || is_error(reply, "IdleTimeout");
+}
+
+/* The person chooses a passcode (twice); a weak one is refused with the daemon's reason and
+ * asked for again. On success the person is active and the code used up. */
+static int choose_passcode(const struct login *l, struct activation *a) {
+    for (unsigned attempt = 1; attempt <= l->options.max_tries; attempt++) {
+        _cleanup_erase_ char *passcode = NULL;
+        _cleanup_erase_ char *confirmation = NULL;
+        int r = ask_secret(l, PROMPT_CHOOSE_PASSCODE, &passcode);
+        if (r == PAM_SUCCESS)
+            r = ask_secret(l, PROMPT_CONFIRM_PASSCODE, &confirmation);
+        if (r != PAM_SUCCESS)
+            return r;
+
+        _cleanup_reply_ struct reply reply = {0};
+        for (bool again = true;; again = false) {
+            _cleanup_buffer_ struct buffer request = {0};
+            complete_request(&request, a->ticket, passcode, confirmation);
+            r = exchange(l, &a->c, &request, &reply);
+            if (!again || !connection_lost(r, &reply))
+                break;
+            log_debug(l, "Activation ticket lost; checking the code again");
+            bool retry;
+            r = check_code(l, a, a->name, &retry);
+            if (r != PAM_SUCCESS)
+                return r;
+        }
+        if (r < 0)
+            return PAM_AUTHINFO_UNAVAIL;
+        const struct json *p = reply.parameters;
+        if (!reply.error) {
+            const char *person = reply_person_name(&reply);
+            const char *ticket = json_get_string(p, "ticket");
+            if (!person || strcmp(person, a->name) != 0)
+                return unexpected(l, "CompleteActivation",
+                                  &(struct reply){.error = "malformed reply"})
+                    .ret;
+            note_person(l, json_get(p, "person"));
+            a->offer_fingerprint = json_get_bool(p, "offerFingerprint") && ticket;
+            /* Out of memory here costs a message or the enrolment, not the login. */
+            (void)replace_string(&a->welcome, json_get_string(p, "welcome"));
+            (void)replace_string(&a->role_description, json_get_string(p, "roleDescription"));
+            (void)replace_string(&a->ticket, ticket);
+            /* Kept until enrolment, for a fresh ticket; the code is spent. */
+            a->passcode = passcode;
+            passcode = NULL;
+            erase_and_free(a->code);
+            a->code = NULL;
+            log_debug(l, "Activated %s", a->name);
+            return PAM_SUCCESS;
+        }
+        if (is_error(&reply, "WeakPasscode")) {
+            const char *message = json_get_string(p, "message");
+            complain(l, message ? message : "That passcode is too easy to guess.");
+            continue;
+        }
+        if (is_error(&reply, "ActivationCodeRevoked") || is_error(&reply, "ActivationCodeUsed") ||
+            is_error(&reply, "ActivationCodeExpired")) {
+            const char *message = json_get_string(p, "message");
+            complain(l, message ? message : MESSAGE_CODE_WRONG);
+            return PAM_AUTH_ERR;
+        }
+        if (is_error(&reply, "TicketInvalid")) {
+            complain(l, "Activation could not be finished. Please start again.");
+            return log_ret(l, PAM_AUTH_ERR, LOG_NOTICE, "CompleteActivation: ticket refused");
+        }
+        return unexpected(l, "CompleteActivation", &reply).ret;
+    }
+    return PAM_MAXTRIES;
+}
+
+/* A fresh self-service ticket on a fresh connection, from the passcode just chosen. */
+static int fresh_ticket(const struct login *l, struct activation *a) {
+    connection_close(&a->c);
+    if (!a->passcode || connection_open(l, &a->c) < 0)
+        return PAM_AUTHINFO_UNAVAIL;
+    _cleanup_buffer_ struct buffer request = {0};
+    passcode_request(&request, l, a->name, a->passcode);
+    _cleanup_reply_ struct reply reply = {0};
+    if (exchange(l, &a->c, &request, &reply) < 0)
+        return PAM_AUTHINFO_UNAVAIL;
+    if (reply.error)
+        return log_ret(l, PAM_AUTH_ERR, LOG_NOTICE, "No fresh ticket for enrolment: %s",
+                       reply.error);
+    if (!replace_string(&a->ticket, json_get_string(reply.parameters, "ticket")))
+        return PAM_AUTH_ERR;
+    return PAM_SUCCESS;
+}
+
+static bool is_yes(const char *answer) {
+    static const char *const yes[] = {"y", "yes", "Y", "YES", "Yes"};
+    for (size_t i = 0; i < sizeof(yes) / sizeof(yes[0]); i++)
+        if (strcmp(answer, yes[i]) == 0)
+            return true;
+    return false;
+}
+
+/* Shows one enrolment progress report as the person's next step. */
+static void show_enrol_progress(const struct login *l, const struct json *progress) {
+    const char *state = json_get_string(progress, "state");
+    const char *hint = json_get_string(progress, "hint");
+    long long stage = 0, stages = 0;
+    char text[MAX_MESSAGE_LENGTH];
+    json_get_integer(progress, "stage", &stage);
+    json_get_integer(progress, "stages", &stages);
+    if (!state)
+        return;
+    if (strcmp(state, "duplicate-check") == 0) {
+        /* Only the identify touch needs the person; a reader that cannot check says so to the
+         * log, not to them. */
+        if (hint && strcmp(hint, HINT_DUPLICATES_NOT_CHECKED) == 0) {
+            log_debug(l, "Enrolment: %s", hint);
+            return;
+        }
+        snprintf(text, sizeof(text), "%s…", hint ? hint : "Touch the reader");
+    } else if (strcmp(state, "touch") == 0 || strcmp(state, "stage") == 0) {
+        if (stages <= 0 || stage >= stages)
+            return;
+        snprintf(text, sizeof(text), "Touch the reader (stage %lld of %lld)…", stage + 1, stages);
+    } else if (strcmp(state, "retry") == 0) {
+        snprintf(text, sizeof(text), "%s. Touch the reader (stage %lld of %lld)…",
+                 hint ? hint : "Try again", stage + 1, stages > 0 ? stages : stage + 1);
+    } else {
+        return;
+    }
+    if (text[0] >= 'a' && text[0] <= 'z')
+        text[0] = (char)(text[0] - 'a' + 'A');
+    instruct(l, text);
+}
+
+/* One EnrollFinger call on a->c, showing its progress. Returns PAM_SUCCESS when a finger was
+ * enrolled; PAM_IGNORE, saying nothing, when the call never started because the connection or
+ * its ticket was gone; PAM_AUTH_ERR when enrolment did not finish (the person was told why, or
+ * ended it with a signal). */
+static int enrol_once(const struct login *l, struct activation *a) {
+    _cleanup_buffer_ struct buffer request = {0};
+    buffer_puts(&request, "{\"method\":\"io.kioskauth.EnrollFinger\",\"more\":true,"
+                          "\"parameters\":{\"name\":");
+    json_string(&request, a->name);
+    if (a->ticket) {
+        buffer_puts(&request, ",\"ticket\":");
+        json_string(&request, a->ticket);
+    }
+    buffer_puts(&request, "}}");
+    if (request.failed)
+        return log_ret(l, PAM_BUF_ERR, LOG_CRIT, "Out of memory");
+
+    /* Each touch gets the whole timeout=, as a scan does. */
+    uint64_t deadline = now_msec() + (uint64_t)l->options.timeout_sec * 1000;
+    int r = a->c.fd < 0 ? -ENOTCONN : connection_send(&a->c, &request, deadline);
+    bool started = false;
+    for (;;) {
+        _cleanup_reply_ struct reply reply = {0};
+        if (r >= 0)
+            r = connection_receive(&a->c, deadline, true, &reply);
+        if (!started && connection_lost(r, &reply))
+            return PAM_IGNORE;
+        if (r == -EINTR) {
+            log_debug(l, "Enrolment interrupted by a signal");
+            return PAM_AUTH_ERR;
+        }
+        if (r == -ETIMEDOUT) {
+            complain(l, "No finger was touched in time.");
+            return PAM_AUTH_ERR;
+        }
+        if (r < 0) {
+            complain(l, MESSAGE_NOT_ENROLLED);
+            return log_ret(l, PAM_AUTH_ERR, LOG_WARNING, "kioskauthd did not answer: %s",
+                           strerror(-r));
+        }
+        started = true;
+        if (reply.continues) {
+            show_enrol_progress(l, json_get(reply.parameters, "progress"));
+            deadline = now_msec() + (uint64_t)l->options.timeout_sec * 1000;
+            continue;
+        }
+        if (!reply.error) {
+            inform(l, MESSAGE_ENROLLED);
+            return PAM_SUCCESS;
+        }
+        if (is_error(&reply, "FingerAlreadyEnrolled"))
+            complain(l, "That finger is already enrolled.");
+        else if (is_error(&reply, "ScanTimeout"))
+            complain(l, "No finger was touched in time.");
+        else if (is_error(&reply, "ScanRetry") || is_error(&reply, "ReaderUnavailable") ||
+                 is_error(&reply, "ReaderRemoved") || is_error(&reply, "NoReader") ||
+                 is_error(&reply, "ReaderFull") || is_error(&reply, "ScanCancelled"))
+            complain(l, MESSAGE_NOT_ENROLLED);
+        else {
+            complain(l, MESSAGE_NOT_ENROLLED);
+            unexpected(l, "EnrollFinger", &reply);
+        }
+        log_debug(l, "EnrollFinger: %s", reply.error);
+        return PAM_AUTH_ERR;
+    }
+}
+
+/* Offers fingerprint login and enrols a finger if the person wants it. Declining, or an
+ * enrolment that does not finish, still logs the person in: they are active already. */
+static int offer_enrolment(const struct login *l, struct activation *a) {
+    _cleanup_free_ char *answer = NULL;
+    int r = pam_prompt(l->pamh, PAM_PROMPT_ECHO_ON, &answer, "%s", PROMPT_ENABLE_FINGERPRINT);
+    if (r != PAM_SUCCESS || !answer)
+        return PAM_CONV_ERR;
+    if (!is_yes(answer)) {
+        log_debug(l, "Fingerprint enrolment declined by %s", a->name);
+        inform(l, MESSAGE_ENROL_LATER);
+        return PAM_SUCCESS;
+    }
+    r = enrol_once(l, a);
+    if (r == PAM_IGNORE) {
+        log_debug(l, "Enrolment ticket lost; verifying the new passcode for a fresh one");
+        r = fresh_ticket(l, a);
+        if (r == PAM_SUCCESS)
+            r = enrol_once(l, a);
+        else
+            complain(l, MESSAGE_NOT_ENROLLED);
+        if (r == PAM_IGNORE)
+            complain(l, MESSAGE_NOT_ENROLLED);
+    }
+    if (r != PAM_SUCCESS)
+        inform(l, MESSAGE_ENROL_LATER);
+    return PAM_SUCCESS;
+}
+
+/* The whole first use. `name`: the person, when known (the code must then be theirs);
+ * `first_code`: a code already typed at the offer, or NULL to ask. On success PAM_USER is the
+ * person. */
+static int activate(const struct login *l, const char *name, const char *first_code) {
+    /* The daemon refuses activation over remote sessions; nobody is asked for a code there. */
+    if (l->remote)
+        return log_ret(l, PAM_AUTHINFO_UNAVAIL, LOG_NOTICE, "No activation over a remote session");
+    _cleanup_activation_ struct activation a = ACTIVATION_INIT;
+    int r = enter_code(l, &a, name, first_code);
+    if (r != PAM_SUCCESS)
+        return r;
+    char hello[MAX_MESSAGE_LENGTH];
+    snprintf(hello, sizeof(hello), "Code accepted. Hello, %s.", a.display_name);
+    inform(l, hello);
+    r = choose_passcode(l, &a);
+    if (r != PAM_SUCCESS)
+        return r;
+    if (a.offer_fingerprint) {
+        r = offer_enrolment(l, &a);
+        if (r != PAM_SUCCESS)
+            return r;
+    }
+    if (a.welcome && *a.welcome)
+        inform(l, a.welcome);
+    if (a.role_description && *a.role_description)
+        inform(l, a.role_description);
+    r = pam_set_item(l->pamh, PAM_USER, a.name);
+    if (r != PAM_SUCCESS)
+        return log_ret(l, r, LOG_ERR, "Cannot set PAM_USER: %s", pam_strerror(l->pamh, r));
+    return PAM_SUCCESS;
+}
+
+/* A person found by name who has not activated yet. */
+static int activate_pending(const struct login *l, const char *name) {
+    if (l->remote)
+        return log_ret(l, PAM_AUTHINFO_UNAVAIL, LOG_NOTICE, "No activation over a remote session");
+    inform(l, MESSAGE_NOT_SET_UP);
+    return activate(l, name, NULL);
+}
+
+/* With the activation option and nobody known yet: the code first, Enter for the name.
+ * PAM_IGNORE when skipped. */
+static int offer_activation(const struct login *l) {
+    if (l->remote)
+        return PAM_IGNORE;
+    _cleanup_erase_ char *answer = NULL;
+    int r = pam_prompt(l->pamh, PAM_PROMPT_ECHO_ON, &answer, "%s", PROMPT_ACTIVATION_OFFER);
+    if (r != PAM_SUCCESS || !answer)
+        return PAM_CONV_ERR;
+    if (!answer[0])
+        return PAM_IGNORE;
+    return activate(l, NULL, answer);
+}
+
 static int authenticate(const struct login *l) {
     enum mode mode = l->options.mode;
     const char *user = NULL;
@@ -1397,24 +1986,42 @@ static int authenticate(const struct login *l) {
     if (r != PAM_SUCCESS)
         return log_ret(l, PAM_SERVICE_ERR, LOG_ERR, "Cannot read PAM_USER: %s",
                        pam_strerror(l->pamh, r));
+    if (user && !*user)
+        user = NULL;
+    if (user && !login_name_is_valid(user)) {
+        /* Not a name the daemon could manage: let the next module decide, without asking. */
+        log_debug(l, "Not a kioskauth name: %s", user);
+        return PAM_USER_UNKNOWN;
+    }
+    if (mode == MODE_ACTIVATE)
+        return activate(l, user, NULL);
 
-    if (!user || !*user) {
+    if (!user) {
         if (mode == MODE_AUTO || mode == MODE_IDENTIFY) {
             struct step s = identify(l);
             if (s.next == NEXT_NONE || mode == MODE_IDENTIFY)
                 return s.ret;
         }
+        if (l->options.activation) {
+            r = offer_activation(l);
+            if (r != PAM_IGNORE)
+                return r;
+        }
         r = ask_name(l, &user);
         if (r != PAM_SUCCESS)
             return r;
-    } else if (!login_name_is_valid(user)) {
-        /* Not a name the daemon could manage: let the next module decide, without asking. */
-        log_debug(l, "Not a kioskauth name: %s", user);
-        return PAM_USER_UNKNOWN;
     }
 
     if (mode != MODE_PASSCODE) {
         struct step s = verify_finger(l, user);
+        if (s.next == NEXT_ACTIVATE) {
+            /* A finger-only conversation has no keyboard for the code. */
+            if (mode == MODE_IDENTIFY) {
+                complain(l, not_active_message("pending_activation"));
+                return s.ret;
+            }
+            return activate_pending(l, user);
+        }
         if (s.next == NEXT_NONE || mode != MODE_AUTO)
             return s.ret;
     }
@@ -1449,9 +2056,14 @@ _public_ PAM_EXTERN int pam_sm_authenticate(pam_handle_t *pamh, int flags, int a
     login_init(&l, pamh, flags, argc, argv);
     log_debug(&l, "auth: service %s, tty %s, %s session", l.service ? l.service : "-",
               l.tty ? l.tty : "-", l.remote ? "remote" : "local");
+    struct person_info person = {0};
+    l.person = &person;
+    clear_person(pamh);
     int r = authenticate(&l);
     if (r == PAM_SUCCESS)
         r = remember_authentication(&l);
+    if (r == PAM_SUCCESS)
+        r = export_person(&l);
     log_debug(&l, "auth: %s", pam_strerror(pamh, r));
     return r;
 }
@@ -1472,6 +2084,17 @@ static int get_person(const struct login *l, const char *name, struct reply *rep
     return ask(l, &request, reply);
 }
 
+/* CheckAccount: may the person log in now, and their record. */
+static int account_status(const struct login *l, const char *name, struct reply *reply) {
+    _cleanup_buffer_ struct buffer request = {0};
+    buffer_puts(&request, "{\"method\":\"io.kioskauth.CheckAccount\",\"parameters\":{\"name\":");
+    json_string(&request, name);
+    buffer_puts(&request, ",\"context\":");
+    json_context(&request, l);
+    buffer_puts(&request, "}}");
+    return ask(l, &request, reply);
+}
+
 /* Whether the person may log in now. People the daemon does not manage are the next module's
  * business, unless this module authenticated them in this handle: then every doubt refuses. */
 static int check_account(const struct login *l, bool authenticated_here) {
@@ -1482,7 +2105,7 @@ static int check_account(const struct login *l, bool authenticated_here) {
         return PAM_USER_UNKNOWN;
     }
     _cleanup_reply_ struct reply reply = {0};
-    if (get_person(l, user, &reply) < 0) {
+    if (account_status(l, user, &reply) < 0) {
         if (!authenticated_here)
             return PAM_IGNORE;
         complain(l, MESSAGE_UNAVAILABLE);
@@ -1490,12 +2113,17 @@ static int check_account(const struct login *l, bool authenticated_here) {
                        "Cannot ask kioskauthd whether %s may log in; refusing", user);
     }
     if (!reply.error) {
-        const char *state = json_get_string(json_get(reply.parameters, "person"), "state");
-        if (state && strcmp(state, "active") == 0)
+        const struct json *p = reply.parameters;
+        if (json_get_bool(p, "allowed"))
             return PAM_SUCCESS;
-        complain(l, not_active_message(state));
-        return log_ret(l, PAM_PERM_DENIED, LOG_NOTICE, "%s may not log in: %s", user,
-                       state ? state : "no state");
+        const char *reason = json_get_string(p, "reason");
+        const char *state = json_get_string(json_get(p, "person"), "state");
+        complain(l, reason ? reason : not_active_message(state));
+        /* Suspended is an account an admin switched off (as an expired one is); anything else,
+         * not activated yet or outside a window, is a refusal for now. */
+        int r = state && strcmp(state, "suspended") == 0 ? PAM_ACCT_EXPIRED : PAM_PERM_DENIED;
+        return log_ret(l, r, LOG_NOTICE, "%s may not log in: %s", user,
+                       reason ? reason : (state ? state : "no reason given"));
     }
     if (is_error(&reply, "NoSuchPerson")) {
         if (!authenticated_here)
@@ -1503,7 +2131,7 @@ static int check_account(const struct login *l, bool authenticated_here) {
         complain(l, "Your account was removed from this terminal.");
         return log_ret(l, PAM_PERM_DENIED, LOG_NOTICE, "%s was removed after authenticating", user);
     }
-    unexpected(l, "GetPerson", &reply);
+    unexpected(l, "CheckAccount", &reply);
     if (!authenticated_here)
         return PAM_IGNORE;
     complain(l, MESSAGE_UNAVAILABLE);

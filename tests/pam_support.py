@@ -45,6 +45,9 @@ PAM_IGNORE = 25
 # Items (pam_set_item).
 ITEMS = {"tty": 3, "rhost": 4, "ruser": 8}
 PAM_USER_ITEM = 2
+PAM_ACCT_EXPIRED = 13
+# What the module exports with pam_putenv() after a successful auth; the client reports them.
+ENVIRONMENT = ("KIOSKAUTH_ROLE", "KIOSKAUTH_DISPLAY_NAME")
 
 _libpam = ctypes.CDLL("libpam.so.0")
 _libpam.pam_strerror.restype = ctypes.c_char_p
@@ -223,9 +226,11 @@ class Client(Conversation):
     """The ctypes client (this file as a program) with pam_start_confdir."""
 
     def __init__(self, config: PamConfig, service: str, user: str | None, *ops: str, items: dict | None = None,
-                 timeout: float = 60.0):
+                 timeout: float = 60.0, run_as: list[str] | None = None, python: str = sys.executable):
+        """`run_as`: a command prefix that runs the client as another user (setpriv ... --), with
+        a `python` that user can run."""
         env = preload_env([])
-        cmd = ["timeout", "-k", "5", str(timeout), sys.executable, str(Path(__file__).resolve()),
+        cmd = ["timeout", "-k", "5", str(timeout), *(run_as or []), python, str(Path(__file__).resolve()),
                "--confdir", str(config.dir), "--service", service]
         if user is not None:
             cmd += ["--user", user]
@@ -241,8 +246,26 @@ class Client(Conversation):
         assert code == 0, f"client failed ({code}):\n{self.transcript}"
         return [e for e in self.events() if e["event"] == "result"]
 
+    def expect_message(self, text: str, timeout: float = 20.0) -> None:
+        """Waits for a conversation message with exactly this text (as the JSON line encodes it)."""
+        self.expect(json.dumps(text), timeout=timeout)
+
     def messages(self) -> list[tuple[str, str]]:
         return [(e["style"], e["text"]) for e in self.events() if e["event"] == "message"]
+
+    def transcript_lines(self) -> list[str]:
+        """The conversation as a terminal shows it: prompts with what was typed at echo-on prompts
+        (never what was typed at echo-off ones), info lines, error lines marked "! ", and each
+        operation's result."""
+        lines = []
+        for e in self.events():
+            if e["event"] == "message":
+                lines.append(("! " if e["style"] == "error" else "") + e["text"])
+            elif e["event"] == "answer" and lines:
+                lines[-1] += e["text"]
+            elif e["event"] == "result":
+                lines.append(f"[{e['op']}: {strerror(e['rc'])}; PAM_USER={e['user']}; env={e.get('env')}]")
+        return lines
 
 
 def run_pamtester(config: PamConfig, service: str, user: str, *ops: str, answers: list[tuple[str, str]] = (),
@@ -382,7 +405,10 @@ def client_main(argv: list[str]) -> int:
                             libc.free(ctypes.c_void_p(array[j].resp))
                     libc.free(ctypes.c_void_p(replies))
                     return PAM_CONV_ERR
-                array[i].resp = libc.strdup(line.rstrip("\n").encode())
+                answer = line.rstrip("\n")
+                if style == "prompt_echo_on":
+                    _emit({"event": "answer", "text": answer})
+                array[i].resp = libc.strdup(answer.encode())
         responses[0] = array
         return PAM_SUCCESS
 
@@ -405,6 +431,8 @@ def client_main(argv: list[str]) -> int:
     signal.signal(signal.SIGINT, lambda *_: _emit({"event": "signal", "signal": "SIGINT"}))
 
     pam.pam_get_item.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.POINTER(ctypes.c_char_p)]
+    pam.pam_getenv.argtypes = [ctypes.c_void_p, ctypes.c_char_p]
+    pam.pam_getenv.restype = ctypes.c_char_p
     status = PAM_SUCCESS
     for op in args.operations:
         if op == "pause":
@@ -418,8 +446,13 @@ def client_main(argv: list[str]) -> int:
         elapsed = time.monotonic() - started
         user = ctypes.c_char_p()
         pam.pam_get_item(handle, PAM_USER_ITEM, ctypes.byref(user))
+        env = {}
+        for name in ENVIRONMENT:
+            value = pam.pam_getenv(handle, name.encode())
+            if value is not None:
+                env[name] = value.decode(errors="replace")
         _emit({"event": "result", "op": op, "rc": status, "user": user.value.decode() if user.value else user.value,
-               "seconds": elapsed})
+               "seconds": elapsed, "env": env})
         if status != PAM_SUCCESS:
             break
     pam.pam_end.argtypes = [ctypes.c_void_p, ctypes.c_int]

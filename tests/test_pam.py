@@ -20,7 +20,7 @@ import pytest
 
 from fprint_virtual import environment, scan
 from kioskauth_testing import FAST_HASH_CONFIG
-from pam_support import (MODULE, PAM_AUTH_ERR, PAM_AUTHINFO_UNAVAIL, PAM_CONV_ERR,
+from pam_support import (MODULE, PAM_ACCT_EXPIRED, PAM_AUTH_ERR, PAM_AUTHINFO_UNAVAIL, PAM_CONV_ERR,
                          PAM_MAXTRIES, PAM_PERM_DENIED, PAM_SUCCESS, PAM_USER_UNKNOWN, REPO, Client, PamConfig,
                          Pamtester, VarlinkConnection, enroll, module_build, run_pamtester, security_dir, stale_socket)
 
@@ -452,14 +452,24 @@ def test_account_refuses_people_removed_or_not_active(make_daemon, pam):
     with sqlite3.connect(d.state / "kioskauth.sqlite") as db:
         db.execute("UPDATE people SET state = 'suspended' WHERE name = 'omar'")
         db.execute("UPDATE people SET state = 'pending-activation' WHERE name = 'newbie'")
-    for name, reason in (("omar", "Your account is suspended."), ("newbie", "Your account is not activated yet.")):
+    # account: CheckAccount's own one-line reason; suspended is PAM_ACCT_EXPIRED, not activated yet
+    # PAM_PERM_DENIED.
+    for name, code, reason in (
+            ("omar", PAM_ACCT_EXPIRED, "Your account is suspended on this terminal. Ask your coordinator."),
+            ("newbie", PAM_PERM_DENIED, "Your account is not activated yet: enter your activation code first.")):
         assert person(d, name)["state"] != "active"
         p = run_pamtester(pam, "kioskauth", name, "acct_mgmt")
-        assert p.result() == PAM_PERM_DENIED
+        assert p.result() == code
         assert p.err.splitlines()[0] == reason
-        # Nor may they authenticate; their passcode is not even asked for.
-        p = run_pamtester(pam, "kioskauth", name, "authenticate")
-        assert p.result() == PAM_AUTH_ERR and p.err.splitlines()[0] == reason
+    # Nor may omar authenticate; his passcode is not even asked for.
+    p = run_pamtester(pam, "kioskauth", "omar", "authenticate")
+    assert p.result() == PAM_AUTH_ERR and p.err.splitlines()[0] == "Your account is suspended."
+    # newbie is asked for an activation code instead of a passcode (tests/test_pam_activation.py
+    # has the rest); no answer, no login.
+    p = run_pamtester(pam, "kioskauth", "newbie", "authenticate", answers=[("Activation code: ", "")])
+    assert p.result() == PAM_AUTH_ERR
+    assert "Your account is not set up yet. Enter the activation code you were given.\n" in p.out
+    assert "Passcode" not in p.err
     # Someone the daemon does not manage, and nobody authenticated here: the next module decides.
     assert run_pamtester(pam, "kioskauth", "stranger", "acct_mgmt").result() == PAM_USER_UNKNOWN
 
