@@ -22,6 +22,10 @@ ROLES = """
 [Roles]
 Caregiver=You can unlock this terminal, see today's visits and record care notes.
 Coordinator=You can plan visits and manage the team's schedule.
+[Access]
+# The test stacks "activate" and "activate-6" are kiosk services like "kioskauth": activation
+# sets a passcode, so they must be on the passcode allow-list.
+PasscodeServices=kioskauth lightdm greetd activate activate-6
 """
 CAREGIVER_CAN = "You can unlock this terminal, see today's visits and record care notes."
 COORDINATOR_CAN = "You can plan visits and manage the team's schedule."
@@ -311,7 +315,7 @@ def test_an_expired_code_says_to_ask_for_a_new_one(make_daemon, pam):
 
 
 def test_five_wrong_codes_on_a_terminal_pause_activation(make_daemon, pam):
-    d, _ = start(make_daemon)
+    d, _ = start(make_daemon, None, ROLES)
     code = provision(d, "sarah", "Sarah Lee")
     pam.kioskauth("activate", d.socket, "mode=activate max_tries=6")
     c = Client(pam, "activate", None, "authenticate")
@@ -455,3 +459,13 @@ def test_a_kiosk_app_in_the_kioskauth_group_activates_and_enrols_with_tickets_ev
         assert result["rc"] == (PAM_SUCCESS if name == "sarah" else PAM_AUTH_ERR)
         assert c.messages() == expected
     assert [e["action"] for e in audit(d, "person.show")] == []  # nothing refused on the way
+
+
+def test_activation_is_refused_from_su_like_and_unlisted_services(make_daemon, pam):
+    d, _ = start(make_daemon, None, ROLES)
+    code = provision(d, "sarah", "Sarah Lee")
+    for service in ("su", "sudo", "cron"):
+        reply = call(d, "CheckActivationCode", {"code": code, "context": {"service": service, "ruid": 65534}})
+        assert reply["error"] == "io.kioskauth.PasscodeNotAllowed", (service, reply)
+    # Nothing counted against the code or the terminal: it still works.
+    assert call(d, "CheckActivationCode", {"code": code, "context": {"service": "kioskauth"}})["parameters"]["person"]["name"] == "sarah"

@@ -82,6 +82,17 @@ extension Authority {
             throw APIError.permissionDenied(
                 "activation at the terminal needs root or membership in \(configuration.access.authenticatorGroup)")
         }
+        // The same service rules as passcodes: activation sets one. Never through su/sudo-like
+        // services, where the invoking user is somebody else, nor from services not allowed to
+        // take passcodes.
+        if let service, configuration.access.switchUserServices.contains(service)
+            || !configuration.access.passcodeServices.contains(service)
+        {
+            audit(
+                caller, action: "activation.check", result: "refused", method: "activation-code", service: service,
+                detail: "service not allowed")
+            throw APIError.own("PasscodeNotAllowed", ["reason": .string("the PAM service \(service) cannot activate accounts")])
+        }
         if input.context?.remote == true || (input.context?.remoteHost.map { !$0.isEmpty } ?? false) {
             audit(
                 caller, action: "activation.check", result: "refused", method: "activation-code", service: service,

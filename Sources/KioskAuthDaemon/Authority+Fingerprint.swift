@@ -80,7 +80,7 @@ extension Authority {
                     detail: "not an admin and not self")
                 throw APIError.permissionDenied("only admins enrol other people's fingers")
             }
-            guard let ticket = input.ticket, consumeTicket(ticket, person: person, caller: caller) else {
+            guard let ticket = input.ticket, isValidTicket(ticket, person: person, caller: caller) else {
                 audit(
                     caller, action: "finger.enroll", result: "refused", person: name.rawValue,
                     detail: "self-service without a valid ticket")
@@ -142,6 +142,11 @@ extension Authority {
             throw apiError
         }
         guard let template else { throw APIError.own("ScanCancelled") }
+        // The ticket is used up only by a successful enrolment: a failed touch does not cost
+        // the person their fresh authentication.
+        if !groups.isAdmin(caller), let ticket = input.ticket, !consumeTicket(ticket, person: person, caller: caller) {
+            throw APIError.ticketInvalid
+        }
         // The person may have been removed while the scan ran.
         let current = try existingPerson(name, caller: caller, action: "finger.enroll")
         guard current.id == person.id else { throw APIError.noSuchPerson(name.rawValue) }

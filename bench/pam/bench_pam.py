@@ -34,7 +34,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "tests"))
 
-from fprint_sockets import command, virtual_env  # noqa: E402
+from fprint_virtual import environment, scan  # noqa: E402
 from kioskauth_testing import FAST_HASH_CONFIG, Daemon  # noqa: E402
 from pam_support import MODULE, PamConfig, VarlinkConnection, enroll, module_build, security_dir  # noqa: E402
 
@@ -108,7 +108,7 @@ def main() -> int:
     module_build()
     d = Daemon(config=FAST_HASH_CONFIG)
     sensor = d.root / "sensor.sock"
-    d.extra_env.update(virtual_env("virtual_device", sensor))
+    d.extra_env.update(environment("virtual_device", sensor, base={}))
     d.start()
     try:
         call(d, "AddPerson", {"name": "sarah"})
@@ -119,7 +119,7 @@ def main() -> int:
         in_process = InProcess(config)
 
         def fingerprint(runner):
-            command(sensor, "SCAN sarah-finger")  # queued until the scan starts
+            scan(sensor, "sarah-finger")  # queued until the scan starts
             return runner("fingerprint")
 
         results = {}
