@@ -1897,6 +1897,31 @@ static int enrol_once(const struct login *l, struct activation *a) {
     }
 }
 
+/* Remembers a declined offer, so it is not made again until someone turns it back on
+ * (kioskauthctl user set NAME --biometric-offer on). Best effort: the login goes on anyway. */
+static void remember_decline(const struct login *l, struct activation *a) {
+    _cleanup_buffer_ struct buffer request = {0};
+    buffer_puts(&request,
+                "{\"method\":\"io.kioskauth.SetBiometricOffer\",\"parameters\":{\"name\":");
+    json_string(&request, a->name);
+    buffer_puts(&request, ",\"enabled\":false");
+    if (a->ticket) {
+        buffer_puts(&request, ",\"ticket\":");
+        json_string(&request, a->ticket);
+    }
+    buffer_puts(&request, "}}");
+    if (request.failed || a->c.fd < 0)
+        return;
+    uint64_t deadline = now_msec() + (uint64_t)l->options.timeout_sec * 1000;
+    _cleanup_reply_ struct reply reply = {0};
+    int r = connection_send(&a->c, &request, deadline);
+    if (r >= 0)
+        r = connection_receive(&a->c, deadline, false, &reply);
+    if (r < 0 || reply.error)
+        log_debug(l, "Could not remember the declined offer: %s",
+                  r < 0 ? strerror(-r) : reply.error);
+}
+
 /* Offers fingerprint login and enrols a finger if the person wants it. Declining, or an
  * enrolment that does not finish, still logs the person in: they are active already. */
 static int offer_enrolment(const struct login *l, struct activation *a) {
@@ -1906,6 +1931,7 @@ static int offer_enrolment(const struct login *l, struct activation *a) {
         return PAM_CONV_ERR;
     if (!is_yes(answer)) {
         log_debug(l, "Fingerprint enrolment declined by %s", a->name);
+        remember_decline(l, a);
         inform(l, MESSAGE_ENROL_LATER);
         return PAM_SUCCESS;
     }

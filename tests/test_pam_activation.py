@@ -177,8 +177,10 @@ def test_a_newcomer_who_types_their_name_is_asked_for_the_code_and_may_decline_t
     ]
     role = {"KIOSKAUTH_ROLE": "coordinator", "KIOSKAUTH_DISPLAY_NAME": "Sarah Lee"}
     assert [(r["rc"], r["user"], r["env"]) for r in results] == [(0, "sarah", role), (0, "sarah", role)]
-    # Declined: no finger, no enrolment attempted, still logged in (above).
+    # Declined: no finger, no enrolment attempted, still logged in (above) — and remembered.
     assert person(d, "sarah")["fingers"] == [] and audit(d, "finger.enroll") == []
+    assert person(d, "sarah")["biometricOffer"] is False
+    assert [e["detail"] for e in audit(d, "person.biometric-offer")] == ["declined"]
     # The offer comes with activation, which happens once: the next login is the passcode, and
     # nothing asks about fingerprints again.
     p = run_pamtester(pam, "kioskauth", "sarah", "authenticate", answers=[("Passcode: ", GOOD)])

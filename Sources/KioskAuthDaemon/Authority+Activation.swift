@@ -227,7 +227,8 @@ extension Authority {
             caller, action: "activation.complete", result: "success", person: person.name.rawValue,
             method: "activation-code")
         let active = try existingPerson(person.name, caller: caller, action: "activation.complete")
-        let offer = await reader?.readers.isEmpty == false && active.fingers.isEmpty
+        let offerEnabled = (try? store.identityProviderProfile(of: active))?.isBiometricOfferEnabled ?? true
+        let offer = await reader?.readers.isEmpty == false && active.fingers.isEmpty && offerEnabled
         return Message.Activated(
             person: record(active), welcome: welcome(for: active), roleDescription: roleDescription(for: active),
             offerFingerprint: offer, ticket: issueTicket(for: active, caller: caller),
