@@ -212,36 +212,9 @@ extension Authority {
     ) async throws(APIError) -> Message.ScanReply {
         let name = try loginName(input.name)
         let service = input.context?.service
-        guard
-            let person = try withStore(
-                caller, action: "finger.verify", { () throws(StoreError) in try store.person(named: name) })
-        else {
-            audit(
-                caller, action: "finger.verify", result: "failure", person: name.rawValue, method: "fingerprint",
-                service: service, detail: "no such person")
-            throw APIError.noSuchPerson(name.rawValue)
-        }
-        guard groups.isAuthenticator(caller) || isSelf(caller, person) else {
-            audit(
-                caller, action: "finger.verify", result: "refused", person: name.rawValue, method: "fingerprint",
-                service: service, detail: "caller may only authenticate as themself")
-            throw APIError.permissionDenied("you may only verify your own finger")
-        }
-        if let reason = fingerprintRefusal(input.context) {
-            audit(
-                caller, action: "finger.verify", result: "refused", person: name.rawValue, method: "fingerprint",
-                service: service, detail: reason)
-            throw APIError.own("FingerprintNotAllowed", ["reason": .string(reason)])
-        }
-        try checkOfflineUnlock(caller, person, action: "finger.verify", method: "fingerprint", service: service)
-        guard person.state == .active else {
-            throw APIError.own(
-                "PersonNotActive",
-                [
-                    "name": .string(name.rawValue),
-                    "state": .string(person.state.rawValue.replacingOccurrences(of: "-", with: "_")),
-                ])
-        }
+        let person = try authenticationSubject(
+            caller, name: name, context: input.context, action: "finger.verify", method: "fingerprint",
+            refusalError: "FingerprintNotAllowed", refusal: { _ in fingerprintRefusal(input.context) })
         if credentialGuard.fingerprintRequiresFallback(person.failures) {
             audit(
                 caller, action: "finger.verify", result: "refused", person: name.rawValue, method: "fingerprint",

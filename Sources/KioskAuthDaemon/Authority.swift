@@ -134,7 +134,8 @@ public actor Authority {
             callerPID: caller.pid, service: service, detail: detail)
         let at = now()
         let entry = try withStore(caller, action: action, person: person.name.rawValue) { () throws(StoreError) in
-            try store.recordAuthentication(of: person, failures: failures, unlockedAt: unlocked ? at : nil, audit: record, now: at)
+            try store.recordAuthentication(
+                of: person, failures: failures, unlockedAt: unlocked ? at : nil, audit: record, now: at)
         }
         logger.info(
             "audit",
@@ -364,35 +365,38 @@ public actor Authority {
         return nil
     }
 
-    func verifyPasscode(_ caller: Caller, _ input: Message.VerifyPasscode) async throws(APIError) -> Message.Verified {
-        let name = try loginName(input.name)
-        let service = input.context?.service
+    /// The person a 1:1 authentication is for, once everything but the credential itself allows
+    /// it: the person exists, the caller is an authenticator or that person, the login context
+    /// allows this method (`refusal`, with `refusalError` as the named error), the offline window
+    /// is open, and the person is active. Every refusal is audited.
+    func authenticationSubject(
+        _ caller: Caller, name: LoginName, context: CallerContext?, action: String, method: String,
+        refusalError: String, refusal: (StoredPerson) -> String?
+    ) throws(APIError) -> StoredPerson {
+        let service = context?.service
+        func refuse(_ result: String, _ detail: String) {
+            audit(
+                caller, action: action, result: result, person: name.rawValue, method: method, service: service,
+                detail: detail)
+        }
         guard
             let person = try withStore(
-                caller, action: "passcode.verify", { () throws(StoreError) in try store.person(named: name) })
+                caller, action: action, { () throws(StoreError) in try store.person(named: name) })
         else {
-            audit(
-                caller, action: "passcode.verify", result: "failure", person: name.rawValue, method: "passcode",
-                service: service, detail: "no such person")
+            refuse("failure", "no such person")
             throw APIError.noSuchPerson(name.rawValue)
         }
         guard groups.isAuthenticator(caller) || isSelf(caller, person) else {
-            audit(
-                caller, action: "passcode.verify", result: "refused", person: name.rawValue, method: "passcode",
-                service: service, detail: "caller may only authenticate as themself")
-            throw APIError.permissionDenied("you may only check your own passcode")
+            refuse("refused", "caller may only authenticate as themself")
+            throw APIError.permissionDenied("you may only authenticate as yourself")
         }
-        if let reason = passcodeRefusal(caller, person, input.context) {
-            audit(
-                caller, action: "passcode.verify", result: "refused", person: name.rawValue, method: "passcode",
-                service: service, detail: reason)
-            throw APIError.own("PasscodeNotAllowed", ["reason": .string(reason)])
+        if let reason = refusal(person) {
+            refuse("refused", reason)
+            throw APIError.own(refusalError, ["reason": .string(reason)])
         }
-        try checkOfflineUnlock(caller, person, action: "passcode.verify", method: "passcode", service: service)
+        try checkOfflineUnlock(caller, person, action: action, method: method, service: service)
         guard person.state == .active else {
-            audit(
-                caller, action: "passcode.verify", result: "refused", person: name.rawValue, method: "passcode",
-                service: service, detail: "state \(person.state.rawValue)")
+            refuse("refused", "state \(person.state.rawValue)")
             throw APIError.own(
                 "PersonNotActive",
                 [
@@ -400,6 +404,15 @@ public actor Authority {
                     "state": .string(person.state.rawValue.replacingOccurrences(of: "-", with: "_")),
                 ])
         }
+        return person
+    }
+
+    func verifyPasscode(_ caller: Caller, _ input: Message.VerifyPasscode) async throws(APIError) -> Message.Verified {
+        let name = try loginName(input.name)
+        let service = input.context?.service
+        let person = try authenticationSubject(
+            caller, name: name, context: input.context, action: "passcode.verify", method: "passcode",
+            refusalError: "PasscodeNotAllowed", refusal: { passcodeRefusal(caller, $0, input.context) })
         let started = now()
         switch credentialGuard.passcodeGate(person.failures, now: started) {
         case .allowed: break
