@@ -60,22 +60,42 @@ class ScoreTap:
     _RE = re.compile(rb"score (-?\d+)/(\d+)")
 
     def __init__(self):
-        domains = os.environ.get("G_MESSAGES_DEBUG", "")
-        if "libfprint-print" not in domains.split() and domains != "all":
-            os.environ["G_MESSAGES_DEBUG"] = (domains + " libfprint-print").strip()
+        self._saved = os.environ.get("G_MESSAGES_DEBUG")
+        self.enable()
         sys.stdout.flush()
         real = os.dup(1)
-        self._file = tempfile.TemporaryFile()
-        os.dup2(self._file.fileno(), 1)
+        fd, path = tempfile.mkstemp(prefix="fpgen-scores-")
+        os.close(fd)
+        # O_APPEND: GLib's writes always land at the end, even after we truncate.
+        self._fd = os.open(path, os.O_RDWR | os.O_APPEND)
+        os.unlink(path)
+        os.dup2(self._fd, 1)
         sys.stdout = os.fdopen(real, "w", buffering=1)
         self._pos = 0
         self.threshold = None
 
+    def enable(self):
+        # GLib reads G_MESSAGES_DEBUG at every message, so this takes effect at once.
+        domains = self._saved or ""
+        if "libfprint-print" not in domains.split() and domains != "all":
+            domains = (domains + " libfprint-print").strip()
+        os.environ["G_MESSAGES_DEBUG"] = domains
+
+    def disable(self):
+        """Stop the per-comparison logging (it costs a little time per score)."""
+        if self._saved is None:
+            os.environ.pop("G_MESSAGES_DEBUG", None)
+        else:
+            os.environ["G_MESSAGES_DEBUG"] = self._saved
+
     def take(self):
         """Scores logged since the last call."""
-        self._file.seek(self._pos)
-        data = self._file.read()
-        self._pos = self._file.tell()
+        size = os.fstat(self._fd).st_size
+        data = os.pread(self._fd, size - self._pos, self._pos)
+        self._pos = size
+        if size > (1 << 20):
+            os.ftruncate(self._fd, 0)
+            self._pos = 0
         out = []
         for m in self._RE.finditer(data):
             out.append(int(m.group(1)))
@@ -146,6 +166,10 @@ class VirtualImage:
 
     def __init__(self, scores=False):
         self.tap = score_tap() if scores else None
+        if self.tap:
+            self.tap.enable()
+        elif _TAP is not None:
+            _TAP.disable()
         self._tmp = tempfile.TemporaryDirectory(prefix="fpgen-")
         self.sockpath = os.path.join(self._tmp.name, "vimage.sock")
         os.environ["FP_VIRTUAL_IMAGE"] = self.sockpath
