@@ -107,12 +107,22 @@ def nist_fingers():
 
 
 def synthetic_fingers(directory: Path):
+    """(enrolment images, probe image) per finger of a bench/fpgen set (`fpgen.py generate` then
+    `fpgen.py validate`): only the fingers its screening accepted, so no two match each other."""
+    import json
+
+    accepted = None
+    screen = directory / "screen.json"
+    if screen.exists():
+        accepted = {name if isinstance(name, str) else f"f{name:04d}" for name in json.loads(screen.read_text())["accepted"]}
     fingers = []
-    for folder in sorted(p for p in directory.iterdir() if p.is_dir()):
-        enrol = [PrintImage.load(p.name.split(".")[0], folder) for p in sorted(folder.glob("enroll-*.gray"))]
-        probe = sorted(folder.glob("probe-*.gray"))
-        if enrol and probe:
-            fingers.append((enrol, PrintImage.load(probe[0].name.split(".")[0], folder)))
+    for folder in sorted(p for p in directory.iterdir() if p.is_dir() and p.name.startswith("f")):
+        if accepted is not None and folder.name not in accepted:
+            continue
+        enrol = [PrintImage.load(p.name.split(".")[0], folder) for p in sorted(folder.glob("enrol-*.gray"))]
+        probes = sorted(folder.glob("probe-*.gray"))
+        if enrol and probes:
+            fingers.append((enrol, PrintImage.load(probes[0].name.split(".")[0], folder)))
     return fingers
 
 
