@@ -114,10 +114,16 @@ extension Store {
     /// The effects of one authentication in one durable commit: the person's failure counters,
     /// the unlock time when it succeeded, and its audit entry. One fsync on the unlock path
     /// instead of three, and no state where the counters moved but the audit did not.
+    ///
+    /// A failure is durable before this returns, so that no crash or power cut can erase a failed
+    /// attempt from the counters. A success (`unlockedAt` set) does not wait for `fsync`; the
+    /// WAL is synced in the background straight after. Losing it in a power cut within those
+    /// moments is harmless: the counters keep their earlier, higher values, the last-unlock time
+    /// is older, and the audit chain simply ends one entry earlier (it stays valid).
     public func recordAuthentication(
         of person: StoredPerson, failures: CredentialFailureState, unlockedAt: Date?, audit record: AuditRecord, now: Date
     ) throws(StoreError) -> AuditEntry {
-        try transaction { db in
+        let write = { (db: SQLiteConnection) throws -> AuditEntry in
             try db.query(
                 "UPDATE people SET passcode_failures = ?, passcode_locked_until = ?, passcode_hard_locked = ?, fingerprint_failures = ?, last_unlock_at = COALESCE(?, last_unlock_at), updated_at = ? WHERE id = ?",
                 [
@@ -128,8 +134,16 @@ extension Store {
                     .integer(person.id),
                 ])
             guard db.changes == 1 else { throw StoreError(.noSuchPerson(person.name.rawValue)) }
-            return try appendAudit(record, now: now, in: db)
+            return try self.appendAudit(record, now: now, in: db)
         }
+        // Only a success that tightens nothing may skip the wait.
+        let stored = person.failures
+        let relaxesOnly =
+            unlockedAt != nil && failures.passcodeFailures <= stored.passcodeFailures
+            && failures.fingerprintFailures <= stored.fingerprintFailures
+            && (!failures.passcodeHardLocked || stored.passcodeHardLocked)
+            && (failures.passcodeLockedUntil ?? .distantPast) <= (stored.passcodeLockedUntil ?? .distantPast)
+        return relaxesOnly ? try deferredSyncTransaction(write) : try transaction(write)
     }
 
     private func decodeAudit(_ row: SQLRow) -> AuditEntry {

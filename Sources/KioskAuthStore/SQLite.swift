@@ -57,13 +57,20 @@ struct SQLRow {
     subscript(_ column: String) -> SQLValue { values[column] ?? .null }
 }
 
-/// The tiny SQLite wrapper the store needs: one connection, prepared statements, and every C call
-/// funnelled through `check` so a failure becomes one typed error.
+/// The tiny SQLite wrapper the store needs: one connection, prepared statements kept for reuse,
+/// and every C call funnelled through `check` so a failure becomes one typed error.
 ///
 /// Not thread-safe on its own; `Store` serialises access.
 final class SQLiteConnection {
     private var handle: OpaquePointer?
     let path: String
+
+    /// Prepared statements by SQL text. The store's statements are a fixed set of literals, so
+    /// compiling each once saves most of a simple query's cost (parsing dominated it); the bound
+    /// keeps a caller that builds SQL text dynamically from growing it without limit. SQLite
+    /// re-prepares a cached statement by itself when the schema changes.
+    private var statements: [String: OpaquePointer] = [:]
+    static let statementCacheLimit = 128
 
     private static let transient = unsafeBitCast(-1, to: sqlite3_destructor_type.self)
 
@@ -88,6 +95,8 @@ final class SQLiteConnection {
 
     /// Closes the connection; later calls fail.
     func close() {
+        for statement in statements.values { sqlite3_finalize(statement) }
+        statements.removeAll()
         if let handle {
             sqlite3_close_v2(handle)
             self.handle = nil
@@ -120,9 +129,13 @@ final class SQLiteConnection {
     ) throws(SQLiteError)
         -> [SQLRow]
     {
-        var statement: OpaquePointer?
-        try check(sqlite3_prepare_v2(handle, sql, -1, &statement, nil), sql, file: file, line: line)
-        defer { sqlite3_finalize(statement) }
+        let statement = try prepared(sql, file: file, line: line)
+        // Reset even on failure, so that the statement ends its read or write and holds no
+        // values bound to it (they may be secrets) once this returns.
+        defer {
+            sqlite3_reset(statement)
+            sqlite3_clear_bindings(statement)
+        }
         for (index, value) in parameters.enumerated() {
             let position = Int32(index + 1)
             let rc: Int32
@@ -166,6 +179,27 @@ final class SQLiteConnection {
         return rows
     }
 
+    /// The cached statement for `sql`, compiled on first use.
+    private func prepared(_ sql: String, file: String, line: Int) throws(SQLiteError) -> OpaquePointer {
+        if let statement = statements[sql] { return statement }
+        var statement: OpaquePointer?
+        let rc = sqlite3_prepare_v3(handle, sql, -1, UInt32(SQLITE_PREPARE_PERSISTENT), &statement, nil)
+        guard rc == SQLITE_OK, let statement else {
+            sqlite3_finalize(statement)
+            try check(rc == SQLITE_OK ? SQLITE_MISUSE : rc, sql, file: file, line: line)
+            throw SQLiteError(code: SQLITE_MISUSE, message: "empty statement", sql: sql, file: file, line: line)
+        }
+        if statements.count >= Self.statementCacheLimit {
+            for cached in statements.values { sqlite3_finalize(cached) }
+            statements.removeAll()
+        }
+        statements[sql] = statement
+        return statement
+    }
+
+    /// Statements compiled and kept for reuse (for tests).
+    var cachedStatementCount: Int { statements.count }
+
     /// The rowid of the last insert.
     var lastInsertRowID: Int64 { sqlite3_last_insert_rowid(handle) }
 
@@ -173,14 +207,22 @@ final class SQLiteConnection {
     var changes: Int { Int(sqlite3_changes(handle)) }
 
     /// Runs `body` in an immediate transaction, committing on return and rolling back on throw.
-    func transaction<T>(_ body: () throws -> T) throws -> T {
-        try execute("BEGIN IMMEDIATE")
+    /// With `synchronous: false` the commit does not wait for `fsync` (the connection's
+    /// `synchronous=FULL` is lowered to NORMAL for this transaction only).
+    func transaction<T>(synchronous: Bool = true, _ body: () throws -> T) throws -> T {
+        if !synchronous {
+            try query("PRAGMA synchronous=NORMAL")
+        }
+        defer {
+            if !synchronous { _ = try? query("PRAGMA synchronous=FULL") }
+        }
+        try query("BEGIN IMMEDIATE")
         do {
             let result = try body()
-            try execute("COMMIT")
+            try query("COMMIT")
             return result
         } catch {
-            try? execute("ROLLBACK")
+            try? query("ROLLBACK")
             throw error
         }
     }

@@ -26,9 +26,11 @@ public struct StoredPerson: Sendable, Equatable {
 
 /// The sealed SQLite store: people, sealed secrets, failure counters, the audit chain.
 ///
-/// WAL with `synchronous=FULL`, so every commit (failure counters included) is durable before
-/// the call returns; `secure_delete` and a truncating checkpoint when erasing. One connection,
-/// serialised by a lock; calls are short.
+/// WAL with `synchronous=FULL`, so a commit (failure counters included) is durable before the
+/// call returns; the one exception is a successful authentication's record (`durable: false`),
+/// whose loss in a power cut is harmless (see `recordAuthentication`) and which is synced in the
+/// background within moments. `secure_delete` and a truncating checkpoint when erasing. One
+/// connection, serialised by a lock; calls are short.
 public final class Store: @unchecked Sendable {
     /// The schema version this code writes.
     public static let schemaVersion = 2
@@ -41,6 +43,7 @@ public final class Store: @unchecked Sendable {
     let auditKey: SymmetricKey
     let activationKey: SymmetricKey
     private let logger: Logger
+    private let walSync: WALSync
 
     /// Opens (creating if needed) the store at `path` with `key`. Refuses a store from a newer
     /// schema and a key that does not open it, without writing anything.
@@ -49,6 +52,7 @@ public final class Store: @unchecked Sendable {
         self.sealer = Sealer(storeKey: key)
         self.auditKey = key.derived(for: "audit")
         self.activationKey = key.derived(for: "activation-code")
+        self.walSync = WALSync(databasePath: path)
         do {
             connection = try SQLiteConnection(path: path)
         } catch {
@@ -64,6 +68,7 @@ public final class Store: @unchecked Sendable {
 
     /// Closes the database after a final checkpoint.
     public func close() {
+        walSync.close()
         lock.withLock {
             _ = try? connection.query("PRAGMA wal_checkpoint(TRUNCATE)")
             connection.close()
@@ -260,6 +265,16 @@ public final class Store: @unchecked Sendable {
     /// Runs `body` in one durable transaction under the store lock.
     func transaction<T>(_ body: (SQLiteConnection) throws -> T) throws(StoreError) -> T {
         try locked { try connection.transaction { try body(connection) } }
+    }
+
+    /// Like `transaction`, but the commit does not wait for `fsync`: the WAL file is synced in
+    /// the background right after. Only for writes whose loss in a power cut is harmless. Falls
+    /// back to a durable commit when the WAL file cannot be synced from here.
+    func deferredSyncTransaction<T>(_ body: (SQLiteConnection) throws -> T) throws(StoreError) -> T {
+        guard walSync.available() else { return try transaction(body) }
+        let result = try locked { try connection.transaction(synchronous: false) { try body(connection) } }
+        walSync.request()
+        return result
     }
 
     // MARK: People
