@@ -271,7 +271,7 @@ public final class VarlinkServer: Service, Sendable {
     ) async -> Bool {
         let call: VarlinkCall
         do {
-            call = try JSONDecoder().decode(VarlinkCall.self, from: Data(frame.readableBytesView))
+            call = try VarlinkCoding.message(VarlinkCall.self, from: frame.readableBytesView)
         } catch {
             logger.notice("malformed message; disconnecting")
             try? await outbound.write(

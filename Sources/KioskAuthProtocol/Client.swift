@@ -137,9 +137,9 @@ public final class VarlinkClient {
     private func receive() throws(VarlinkClientError) -> VarlinkReply {
         while true {
             if let end = buffer.firstIndex(of: 0) {
-                let message = Data(buffer[..<end])
-                buffer.removeSubrange(...end)
-                do { return try JSONDecoder().decode(VarlinkReply.self, from: message) } catch {
+                let message = buffer[..<end]
+                defer { buffer.removeSubrange(...end) }
+                do { return try VarlinkCoding.message(VarlinkReply.self, from: message) } catch {
                     throw VarlinkClientError(
                         name: VarlinkClientError.protocolViolation, parameters: .string("\(error)"))
                 }

@@ -104,23 +104,24 @@ public struct VarlinkReply: Sendable, Codable {
 public enum VarlinkCoding {
     /// Encodes a value as one message, NUL terminator included.
     public static func frame(_ value: some Encodable) throws -> [UInt8] {
-        let encoder = JSONEncoder()
-        encoder.outputFormatting = [.sortedKeys, .withoutEscapingSlashes]
-        var bytes = [UInt8](try encoder.encode(value))
+        var bytes = try JSONValueEncoder().encode(value).serialized()
         bytes.append(0)
         return bytes
     }
 
+    /// Decodes one message (without its NUL) as `type`.
+    public static func message<T: Decodable>(_ type: T.Type, from bytes: some Sequence<UInt8>) throws -> T {
+        try JSONValueDecoder().decode(type, from: try JSONValue.parse(bytes))
+    }
+
     /// Decodes the typed parameters of a call or reply; a missing object decodes as `{}`.
     public static func decode<T: Decodable>(_ type: T.Type, from parameters: JSONValue?) throws -> T {
-        let data = try JSONEncoder().encode(parameters ?? .object([:]))
-        return try JSONDecoder().decode(type, from: data)
+        try JSONValueDecoder().decode(type, from: parameters ?? .object([:]))
     }
 
     /// Encodes typed parameters as a JSON value.
     public static func encode(_ value: some Encodable) throws -> JSONValue {
-        let data = try JSONEncoder().encode(value)
-        return try JSONDecoder().decode(JSONValue.self, from: data)
+        try JSONValueEncoder().encode(value)
     }
 
     /// The first parameter a decoding error is about, as varlink's `InvalidParameter` names it.

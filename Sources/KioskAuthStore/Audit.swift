@@ -121,7 +121,8 @@ extension Store {
     /// moments is harmless: the counters keep their earlier, higher values, the last-unlock time
     /// is older, and the audit chain simply ends one entry earlier (it stays valid).
     public func recordAuthentication(
-        of person: StoredPerson, failures: CredentialFailureState, unlockedAt: Date?, audit record: AuditRecord, now: Date
+        of person: StoredPerson, failures: CredentialFailureState, unlockedAt: Date?, audit record: AuditRecord,
+        now: Date
     ) throws(StoreError) -> AuditEntry {
         let write = { (db: SQLiteConnection) throws -> AuditEntry in
             try db.query(
