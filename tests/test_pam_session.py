@@ -247,3 +247,49 @@ def test_a_kiosk_app_in_the_kioskauth_group_opens_and_closes_authenticated_sessi
     assert [r["rc"] for r in c.results()] == [PAM_SUCCESS] * 3
     assert sessions(d) == []
     assert [e["callerUid"] for e in audit(d, "session.open")] == [65534]
+
+
+# The shipped desktop-login stacks -----------------------------------------------------------------
+
+
+def common_session(profile: Path, socket_path: str) -> str:
+    """common-session as pam-auth-update composes it from this profile and Debian's unix profile
+    (both Additional; ours first by priority)."""
+    text = profile.read_text()
+    assert "Session-Type: Additional" in text and "Session-Interactive-Only: yes" in text
+    ours = text.split("Session:\n", 1)[1].splitlines()[0].strip()
+    ours = ours.replace("pam_kioskauth.so", f"{MODULE} socket={socket_path}")
+    return ("session [default=1] pam_permit.so\nsession requisite pam_deny.so\nsession required pam_permit.so\n"
+            f"session {ours}\nsession required pam_unix.so\n")
+
+
+def test_the_greeter_stack_and_the_debian_profile_register_sessions_and_fail_closed(make_daemon, pam):
+    from test_pam import debian_common
+
+    d, _ = start(make_daemon)
+    # Desktop-login stacks need a Unix account too: the person "root" is bound to uid 0.
+    add_person(d, "root", uid=0)
+    profile = REPO / "pam" / "pam-configs" / "kioskauth"
+    services = {"lightdm": pam.shipped("lightdm", REPO / "pam" / "examples" / "greeter", d.socket),
+                "login": pam.add("login", debian_common(profile, d.socket) + common_session(profile, d.socket))}
+    for service in services:
+        c = Client(pam, service, "root", "authenticate", "acct_mgmt", "open_session", "pause", "close_session",
+                   items={"tty": "tty1"})
+        c.send(PASSCODE)
+        c.expect('"paused"')
+        [s] = sessions(d)
+        assert (s["name"], s["service"], s["tty"]) == ("root", service, "tty1"), service
+        c.send("")
+        results = c.results()
+        assert [r["rc"] for r in results] == [PAM_SUCCESS] * 4, (service, c.transcript)
+        assert results[2]["env"]["KIOSKAUTH_SESSION"] == s["id"]
+        assert sessions(d) == []
+    # The daemon gone between this module's auth and the session: no session.
+    for service in services:
+        c = Client(pam, service, "root", "authenticate", "pause", "open_session")
+        c.send(PASSCODE)
+        c.expect('"paused"')
+        d.stop()
+        c.send("")
+        assert [r["rc"] for r in c.results()] == [PAM_SUCCESS, PAM_SESSION_ERR], (service, c.transcript)
+        d.start()
