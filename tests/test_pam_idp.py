@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from fprint_virtual import environment, scan
-from idp_testing import SARAH, Connection, IdentityServer, have_identity_server, login, make_identity_daemon, ok
+from idp_testing import SARAH, IdentityServer, have_identity_server, login, make_identity_daemon, ok
 from kioskauth_testing import as_user, ensure_group
 from pam_support import (PAM_AUTH_ERR, PAM_AUTHINFO_UNAVAIL, PAM_SUCCESS, PAM_USER_UNKNOWN, Client, PamConfig,
                          Pamtester, enroll, run_pamtester)
