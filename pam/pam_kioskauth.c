@@ -7,8 +7,10 @@
  * loaded into setuid programs, so it trusts nothing the caller controls: the socket path comes
  * only from its socket= option (never the environment), and the process at the other end of
  * the socket must be root or the daemon's own user. There are no module globals; every entry
- * point parses its own options. Secrets (passcodes, tickets) are wiped as soon as they are no
- * longer needed, including from the buffers they passed through.
+ * point parses its own options, and what one step leaves for another (who was authenticated,
+ * the connection for open_session, the session for close_session) lives in the PAM handle.
+ * Secrets (passcodes, passwords, tickets) are wiped as soon as they are no longer needed,
+ * including from the buffers they passed through.
  */
 
 #define _GNU_SOURCE
@@ -60,7 +62,8 @@
 #define MAX_EMAIL_LENGTH 254
 #define MAX_PASSWORD_LENGTH 1024
 /* An online login waits for the identity provider, which the daemon bounds by its
- * RequestTimeoutSec (default 10 s) per request; discovery, token and keys may take three. */
+ * RequestTimeoutSec (default 10 s) per request, and a first login may need three (discovery,
+ * token, keys). */
 #define ONLINE_LOGIN_TIMEOUT_MSEC 45000
 /* A device login waits while the person signs in on their phone: as long as the code is valid,
  * but never longer than this, and a little longer than the daemon so that it says why it ended. */
