@@ -7,8 +7,10 @@
  * loaded into setuid programs, so it trusts nothing the caller controls: the socket path comes
  * only from its socket= option (never the environment), and the process at the other end of
  * the socket must be root or the daemon's own user. There are no module globals; every entry
- * point parses its own options. Secrets (passcodes, tickets) are wiped as soon as they are no
- * longer needed, including from the buffers they passed through.
+ * point parses its own options, and what one step leaves for another (who was authenticated,
+ * the connection for open_session, the session for close_session) lives in the PAM handle.
+ * Secrets (passcodes, passwords, tickets) are wiped as soon as they are no longer needed,
+ * including from the buffers they passed through.
  */
 
 #define _GNU_SOURCE
@@ -56,6 +58,19 @@
 #define MAX_NAME_LENGTH 64
 #define MAX_ITEM_LENGTH 255
 #define MAX_PASSCODE_LENGTH 128
+/* The daemon's own limits for an online login (RFC 5321's path limit; a generous password cap). */
+#define MAX_EMAIL_LENGTH 254
+#define MAX_PASSWORD_LENGTH 1024
+/* An online login waits for the identity provider, which the daemon bounds by its
+ * RequestTimeoutSec (default 10 s) per request, and a first login may need three (discovery,
+ * token, keys). */
+#define ONLINE_LOGIN_TIMEOUT_MSEC 45000
+/* A device login waits while the person signs in on their phone: as long as the code is valid,
+ * but never longer than this, and a little longer than the daemon so that it says why it ended. */
+#define MAX_DEVICE_LOGIN_SEC 900
+#define DEVICE_LOGIN_GRACE_MSEC 5000
+/* A session id is the daemon's 32 hex digits; anything else is not put in the environment. */
+#define MAX_SESSION_ID_LENGTH 64
 #define MAX_MESSAGE_LENGTH 512
 /* An activation code is XXXX-XXXX; anything much longer is not one and is not sent. */
 #define MAX_CODE_LENGTH 64
@@ -64,9 +79,15 @@
 #define MAX_DISPLAY_NAME_LENGTH 256
 /* pam_set_data key: this module authenticated someone in this handle (fail closed in account). */
 #define DATA_AUTHENTICATED "pam_kioskauth.authenticated"
+/* pam_set_data key: the connection and ticket of that authentication, for open_session. */
+#define DATA_HANDOVER "pam_kioskauth.handover"
+/* pam_set_data key: the id of the session open_session registered, for close_session. */
+#define DATA_SESSION "pam_kioskauth.session"
 /* Exported with pam_putenv() after a successful auth, so applications can choose what to show. */
 #define ENV_ROLE "KIOSKAUTH_ROLE"
 #define ENV_DISPLAY_NAME "KIOSKAUTH_DISPLAY_NAME"
+/* Exported by open_session: the session a kiosk app reports activity, locks and step-up for. */
+#define ENV_SESSION "KIOSKAUTH_SESSION"
 
 #define PROMPT_NAME "Name: "
 #define PROMPT_PASSCODE "Passcode: "
@@ -78,11 +99,25 @@
 #define PROMPT_CHOOSE_PASSCODE "Choose a passcode (6 digits): "
 #define PROMPT_CONFIRM_PASSCODE "Type the same passcode again: "
 #define PROMPT_ENABLE_FINGERPRINT "Enable fingerprint login? [y/N] "
+#define PROMPT_EMAIL "Email: "
+#define PROMPT_PASSWORD "Password: "
 #define MESSAGE_NOT_RECOGNISED "Fingerprint not recognised."
 #define MESSAGE_WRONG_PASSCODE "Wrong passcode."
 #define MESSAGE_HARD_LOCKED                                                                        \
     "Your passcode is locked. Ask an administrator to reset it, or sign in online."
 #define MESSAGE_IDP_FALLBACK "Biometric login failed. Please sign in with your email and password."
+#define MESSAGE_SIGN_IN "Please sign in with your email and password."
+#define MESSAGE_WRONG_CREDENTIALS "Wrong email or password."
+#define MESSAGE_NOT_AN_EMAIL "That is not an email address."
+#define MESSAGE_IDP_UNAVAILABLE                                                                    \
+    "Your organisation's sign-in cannot be reached. Try again later, or use your finger or "       \
+    "passcode."
+#define MESSAGE_IDP_BROKEN "Online sign-in is not working on this terminal. Ask an administrator."
+#define MESSAGE_NOT_ADMITTED "Your account may not sign in on this terminal."
+#define MESSAGE_UNKNOWN_ROLE "Your account has no role this terminal knows. Ask your coordinator."
+#define MESSAGE_OTHER_PERSON "You signed in as someone else. Sign in with your own account."
+#define MESSAGE_DEVICE_DENIED "The sign-in was declined."
+#define MESSAGE_DEVICE_EXPIRED "The sign-in code expired before it was used."
 #define MESSAGE_UNAVAILABLE "The login service is not available."
 #define MESSAGE_NOT_SET_UP                                                                         \
     "Your account is not set up yet. Enter the activation code you were given."
@@ -131,7 +166,8 @@ struct options {
     unsigned timeout_sec;
     unsigned max_tries;
     enum mode mode;
-    bool activation; /* with no user known, offer the activation code before the name */
+    bool activation;   /* with no user known, offer the activation code before the name */
+    bool device_login; /* online logins with a code shown here and typed on a phone */
     bool debug;
 };
 
@@ -184,6 +220,10 @@ static void parse_options(pam_handle_t *pamh, int argc, const char **argv, struc
             o->mode = MODE_ACTIVATE;
         } else if (strcmp(arg, "activation") == 0) {
             o->activation = true;
+        } else if (strcmp(arg, "idp_login=password") == 0) {
+            o->device_login = false;
+        } else if (strcmp(arg, "idp_login=device") == 0) {
+            o->device_login = true;
         } else if (strcmp(arg, "debug") == 0) {
             o->debug = true;
         } else {
@@ -199,8 +239,11 @@ struct person_info {
     char display_name[MAX_DISPLAY_NAME_LENGTH + 1];
 };
 
+struct handover;
+
 /* The login being served: the PAM handle, the options, what the daemon is told about the
- * caller (the varlink CallerContext), and where auth notes whom it authenticated. */
+ * caller (the varlink CallerContext), and where auth notes whom it authenticated and keeps the
+ * connection that did it (for open_session). */
 struct login {
     pam_handle_t *pamh;
     struct options options;
@@ -211,6 +254,7 @@ struct login {
     bool remote;
     uid_t ruid;
     struct person_info *person; /* auth only; NULL elsewhere */
+    struct handover *handover;  /* auth only; NULL elsewhere */
 };
 
 static int log_ret(const struct login *l, int ret, int priority, const char *format, ...)
@@ -1091,18 +1135,28 @@ static int connection_receive(struct connection *c, uint64_t deadline, bool inte
     }
 }
 
-/* One call on an open connection that waits for no finger. */
-static int exchange(const struct login *l, struct connection *c, const struct buffer *request,
-                    struct reply *reply) {
+/* One call on an open connection, answered within timeout_msec. An interruptible call ends at a
+ * signal with -EINTR, not logged: the person chose to stop. */
+static int exchange_within(const struct login *l, struct connection *c,
+                           const struct buffer *request, struct reply *reply, unsigned timeout_msec,
+                           bool interruptible) {
     if (request->failed)
         return log_ret(l, -ENOMEM, LOG_CRIT, "Out of memory");
-    uint64_t deadline = now_msec() + CALL_TIMEOUT_MSEC;
+    uint64_t deadline = now_msec() + timeout_msec;
     int r = connection_send(c, request, deadline);
     if (r >= 0)
-        r = connection_receive(c, deadline, false, reply);
+        r = connection_receive(c, deadline, interruptible, reply);
+    if (r == -EINTR)
+        return r;
     if (r < 0)
         return log_ret(l, r, LOG_WARNING, "kioskauthd did not answer: %s", strerror(-r));
     return 0;
+}
+
+/* One call on an open connection that waits for no finger. */
+static int exchange(const struct login *l, struct connection *c, const struct buffer *request,
+                    struct reply *reply) {
+    return exchange_within(l, c, request, reply, CALL_TIMEOUT_MSEC, false);
 }
 
 /* One call on a connection of its own. */
@@ -1114,24 +1168,128 @@ static int ask(const struct login *l, const struct buffer *request, struct reply
     return exchange(l, &c, request, reply);
 }
 
-/* A scan (VerifyFinger, Identify) on a connection of its own: shows the daemon's prompts as
- * they stream in and leaves the final reply in `reply`. Returns 0; -ETIMEDOUT when no final
- * reply came within timeout=; -EINTR when a signal ended the wait; another negative errno when
- * the daemon could not be asked. Closing the connection cancels a scan still running. */
-static int scan(const struct login *l, const struct buffer *request, struct reply *reply,
-                bool *touch_requested) {
-    _cleanup_connection_ struct connection c = CONNECTION_INIT;
+/* The hand-over from auth to open_session.
+ *
+ * OpenSession takes the ticket of the authentication that opens the session, so that the session
+ * starts authenticated (step-up and the lock epoch count from that authentication), and the
+ * daemon binds every ticket to the connection that earned it. So auth keeps that connection and
+ * its ticket in the PAM handle (pam_set_data), and open_session presents the ticket on it. Why
+ * this is safe:
+ * - the connection never leaves this process's PAM handle: it is close-on-exec (SOCK_CLOEXEC),
+ *   so nothing the application runs inherits it; the data's cleanup closes it at pam_end(), in a
+ *   forked child that ends its copy of the handle too;
+ * - the ticket is good once, only for the person this module authenticated, only on this
+ *   connection and only for the daemon's TicketLifetimeSec; open_session presents it only when
+ *   PAM_USER is still that person, and only on a connection that is still open and quiet;
+ * - it is kept at most until open_session, the next auth on the handle or pam_end(); the daemon
+ *   closes it after its idle timeout anyway (then the module holds a dead descriptor, no more).
+ * The environment is not a way to pass it: it is the caller's in setuid programs, and the
+ * application would see the ticket. When the connection or the ticket is gone (idle timeout, a
+ * restart, the ticket used up by an enrolment or expired), open_session opens the session without
+ * one: the session is registered unauthenticated and the first step-up asks for a fresh
+ * authentication, which is the safe side. */
+struct handover {
+    int fd;
+    char *ticket;
+    char name[MAX_NAME_LENGTH + 1];
+};
+#define HANDOVER_INIT                                                                              \
+    { .fd = -1 }
+
+static void handover_clear(struct handover *h) {
+    if (h->fd >= 0)
+        close(h->fd);
+    erase_and_free(h->ticket);
+    *h = (struct handover)HANDOVER_INIT;
+}
+
+static void free_handover(pam_handle_t *pamh, void *data, int error_status) {
+    (void)pamh;
+    (void)error_status;
+    handover_clear(data);
+    free(data);
+}
+
+/* After a successful authentication on `c` (auth only): keeps the connection and the ticket for
+ * open_session. `c` is closed either way. */
+static void keep_for_session(const struct login *l, struct connection *c, const char *ticket,
+                             const char *name) {
+    struct handover *h = l->handover;
+    char *copy =
+        h && c->fd >= 0 && ticket && name && login_name_is_valid(name) ? strdup(ticket) : NULL;
+    if (copy) {
+        handover_clear(h);
+        h->fd = c->fd;
+        c->fd = -1;
+        h->ticket = copy;
+        memcpy(h->name, name, strlen(name) + 1);
+    }
+    connection_close(c);
+}
+
+/* Puts what auth kept into the handle; without it the session simply opens unauthenticated. */
+static void store_handover(const struct login *l) {
+    struct handover *h = l->handover;
+    if (!h || h->fd < 0)
+        return;
+    struct handover *kept = malloc(sizeof(*kept));
+    if (!kept)
+        return;
+    *kept = *h;
+    *h = (struct handover)HANDOVER_INIT;
+    int r = pam_set_data(l->pamh, DATA_HANDOVER, kept, free_handover);
+    if (r != PAM_SUCCESS) {
+        free_handover(l->pamh, kept, 0);
+        log_debug(l, "Cannot keep the connection for the session: %s", pam_strerror(l->pamh, r));
+    }
+}
+
+/* Drops what an earlier auth kept (the data's cleanup closes the connection). */
+static void forget_handover(pam_handle_t *pamh) {
+    const void *data = NULL;
+    if (pam_get_data(pamh, DATA_HANDOVER, &data) == PAM_SUCCESS && data)
+        (void)pam_set_data(pamh, DATA_HANDOVER, NULL, NULL);
+}
+
+/* Takes the connection and ticket auth kept, when they are for `name` and the connection is still
+ * open and quiet (the daemon has sent nothing: no idle-timeout notice, no hang-up). The handle
+ * keeps neither afterwards. */
+static void take_handover(const struct login *l, const char *name, struct connection *c,
+                          char **ticket) {
+    const void *data = NULL;
+    if (pam_get_data(l->pamh, DATA_HANDOVER, &data) != PAM_SUCCESS || !data)
+        return;
+    struct handover *h = (struct handover *)data;
+    if (h->fd >= 0 && h->ticket && strcmp(h->name, name) == 0) {
+        struct pollfd pfd = {.fd = h->fd, .events = POLLIN | POLLRDHUP};
+        if (poll(&pfd, 1, 0) == 0) {
+            c->fd = h->fd;
+            h->fd = -1;
+            *ticket = h->ticket;
+            h->ticket = NULL;
+        }
+    }
+    (void)pam_set_data(l->pamh, DATA_HANDOVER, NULL, NULL);
+}
+
+/* A scan (VerifyFinger, Identify) on a connection of its own, `c` (which the caller closes, or
+ * keeps for the session after a match): shows the daemon's prompts as they stream in and leaves
+ * the final reply in `reply`. Returns 0; -ETIMEDOUT when no final reply came within timeout=;
+ * -EINTR when a signal ended the wait; another negative errno when the daemon could not be
+ * asked. Closing the connection cancels a scan still running. */
+static int scan(const struct login *l, struct connection *c, const struct buffer *request,
+                struct reply *reply, bool *touch_requested) {
     *touch_requested = false;
     if (request->failed)
         return log_ret(l, -ENOMEM, LOG_CRIT, "Out of memory");
-    int r = connection_open(l, &c);
+    int r = connection_open(l, c);
     if (r < 0)
         return r;
     uint64_t deadline = now_msec() + (uint64_t)l->options.timeout_sec * 1000;
-    r = connection_send(&c, request, deadline);
+    r = connection_send(c, request, deadline);
     for (;;) {
         if (r >= 0)
-            r = connection_receive(&c, deadline, true, reply);
+            r = connection_receive(c, deadline, true, reply);
         if (r == -EINTR || r == -ETIMEDOUT) {
             log_debug(l, "Scan ended: %s", r == -EINTR ? "interrupted by a signal" : "timed out");
             return r;
@@ -1180,13 +1338,15 @@ static void say_wait(const struct login *l, const char *what, long long seconds)
     complain(l, text);
 }
 
-/* What a fingerprint step leaves to do: nothing more (return `ret`), ask for the name, ask for
- * the passcode, or activate a person who has not activated yet. `ret` is what to return when
- * the mode allows no next step. */
-enum next { NEXT_NONE, NEXT_ASK_NAME, NEXT_PASSCODE, NEXT_ACTIVATE };
+/* What a step leaves to do: nothing more (return `ret`), ask for the name, ask for the
+ * passcode, activate a person who has not activated yet, sign an identity-provider person in
+ * online (`name`, when the step found out who), or a first online login for a name the daemon
+ * does not know. `ret` is what to return when the mode allows no next step. */
+enum next { NEXT_NONE, NEXT_ASK_NAME, NEXT_PASSCODE, NEXT_ACTIVATE, NEXT_ONLINE, NEXT_FIRST_LOGIN };
 struct step {
     int ret;
     enum next next;
+    char name[MAX_NAME_LENGTH + 1];
 };
 
 /* Errors that end a scan without a verdict on the finger: a name or the passcode can go on. */
@@ -1205,6 +1365,24 @@ static struct step unexpected(const struct login *l, const char *method,
     return (struct step){PAM_AUTHINFO_UNAVAIL, NEXT_NONE};
 }
 
+static bool must_sign_in_online(const struct reply *reply) {
+    return is_error(reply, "OfflineWindowExpired") || is_error(reply, "OnlineLoginRequired");
+}
+
+/* An identity-provider person whose offline window has ended, or whose local unlock is suspended
+ * until they sign in online: the daemon's one line, then (where the conversation has a keyboard)
+ * the online login. */
+static struct step sign_in_required(const struct login *l, const struct reply *reply) {
+    const char *message = json_get_string(reply->parameters, "message");
+    const char *name = json_get_string(reply->parameters, "name");
+    struct step s = {PAM_AUTHINFO_UNAVAIL, NEXT_ONLINE, ""};
+    complain(l, message ? message : "Sign in online.");
+    if (name && login_name_is_valid(name))
+        memcpy(s.name, name, strlen(name) + 1);
+    log_debug(l, "%s: %s", reply->error, name ? name : "-");
+    return s;
+}
+
 /* Walk-up unlock: on a match, and only then, PAM_USER becomes the person recognised. */
 static struct step identify(const struct login *l) {
     _cleanup_buffer_ struct buffer request = {0};
@@ -1214,9 +1392,10 @@ static struct step identify(const struct login *l) {
     buffer_puts(&request, "}}");
 
     for (unsigned attempt = 1;; attempt++) {
+        _cleanup_connection_ struct connection c = CONNECTION_INIT;
         _cleanup_reply_ struct reply reply = {0};
         bool touch_requested;
-        int r = scan(l, &request, &reply, &touch_requested);
+        int r = scan(l, &c, &request, &reply, &touch_requested);
         if (r == -EINTR)
             return (struct step){PAM_AUTH_ERR, NEXT_NONE};
         if (r == -ETIMEDOUT)
@@ -1240,6 +1419,7 @@ static struct step identify(const struct login *l) {
             snprintf(welcome, sizeof(welcome), "Welcome back, %s",
                      display_name && *display_name ? display_name : name);
             inform(l, welcome);
+            keep_for_session(l, &c, json_get_string(reply.parameters, "ticket"), name);
             log_debug(l, "Identified %s", name);
             return (struct step){PAM_SUCCESS, NEXT_NONE};
         }
@@ -1267,17 +1447,19 @@ static struct step identify(const struct login *l) {
             log_debug(l, "Identify refused: %s", json_get_string(reply.parameters, "reason"));
             return (struct step){PAM_AUTHINFO_UNAVAIL, NEXT_NONE};
         }
+        if (must_sign_in_online(&reply))
+            return sign_in_required(l, &reply);
         return unexpected(l, "Identify", &reply);
     }
 }
 
 /* After too many failed matches: the passcode, or for a person from the identity provider who
- * has none, their email and password (which this module cannot take yet). */
+ * has none, their email and password (or a device login) with the identity provider. */
 static struct step fallback(const struct login *l, const struct reply *reply) {
     const char *to = json_get_string(reply->parameters, "fallback");
     if (to && strcmp(to, "idp") == 0) {
         complain(l, MESSAGE_IDP_FALLBACK);
-        return (struct step){PAM_AUTHINFO_UNAVAIL, NEXT_NONE};
+        return (struct step){PAM_AUTHINFO_UNAVAIL, NEXT_ONLINE};
     }
     return (struct step){PAM_MAXTRIES, NEXT_PASSCODE};
 }
@@ -1293,9 +1475,10 @@ static struct step verify_finger(const struct login *l, const char *name) {
     buffer_puts(&request, "}}");
 
     for (unsigned attempt = 1;; attempt++) {
+        _cleanup_connection_ struct connection c = CONNECTION_INIT;
         _cleanup_reply_ struct reply reply = {0};
         bool touch_requested;
-        int r = scan(l, &request, &reply, &touch_requested);
+        int r = scan(l, &c, &request, &reply, &touch_requested);
         if (r == -EINTR)
             return (struct step){PAM_AUTH_ERR, NEXT_NONE};
         if (r == -ETIMEDOUT)
@@ -1308,6 +1491,7 @@ static struct step verify_finger(const struct login *l, const char *name) {
             if (!matched || strcmp(matched, name) != 0)
                 return unexpected(l, "VerifyFinger", &(struct reply){.error = "malformed reply"});
             note_person(l, json_get(reply.parameters, "person"));
+            keep_for_session(l, &c, json_get_string(reply.parameters, "ticket"), name);
             log_debug(l, "Fingerprint verified for %s", name);
             return (struct step){PAM_SUCCESS, NEXT_NONE};
         }
@@ -1334,7 +1518,7 @@ static struct step verify_finger(const struct login *l, const char *name) {
             return (struct step){PAM_AUTHINFO_UNAVAIL, NEXT_PASSCODE};
         }
         if (is_error(&reply, "NoSuchPerson"))
-            return (struct step){PAM_USER_UNKNOWN, NEXT_NONE};
+            return (struct step){PAM_USER_UNKNOWN, NEXT_FIRST_LOGIN};
         if (is_error(&reply, "PersonNotActive")) {
             const char *state = json_get_string(reply.parameters, "state");
             if (is_pending(state))
@@ -1346,6 +1530,8 @@ static struct step verify_finger(const struct login *l, const char *name) {
             log_debug(l, "VerifyFinger refused: %s", json_get_string(reply.parameters, "reason"));
             return (struct step){PAM_AUTHINFO_UNAVAIL, NEXT_NONE};
         }
+        if (must_sign_in_online(&reply))
+            return sign_in_required(l, &reply);
         return unexpected(l, "VerifyFinger", &reply);
     }
 }
@@ -1405,10 +1591,11 @@ static void passcode_request(struct buffer *request, const struct login *l, cons
     buffer_puts(request, "}}");
 }
 
-/* Asks for a secret; returns PAM_SUCCESS with *answer set, PAM_CONV_ERR (not logged: the
- * application reports its own conversation failures), or PAM_AUTH_ERR for an empty or
- * over-long answer, which is not sent as an attempt. */
-static int ask_secret(const struct login *l, const char *prompt, char **answer) {
+/* Asks for a secret of at most max_length bytes; returns PAM_SUCCESS with *answer set,
+ * PAM_CONV_ERR (not logged: the application reports its own conversation failures), or
+ * PAM_AUTH_ERR for an empty or over-long answer, which is not sent as an attempt. */
+static int ask_secret_within(const struct login *l, const char *prompt, size_t max_length,
+                             char **answer) {
     *answer = NULL;
     int r = pam_prompt(l->pamh, PAM_PROMPT_ECHO_OFF, answer, "%s", prompt);
     if (r != PAM_SUCCESS || !*answer) {
@@ -1416,7 +1603,7 @@ static int ask_secret(const struct login *l, const char *prompt, char **answer) 
         *answer = NULL;
         return PAM_CONV_ERR;
     }
-    if (!**answer || strlen(*answer) > MAX_PASSCODE_LENGTH) {
+    if (!**answer || strlen(*answer) > max_length) {
         erase_and_free(*answer);
         *answer = NULL;
         return PAM_AUTH_ERR;
@@ -1424,9 +1611,16 @@ static int ask_secret(const struct login *l, const char *prompt, char **answer) 
     return PAM_SUCCESS;
 }
 
+/* A passcode, or a secret as short (an activation step's). */
+static int ask_secret(const struct login *l, const char *prompt, char **answer) {
+    return ask_secret_within(l, prompt, MAX_PASSCODE_LENGTH, answer);
+}
+
 static int get_person(const struct login *l, const char *name, struct reply *reply);
 static int account_status(const struct login *l, const char *name, struct reply *reply);
 static int activate_pending(const struct login *l, const char *name);
+static int sign_in_online(const struct login *l, const char *email, const char *expected);
+static int first_login(const struct login *l, const char *name, bool given);
 
 /* The person's record, to check before asking anything: GetPerson as root (an admin), else
  * CheckAccount, which authenticators such as a kiosk app may call (GetPerson would be refused,
@@ -1455,37 +1649,62 @@ static long long seconds_until(const char *timestamp) {
     return until > now ? (long long)(until - now) : 1;
 }
 
+/* Copies the email address of an identity-provider person's record into `email` (empty when
+ * there is none usable). */
+static void record_email(const struct json *person, char *email, size_t size) {
+    const char *value = json_get_string(person, "email");
+    email[0] = '\0';
+    if (value && *value && strlen(value) < size && strlen(value) <= MAX_EMAIL_LENGTH)
+        memcpy(email, value, strlen(value) + 1);
+}
+
+static bool is_identity_provider_person(const struct json *person) {
+    const char *origin = json_get_string(person, "origin");
+    return origin && strcmp(origin, "idp") == 0;
+}
+
 /* Before asking for a passcode, asks the daemon whether one could be accepted at all, so that
  * nobody types a passcode that is refused unread: locked, none set, not active, unknown. Returns
- * PAM_SUCCESS to go on and ask; sets *pending for a person who has not activated yet. A caller
- * that may not read the person just asks. */
-static int passcode_precheck(const struct login *l, const char *name, bool *pending) {
+ * NEXT_PASSCODE to go on and ask; NEXT_ACTIVATE for a person who has not activated yet;
+ * NEXT_ONLINE for an identity-provider person without a passcode, or whose passcode is
+ * hard-locked (which an online login lifts); NEXT_FIRST_LOGIN for a name the daemon does not
+ * know; NEXT_NONE with the PAM code otherwise. *email is the person's address when the record
+ * has one. A caller that may not read the person just asks. */
+static struct step passcode_precheck(const struct login *l, const char *name, char *email,
+                                     size_t size) {
     _cleanup_reply_ struct reply reply = {0};
-    *pending = false;
+    email[0] = '\0';
     if (look_up(l, name, &reply) < 0)
-        return PAM_AUTHINFO_UNAVAIL;
+        return (struct step){PAM_AUTHINFO_UNAVAIL, NEXT_NONE};
     if (is_error(&reply, "NoSuchPerson"))
-        return PAM_USER_UNKNOWN;
+        return (struct step){PAM_USER_UNKNOWN, NEXT_FIRST_LOGIN};
     if (reply.error)
-        return PAM_SUCCESS;
+        return (struct step){PAM_SUCCESS, NEXT_PASSCODE};
     const struct json *p = json_get(reply.parameters, "person");
     const char *state = json_get_string(p, "state");
     const char *locked_until = json_get_string(p, "passcodeLockedUntil");
-    if (is_pending(state)) {
-        *pending = true;
-        return PAM_AUTH_ERR;
-    }
+    bool online = is_identity_provider_person(p);
+    record_email(p, email, size);
+    if (is_pending(state))
+        return (struct step){PAM_AUTH_ERR, NEXT_ACTIVATE};
     if (!state || strcmp(state, "active") != 0) {
         complain(l, not_active_message(state));
-        return PAM_AUTH_ERR;
+        return (struct step){PAM_AUTH_ERR, NEXT_NONE};
     }
     if (!json_get_bool(p, "hasPasscode")) {
+        /* (No online login over a remote session: see sign_in_online.) */
+        if (online && l->remote)
+            return (struct step){PAM_AUTHINFO_UNAVAIL, NEXT_NONE};
+        if (online) {
+            inform(l, MESSAGE_SIGN_IN);
+            return (struct step){PAM_AUTHINFO_UNAVAIL, NEXT_ONLINE};
+        }
         complain(l, "No passcode is set for you.");
-        return PAM_AUTHINFO_UNAVAIL;
+        return (struct step){PAM_AUTHINFO_UNAVAIL, NEXT_NONE};
     }
     if (json_get_bool(p, "passcodeHardLocked")) {
         complain(l, MESSAGE_HARD_LOCKED);
-        return PAM_MAXTRIES;
+        return (struct step){PAM_MAXTRIES, online ? NEXT_ONLINE : NEXT_NONE};
     }
     if (locked_until) {
         long long seconds = seconds_until(locked_until);
@@ -1493,18 +1712,28 @@ static int passcode_precheck(const struct login *l, const char *name, bool *pend
             say_wait(l, "Too many wrong passcodes.", seconds);
         else
             complain(l, "Too many wrong passcodes. Try again later.");
-        return PAM_MAXTRIES;
+        return (struct step){PAM_MAXTRIES, NEXT_NONE};
     }
-    return PAM_SUCCESS;
+    return (struct step){PAM_SUCCESS, NEXT_PASSCODE};
 }
 
-static int verify_passcode(const struct login *l, const char *name) {
-    bool pending;
-    int precheck = passcode_precheck(l, name, &pending);
-    if (pending)
+/* The passcode, or what the precheck says comes instead. `given`: whether the application named
+ * the person (see first_login). */
+static int verify_passcode(const struct login *l, const char *name, bool given) {
+    char email[MAX_EMAIL_LENGTH + 1];
+    struct step s = passcode_precheck(l, name, email, sizeof(email));
+    switch (s.next) {
+    case NEXT_PASSCODE:
+        break;
+    case NEXT_ACTIVATE:
         return activate_pending(l, name);
-    if (precheck != PAM_SUCCESS)
-        return precheck;
+    case NEXT_ONLINE:
+        return sign_in_online(l, email[0] ? email : NULL, name);
+    case NEXT_FIRST_LOGIN:
+        return first_login(l, name, given);
+    default:
+        return s.ret;
+    }
     for (unsigned attempt = 1; attempt <= l->options.max_tries; attempt++) {
         _cleanup_erase_ char *passcode = NULL;
         int r = ask_secret(l, PROMPT_PASSCODE, &passcode);
@@ -1512,8 +1741,9 @@ static int verify_passcode(const struct login *l, const char *name) {
             return r;
         _cleanup_buffer_ struct buffer request = {0};
         passcode_request(&request, l, name, passcode);
+        _cleanup_connection_ struct connection c = CONNECTION_INIT;
         _cleanup_reply_ struct reply reply = {0};
-        if (ask(l, &request, &reply) < 0)
+        if (connection_open(l, &c) < 0 || exchange(l, &c, &request, &reply) < 0)
             return PAM_AUTHINFO_UNAVAIL;
         if (!reply.error) {
             const char *matched = reply_person_name(&reply);
@@ -1521,8 +1751,13 @@ static int verify_passcode(const struct login *l, const char *name) {
                 return unexpected(l, "VerifyPasscode", &(struct reply){.error = "malformed reply"})
                     .ret;
             note_person(l, json_get(reply.parameters, "person"));
+            keep_for_session(l, &c, json_get_string(reply.parameters, "ticket"), name);
             log_debug(l, "Passcode verified for %s", name);
             return PAM_SUCCESS;
+        }
+        if (must_sign_in_online(&reply)) {
+            sign_in_required(l, &reply);
+            return sign_in_online(l, email[0] ? email : NULL, name);
         }
         bool retry;
         r = passcode_refused(l, &reply, &retry);
@@ -1771,11 +2006,18 @@ static int choose_passcode(const struct login *l, struct activation *a) {
     return PAM_MAXTRIES;
 }
 
-/* A fresh self-service ticket on a fresh connection, from the passcode just chosen. */
+/* A fresh self-service ticket on a fresh connection, from the passcode just chosen. After an
+ * online login there is no passcode to ask with: the fresh connection goes without a ticket,
+ * which is enough for an administrator (root); anyone else is refused, and told. */
 static int fresh_ticket(const struct login *l, struct activation *a) {
     connection_close(&a->c);
-    if (!a->passcode || connection_open(l, &a->c) < 0)
+    if (connection_open(l, &a->c) < 0)
         return PAM_AUTHINFO_UNAVAIL;
+    if (!a->passcode) {
+        erase_and_free(a->ticket);
+        a->ticket = NULL;
+        return PAM_SUCCESS;
+    }
     _cleanup_buffer_ struct buffer request = {0};
     passcode_request(&request, l, a->name, a->passcode);
     _cleanup_reply_ struct reply reply = {0};
@@ -1898,28 +2140,36 @@ static int enrol_once(const struct login *l, struct activation *a) {
 }
 
 /* Remembers a declined offer, so it is not made again until someone turns it back on
- * (kioskauthctl user set NAME --biometric-offer on). Best effort: the login goes on anyway. */
+ * (kioskauthctl user set NAME --biometric-offer on). If the connection or its ticket went while
+ * the person read the offer, it is asked again on a fresh connection without a ticket, which only
+ * an administrator (root) may do. Best effort: the login goes on anyway. */
 static void remember_decline(const struct login *l, struct activation *a) {
-    _cleanup_buffer_ struct buffer request = {0};
-    buffer_puts(&request,
-                "{\"method\":\"io.kioskauth.SetBiometricOffer\",\"parameters\":{\"name\":");
-    json_string(&request, a->name);
-    buffer_puts(&request, ",\"enabled\":false");
-    if (a->ticket) {
-        buffer_puts(&request, ",\"ticket\":");
-        json_string(&request, a->ticket);
+    for (bool again = true;; again = false) {
+        _cleanup_buffer_ struct buffer request = {0};
+        buffer_puts(&request,
+                    "{\"method\":\"io.kioskauth.SetBiometricOffer\",\"parameters\":{\"name\":");
+        json_string(&request, a->name);
+        buffer_puts(&request, ",\"enabled\":false");
+        if (a->ticket) {
+            buffer_puts(&request, ",\"ticket\":");
+            json_string(&request, a->ticket);
+        }
+        buffer_puts(&request, "}}");
+        _cleanup_reply_ struct reply reply = {0};
+        int r = a->c.fd < 0 ? -ENOTCONN : exchange(l, &a->c, &request, &reply);
+        if (r >= 0 && !reply.error)
+            return;
+        if (!again || !connection_lost(r, &reply)) {
+            log_debug(l, "Could not remember the declined offer: %s",
+                      r < 0 ? strerror(-r) : reply.error);
+            return;
+        }
+        erase_and_free(a->ticket);
+        a->ticket = NULL;
+        connection_close(&a->c);
+        if (connection_open(l, &a->c) < 0)
+            return;
     }
-    buffer_puts(&request, "}}");
-    if (request.failed || a->c.fd < 0)
-        return;
-    uint64_t deadline = now_msec() + (uint64_t)l->options.timeout_sec * 1000;
-    _cleanup_reply_ struct reply reply = {0};
-    int r = connection_send(&a->c, &request, deadline);
-    if (r >= 0)
-        r = connection_receive(&a->c, deadline, false, &reply);
-    if (r < 0 || reply.error)
-        log_debug(l, "Could not remember the declined offer: %s",
-                  r < 0 ? strerror(-r) : reply.error);
 }
 
 /* Offers fingerprint login and enrols a finger if the person wants it. Declining, or an
@@ -1937,7 +2187,7 @@ static int offer_enrolment(const struct login *l, struct activation *a) {
     }
     r = enrol_once(l, a);
     if (r == PAM_IGNORE) {
-        log_debug(l, "Enrolment ticket lost; verifying the new passcode for a fresh one");
+        log_debug(l, "Enrolment ticket lost; asking for a fresh one");
         r = fresh_ticket(l, a);
         if (r == PAM_SUCCESS)
             r = enrol_once(l, a);
@@ -1980,6 +2230,7 @@ static int activate(const struct login *l, const char *name, const char *first_c
     r = pam_set_item(l->pamh, PAM_USER, a.name);
     if (r != PAM_SUCCESS)
         return log_ret(l, r, LOG_ERR, "Cannot set PAM_USER: %s", pam_strerror(l->pamh, r));
+    keep_for_session(l, &a.c, a.ticket, a.name);
     return PAM_SUCCESS;
 }
 
@@ -2005,6 +2256,253 @@ static int offer_activation(const struct login *l) {
     return activate(l, NULL, answer);
 }
 
+/* Online login with the identity provider (DESIGN.md flow 4): a person's first login at this
+ * terminal, the fallback of an identity-provider person without a passcode, and the way back in
+ * when their offline window has ended. The daemon talks to the provider (LoginWithPassword, or
+ * StartDeviceLogin with idp_login=device) and answers with the person, created at their first
+ * login, a ticket bound to this connection, and whether to offer fingerprint enrolment; the
+ * offer, the enrolment and a decline (SetBiometricOffer) use that ticket on the same connection,
+ * in the same conversation, as activation does. The password is wiped as soon as it is sent. */
+
+/* Whether a name could be an email address: something@domain.tld, one '@'. */
+static bool looks_like_email(const char *name) {
+    const char *at = strchr(name, '@');
+    return at && at != name && !strchr(at + 1, '@') && strchr(at + 1, '.') &&
+           at[strlen(at) - 1] != '.' && at[1] != '.';
+}
+
+/* What the person is told when the daemon did not log them in, and the PAM code. */
+static int online_login_refused(const struct login *l, const struct reply *reply) {
+    const char *reason = json_get_string(reply->parameters, "reason");
+    const char *field = json_get_string(reply->parameters, "field");
+    if (!reason)
+        reason = "no reason given";
+    if (is_error(reply, "WrongCredentials")) {
+        complain(l, MESSAGE_WRONG_CREDENTIALS);
+        return PAM_AUTH_ERR;
+    }
+    if (is_error(reply, "NotAdmitted") || is_error(reply, "UnknownRole")) {
+        complain(l, is_error(reply, "NotAdmitted") ? MESSAGE_NOT_ADMITTED : MESSAGE_UNKNOWN_ROLE);
+        return log_ret(l, PAM_AUTH_ERR, LOG_NOTICE, "Online login refused: %s: %s", reply->error,
+                       reason);
+    }
+    if (is_error(reply, "DeviceLoginDenied")) {
+        complain(l, MESSAGE_DEVICE_DENIED);
+        return PAM_AUTH_ERR;
+    }
+    if (is_error(reply, "DeviceLoginExpired")) {
+        complain(l, MESSAGE_DEVICE_EXPIRED);
+        return PAM_AUTHINFO_UNAVAIL;
+    }
+    if (is_error(reply, "InvalidInput")) {
+        complain(l, field && strcmp(field, "email") == 0 ? MESSAGE_NOT_AN_EMAIL
+                                                         : MESSAGE_WRONG_CREDENTIALS);
+        return PAM_AUTH_ERR;
+    }
+    if (is_error(reply, "IdentityProviderUnavailable")) {
+        complain(l, MESSAGE_IDP_UNAVAILABLE);
+        return log_ret(l, PAM_AUTHINFO_UNAVAIL, LOG_WARNING,
+                       "The identity provider is unavailable: %s", reason);
+    }
+    if (is_error(reply, "IdentityProviderRefused") ||
+        is_error(reply, "IdentityProviderNotConfigured")) {
+        complain(l, MESSAGE_IDP_BROKEN);
+        return log_ret(l, PAM_AUTHINFO_UNAVAIL, LOG_ERR, "Online login failed: %s: %s",
+                       reply->error, reason);
+    }
+    if (is_error(reply, "PermissionDenied"))
+        return log_ret(l, PAM_AUTHINFO_UNAVAIL, LOG_NOTICE, "Online login refused: %s", reason);
+    return unexpected(l, "Online login", reply).ret;
+}
+
+/* LoginWithPassword on `c`: asks for the email address (unless known) and the password. Returns
+ * PAM_SUCCESS with the daemon's final reply in `reply`, or the PAM code to return. */
+static int password_login(const struct login *l, struct connection *c, const char *email,
+                          struct reply *reply) {
+    _cleanup_free_ char *typed = NULL;
+    char prompt[MAX_MESSAGE_LENGTH];
+    if (email) {
+        char clean[MAX_EMAIL_LENGTH + 1];
+        sanitise(email, clean, sizeof(clean));
+        snprintf(prompt, sizeof(prompt), "Password for %s: ", clean);
+    } else {
+        int r = pam_prompt(l->pamh, PAM_PROMPT_ECHO_ON, &typed, "%s", PROMPT_EMAIL);
+        if (r != PAM_SUCCESS || !typed)
+            return PAM_CONV_ERR;
+        if (!typed[0])
+            return PAM_AUTH_ERR;
+        if (strlen(typed) > MAX_EMAIL_LENGTH || !strchr(typed, '@')) {
+            complain(l, MESSAGE_NOT_AN_EMAIL);
+            return PAM_AUTH_ERR;
+        }
+        email = typed;
+        snprintf(prompt, sizeof(prompt), "%s", PROMPT_PASSWORD);
+    }
+    _cleanup_erase_ char *password = NULL;
+    int r = ask_secret_within(l, prompt, MAX_PASSWORD_LENGTH, &password);
+    if (r != PAM_SUCCESS)
+        return r;
+    _cleanup_buffer_ struct buffer request = {0};
+    buffer_puts(&request,
+                "{\"method\":\"io.kioskauth.LoginWithPassword\",\"parameters\":{\"email\":");
+    json_string(&request, email);
+    buffer_puts(&request, ",\"password\":");
+    json_string(&request, password);
+    buffer_puts(&request, ",\"context\":");
+    json_context(&request, l);
+    buffer_puts(&request, "}}");
+    /* Interruptible: Ctrl-C while the provider is slow ends the wait, and closing the connection
+     * cancels the call in the daemon. */
+    r = exchange_within(l, c, &request, reply, ONLINE_LOGIN_TIMEOUT_MSEC, true);
+    if (r == -EINTR) {
+        log_debug(l, "Online login interrupted by a signal");
+        return PAM_AUTH_ERR;
+    }
+    if (r < 0) {
+        complain(l, MESSAGE_IDP_UNAVAILABLE);
+        return PAM_AUTHINFO_UNAVAIL;
+    }
+    return PAM_SUCCESS;
+}
+
+/* StartDeviceLogin on `c` (RFC 8628, for providers that refuse the password grant): shows the
+ * code and where to type it, then waits while the person signs in on their phone, as long as
+ * the code is valid (at most MAX_DEVICE_LOGIN_SEC); a signal (Ctrl-C) ends the wait, and closing
+ * the connection ends the daemon's polling. Returns as password_login does. */
+static int device_login(const struct login *l, struct connection *c, struct reply *reply) {
+    _cleanup_buffer_ struct buffer request = {0};
+    buffer_puts(&request, "{\"method\":\"io.kioskauth.StartDeviceLogin\",\"more\":true,"
+                          "\"parameters\":{\"context\":");
+    json_context(&request, l);
+    buffer_puts(&request, "}}");
+    if (request.failed)
+        return log_ret(l, PAM_BUF_ERR, LOG_CRIT, "Out of memory");
+    uint64_t deadline = now_msec() + ONLINE_LOGIN_TIMEOUT_MSEC;
+    int r = connection_send(c, &request, deadline);
+    for (;;) {
+        if (r >= 0)
+            r = connection_receive(c, deadline, true, reply);
+        if (r == -EINTR) {
+            log_debug(l, "Device login interrupted by a signal");
+            return PAM_AUTH_ERR;
+        }
+        if (r == -ETIMEDOUT) {
+            complain(l, MESSAGE_DEVICE_EXPIRED);
+            return log_ret(l, PAM_AUTHINFO_UNAVAIL, LOG_NOTICE, "Device login: no answer in time");
+        }
+        if (r < 0) {
+            complain(l, MESSAGE_IDP_UNAVAILABLE);
+            return log_ret(l, PAM_AUTHINFO_UNAVAIL, LOG_WARNING, "kioskauthd did not answer: %s",
+                           strerror(-r));
+        }
+        if (!reply->continues)
+            return PAM_SUCCESS;
+        const struct json *prompt = json_get(reply->parameters, "prompt");
+        const char *code = json_get_string(prompt, "userCode");
+        const char *uri = json_get_string(prompt, "verificationUri");
+        long long seconds = 0;
+        if (!code || !uri)
+            continue;
+        if (!json_get_integer(prompt, "expiresIn", &seconds) || seconds <= 0 ||
+            seconds > MAX_DEVICE_LOGIN_SEC)
+            seconds = MAX_DEVICE_LOGIN_SEC;
+        char text[MAX_MESSAGE_LENGTH];
+        long long minutes = (seconds + 59) / 60;
+        snprintf(text, sizeof(text),
+                 "To sign in, open %s on your phone and enter the code %s within %lld minute%s.",
+                 uri, code, minutes, minutes == 1 ? "" : "s");
+        instruct(l, text);
+        deadline = now_msec() + (uint64_t)seconds * 1000 + DEVICE_LOGIN_GRACE_MSEC;
+    }
+}
+
+/* The online login itself. `email`: the address to sign in with, or NULL to ask for it.
+ * `expected`: the person who must be signed in (the one PAM_USER names), or NULL for a first
+ * login whose name the module asked for itself: then the daemon's name for the person becomes
+ * PAM_USER. On success PAM_USER is the person, and the connection and ticket are kept for the
+ * session. */
+static int sign_in_online(const struct login *l, const char *email, const char *expected) {
+    /* No online login over a remote session: nobody there can enrol a finger, and the terminal
+     * must not become a way to try an organisation's passwords from afar. */
+    if (l->remote)
+        return log_ret(l, PAM_AUTHINFO_UNAVAIL, LOG_NOTICE,
+                       "No online login over a remote session");
+    _cleanup_activation_ struct activation a = ACTIVATION_INIT;
+    if (connection_open(l, &a.c) < 0)
+        return PAM_AUTHINFO_UNAVAIL;
+    _cleanup_reply_ struct reply reply = {0};
+    int r = l->options.device_login ? device_login(l, &a.c, &reply)
+                                    : password_login(l, &a.c, email, &reply);
+    if (r != PAM_SUCCESS)
+        return r;
+    if (reply.error)
+        return online_login_refused(l, &reply);
+
+    const struct json *p = reply.parameters;
+    const struct json *person = json_get(p, "person");
+    const char *name = reply_person_name(&reply);
+    if (!name)
+        return unexpected(l, "Online login", &(struct reply){.error = "malformed reply"}).ret;
+    if (expected && strcmp(name, expected) != 0) {
+        complain(l, MESSAGE_OTHER_PERSON);
+        return log_ret(l, PAM_AUTH_ERR, LOG_NOTICE, "Online login as %s, not %s; refusing", name,
+                       expected);
+    }
+    memcpy(a.name, name, strlen(name) + 1);
+    const char *display_name = json_get_string(person, "displayName");
+    clean_display_name(display_name && *display_name ? display_name : name, a.display_name,
+                       sizeof(a.display_name));
+    note_person(l, person);
+    /* Out of memory here costs the enrolment offer, not the login. */
+    (void)replace_string(&a.ticket, json_get_string(p, "ticket"));
+    char welcome[MAX_MESSAGE_LENGTH];
+    if (json_get_bool(p, "created"))
+        snprintf(welcome, sizeof(welcome), "Welcome, %s", a.display_name);
+    else
+        snprintf(welcome, sizeof(welcome), "Welcome back, %s", a.display_name);
+    inform(l, welcome);
+    log_debug(l, "Online login of %s%s", name, json_get_bool(p, "created") ? " (created)" : "");
+    if (json_get_bool(p, "offerFingerprint") && a.ticket) {
+        r = offer_enrolment(l, &a);
+        if (r != PAM_SUCCESS)
+            return r;
+    }
+    r = pam_set_item(l->pamh, PAM_USER, a.name);
+    if (r != PAM_SUCCESS)
+        return log_ret(l, r, LOG_ERR, "Cannot set PAM_USER: %s", pam_strerror(l->pamh, r));
+    keep_for_session(l, &a.c, a.ticket, a.name);
+    return PAM_SUCCESS;
+}
+
+/* An identity-provider person the daemon knows signs in online, with the email address their
+ * record holds (asked for when it cannot be read). */
+static int sign_in_again(const struct login *l, const char *name) {
+    char email[MAX_EMAIL_LENGTH + 1] = "";
+    _cleanup_reply_ struct reply reply = {0};
+    if (look_up(l, name, &reply) >= 0 && !reply.error)
+        record_email(json_get(reply.parameters, "person"), email, sizeof(email));
+    return sign_in_online(l, email[0] ? email : NULL, name);
+}
+
+/* A name the daemon does not know: someone's first login at this terminal, when the name is an
+ * email address and an identity provider is configured (GetConnectivity, which anyone may call,
+ * says so); otherwise nobody the daemon manages, and the next module decides. `given`: whether
+ * the application named the person; then the login must be theirs, or PAM_USER would change
+ * under it; a name the module asked for itself is replaced by the daemon's. */
+static int first_login(const struct login *l, const char *name, bool given) {
+    if (!looks_like_email(name) || l->remote)
+        return PAM_USER_UNKNOWN;
+    _cleanup_buffer_ struct buffer request = {0};
+    buffer_puts(&request, "{\"method\":\"io.kioskauth.GetConnectivity\"}");
+    _cleanup_reply_ struct reply reply = {0};
+    if (ask(l, &request, &reply) < 0)
+        return PAM_AUTHINFO_UNAVAIL;
+    if (reply.error || !json_get_bool(reply.parameters, "identityProvider"))
+        return PAM_USER_UNKNOWN;
+    log_debug(l, "%s is not known here yet: first online login", name);
+    return sign_in_online(l, name, given ? name : NULL);
+}
+
 static int authenticate(const struct login *l) {
     enum mode mode = l->options.mode;
     const char *user = NULL;
@@ -2022,10 +2520,14 @@ static int authenticate(const struct login *l) {
     if (mode == MODE_ACTIVATE)
         return activate(l, user, NULL);
 
+    bool given = user != NULL;
     if (!user) {
         if (mode == MODE_AUTO || mode == MODE_IDENTIFY) {
             struct step s = identify(l);
-            if (s.next == NEXT_NONE || mode == MODE_IDENTIFY)
+            /* Recognised, but their offline window has ended: they sign in online as themselves. */
+            if (s.next == NEXT_ONLINE && mode == MODE_AUTO && s.name[0])
+                return sign_in_again(l, s.name);
+            if (s.next != NEXT_ASK_NAME || mode == MODE_IDENTIFY)
                 return s.ret;
         }
         if (l->options.activation) {
@@ -2048,10 +2550,15 @@ static int authenticate(const struct login *l) {
             }
             return activate_pending(l, user);
         }
-        if (s.next == NEXT_NONE || mode != MODE_AUTO)
+        /* Only a conversation with a keyboard goes on to the passcode or an online login. */
+        if (mode == MODE_AUTO && s.next == NEXT_ONLINE)
+            return sign_in_again(l, user);
+        if (mode == MODE_AUTO && s.next == NEXT_FIRST_LOGIN)
+            return first_login(l, user, given);
+        if (s.next != NEXT_PASSCODE || mode != MODE_AUTO)
             return s.ret;
     }
-    return verify_passcode(l, user);
+    return verify_passcode(l, user, given);
 }
 
 static void free_data(pam_handle_t *pamh, void *data, int error_status) {
@@ -2076,6 +2583,12 @@ static int remember_authentication(const struct login *l) {
     return PAM_SUCCESS;
 }
 
+/* Whether this module authenticated someone in this handle. */
+static bool authenticated_in(pam_handle_t *pamh) {
+    const void *mark = NULL;
+    return pam_get_data(pamh, DATA_AUTHENTICATED, &mark) == PAM_SUCCESS && mark;
+}
+
 _public_ PAM_EXTERN int pam_sm_authenticate(pam_handle_t *pamh, int flags, int argc,
                                             const char **argv) {
     struct login l;
@@ -2083,13 +2596,19 @@ _public_ PAM_EXTERN int pam_sm_authenticate(pam_handle_t *pamh, int flags, int a
     log_debug(&l, "auth: service %s, tty %s, %s session", l.service ? l.service : "-",
               l.tty ? l.tty : "-", l.remote ? "remote" : "local");
     struct person_info person = {0};
+    struct handover handover = HANDOVER_INIT;
     l.person = &person;
+    l.handover = &handover;
     clear_person(pamh);
+    forget_handover(pamh);
     int r = authenticate(&l);
     if (r == PAM_SUCCESS)
         r = remember_authentication(&l);
     if (r == PAM_SUCCESS)
         r = export_person(&l);
+    if (r == PAM_SUCCESS)
+        store_handover(&l);
+    handover_clear(&handover);
     log_debug(&l, "auth: %s", pam_strerror(pamh, r));
     return r;
 }
@@ -2168,32 +2687,203 @@ _public_ PAM_EXTERN int pam_sm_acct_mgmt(pam_handle_t *pamh, int flags, int argc
                                          const char **argv) {
     struct login l;
     login_init(&l, pamh, flags, argc, argv);
-    const void *mark = NULL;
-    bool authenticated_here = pam_get_data(pamh, DATA_AUTHENTICATED, &mark) == PAM_SUCCESS && mark;
-    int r = check_account(&l, authenticated_here);
+    int r = check_account(&l, authenticated_in(pamh));
     log_debug(&l, "account: %s", pam_strerror(pamh, r));
     return r;
 }
 
-/* Sessions: placeholders until the daemon's sessions API exists (the identity-provider and
- * sessions issue); then open and close register and end the session with the daemon, so that
- * idle, overnight, lock and step-up rules apply to it. */
+/* Sessions: open_session registers the session with the daemon (OpenSession with the caller's
+ * context), so that its idle timeout, overnight cut-off, maximum age, locks and step-up apply;
+ * close_session ends it (CloseSession). The session id is kept in the handle for close_session
+ * (never taken from the environment, which the application or a user's pam_env file could set)
+ * and exported as KIOSKAUTH_SESSION, so that a kiosk app can report activity, lock the session
+ * and ask for step-up. After this module's auth, the session opens with the authentication's
+ * ticket (see "The hand-over from auth to open_session" above). */
+
+static bool session_id_is_valid(const char *id) {
+    size_t n = strnlen(id, MAX_SESSION_ID_LENGTH + 1);
+    if (n == 0 || n > MAX_SESSION_ID_LENGTH)
+        return false;
+    for (size_t i = 0; i < n; i++)
+        if (!((id[i] >= '0' && id[i] <= '9') || (id[i] >= 'a' && id[i] <= 'f')))
+            return false;
+    return true;
+}
+
+static void open_session_request(struct buffer *request, const struct login *l, const char *name,
+                                 const char *ticket) {
+    buffer_puts(request, "{\"method\":\"io.kioskauth.OpenSession\",\"parameters\":{\"name\":");
+    json_string(request, name);
+    buffer_puts(request, ",\"context\":");
+    json_context(request, l);
+    if (ticket) {
+        buffer_puts(request, ",\"ticket\":");
+        json_string(request, ticket);
+    }
+    buffer_puts(request, "}}");
+}
+
+/* CloseSession. A session that already ended (idle, overnight, a security logout) is no error. */
+static int end_session(const struct login *l, const char *id) {
+    _cleanup_buffer_ struct buffer request = {0};
+    buffer_puts(&request, "{\"method\":\"io.kioskauth.CloseSession\",\"parameters\":{\"id\":");
+    json_string(&request, id);
+    buffer_puts(&request, "}}");
+    _cleanup_reply_ struct reply reply = {0};
+    if (ask(l, &request, &reply) < 0)
+        return log_ret(l, PAM_SESSION_ERR, LOG_ERR, "Cannot end session %.8s with kioskauthd", id);
+    if (!reply.error || is_error(&reply, "NoSuchSession") || is_error(&reply, "SessionEnded")) {
+        log_debug(l, "Session %.8s ended%s%s", id, reply.error ? " already: " : "",
+                  reply.error ? reply.error : "");
+        return PAM_SUCCESS;
+    }
+    unexpected(l, "CloseSession", &reply);
+    return PAM_SESSION_ERR;
+}
+
+/* The session this module registered in this handle, or NULL. */
+static const char *registered_session(pam_handle_t *pamh) {
+    const void *data = NULL;
+    if (pam_get_data(pamh, DATA_SESSION, &data) != PAM_SUCCESS)
+        return NULL;
+    return data;
+}
+
+static void forget_session(pam_handle_t *pamh) {
+    if (registered_session(pamh))
+        (void)pam_set_data(pamh, DATA_SESSION, NULL, NULL);
+    if (pam_getenv(pamh, ENV_SESSION))
+        (void)pam_putenv(pamh, ENV_SESSION);
+}
+
+/* Keeps the id for close_session and exports it; if either fails, the session is ended at once
+ * rather than left open with nobody able to end it. */
+static int remember_session(const struct login *l, const char *id) {
+    char *copy = strdup(id);
+    int r = copy ? pam_set_data(l->pamh, DATA_SESSION, copy, free_data) : PAM_BUF_ERR;
+    if (r != PAM_SUCCESS)
+        free(copy);
+    if (r == PAM_SUCCESS)
+        r = put_variable(l, ENV_SESSION, id);
+    if (r != PAM_SUCCESS) {
+        (void)end_session(l, id);
+        forget_session(l->pamh);
+        return log_ret(l, PAM_SESSION_ERR, LOG_ERR, "Cannot keep session %.8s: %s", id,
+                       pam_strerror(l->pamh, r));
+    }
+    return PAM_SUCCESS;
+}
+
+/* Why the daemon would not open the session, in one line for the person; PAM_SESSION_ERR, or
+ * PAM_IGNORE for someone it does not know whom another module authenticated. */
+static int session_refused(const struct login *l, const char *user, const struct reply *reply,
+                           bool authenticated_here) {
+    const struct json *p = reply->parameters;
+    const char *message = json_get_string(p, "message");
+    const char *reason = json_get_string(p, "reason");
+    char text[MAX_MESSAGE_LENGTH];
+    if (is_error(reply, "NoSuchPerson")) {
+        if (!authenticated_here)
+            return PAM_IGNORE;
+        complain(l, "Your account was removed from this terminal.");
+    } else if (must_sign_in_online(reply)) {
+        complain(l, message ? message : "Sign in online.");
+    } else if (is_error(reply, "PersonNotActive")) {
+        complain(l, not_active_message(json_get_string(p, "state")));
+    } else if (is_error(reply, "InvalidInput") && message) {
+        snprintf(text, sizeof(text), "Cannot open a session: %s.", message);
+        complain(l, text);
+    } else if (is_error(reply, "PermissionDenied")) {
+        complain(l, MESSAGE_UNAVAILABLE);
+    } else {
+        complain(l, MESSAGE_UNAVAILABLE);
+        unexpected(l, "OpenSession", reply);
+    }
+    return log_ret(l, PAM_SESSION_ERR, LOG_NOTICE, "No session for %s: %s%s%s", user, reply->error,
+                   reason || message ? ": " : "", reason ? reason : (message ? message : ""));
+}
+
+static int open_session(const struct login *l, bool authenticated_here) {
+    const char *user = string_item(l->pamh, PAM_USER);
+    if (!user || !login_name_is_valid(user)) {
+        forget_handover(l->pamh);
+        if (authenticated_here)
+            return log_ret(l, PAM_SESSION_ERR, LOG_ERR, "PAM_USER changed after authentication");
+        return PAM_IGNORE;
+    }
+    /* A second open_session on one handle replaces the first session rather than leaking it. */
+    const char *earlier = registered_session(l->pamh);
+    if (earlier && end_session(l, earlier) == PAM_SUCCESS)
+        forget_session(l->pamh);
+
+    _cleanup_connection_ struct connection c = CONNECTION_INIT;
+    _cleanup_erase_ char *ticket = NULL;
+    _cleanup_reply_ struct reply reply = {0};
+    int r = -ENOTCONN;
+    take_handover(l, user, &c, &ticket);
+    if (ticket) {
+        _cleanup_buffer_ struct buffer request = {0};
+        open_session_request(&request, l, user, ticket);
+        r = exchange(l, &c, &request, &reply);
+        if (r >= 0 && connection_lost(r, &reply))
+            r = -ENOTCONN;
+        if (r < 0)
+            log_debug(l, "The authentication's ticket is gone; opening the session without it");
+    }
+    if (r < 0) {
+        _cleanup_buffer_ struct buffer request = {0};
+        open_session_request(&request, l, user, NULL);
+        r = ask(l, &request, &reply);
+    }
+    if (r < 0) {
+        /* Fail closed: a person this module let in gets no session the daemon does not know. */
+        if (!authenticated_here)
+            return PAM_IGNORE;
+        complain(l, MESSAGE_UNAVAILABLE);
+        return log_ret(l, PAM_SESSION_ERR, LOG_ERR,
+                       "Cannot register the session of %s with kioskauthd; refusing", user);
+    }
+    if (reply.error)
+        return session_refused(l, user, &reply, authenticated_here);
+    const struct json *session = json_get(reply.parameters, "session");
+    const char *id = json_get_string(session, "id");
+    if (!id || !session_id_is_valid(id)) {
+        unexpected(l, "OpenSession", &(struct reply){.error = "malformed reply"});
+        return PAM_SESSION_ERR;
+    }
+    log_debug(l, "Session %.8s opened for %s%s", id, user,
+              json_get_string(session, "lastAuthenticationAt") ? ", authenticated" : "");
+    return remember_session(l, id);
+}
+
+static int close_session(const struct login *l) {
+    const char *registered = registered_session(l->pamh);
+    if (!registered)
+        return PAM_IGNORE;
+    char id[MAX_SESSION_ID_LENGTH + 1];
+    snprintf(id, sizeof(id), "%s", registered);
+    int r = end_session(l, id);
+    if (r == PAM_SUCCESS)
+        forget_session(l->pamh);
+    return r;
+}
+
 _public_ PAM_EXTERN int pam_sm_open_session(pam_handle_t *pamh, int flags, int argc,
                                             const char **argv) {
-    (void)pamh;
-    (void)flags;
-    (void)argc;
-    (void)argv;
-    return PAM_SUCCESS;
+    struct login l;
+    login_init(&l, pamh, flags, argc, argv);
+    int r = open_session(&l, authenticated_in(pamh));
+    log_debug(&l, "open_session: %s", pam_strerror(pamh, r));
+    return r;
 }
 
 _public_ PAM_EXTERN int pam_sm_close_session(pam_handle_t *pamh, int flags, int argc,
                                              const char **argv) {
-    (void)pamh;
-    (void)flags;
-    (void)argc;
-    (void)argv;
-    return PAM_SUCCESS;
+    struct login l;
+    login_init(&l, pamh, flags, argc, argv);
+    int r = close_session(&l);
+    log_debug(&l, "close_session: %s", pam_strerror(pamh, r));
+    return r;
 }
 
 /* Checks the current passcode on `c` (opened here if closed) and keeps the ticket it returns:

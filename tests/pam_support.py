@@ -38,6 +38,7 @@ PAM_AUTH_ERR = 7
 PAM_AUTHINFO_UNAVAIL = 9
 PAM_USER_UNKNOWN = 10
 PAM_MAXTRIES = 11
+PAM_SESSION_ERR = 14
 PAM_AUTHTOK_ERR = 20
 PAM_CONV_ERR = 19
 PAM_IGNORE = 25
@@ -46,8 +47,9 @@ PAM_IGNORE = 25
 ITEMS = {"tty": 3, "rhost": 4, "ruser": 8}
 PAM_USER_ITEM = 2
 PAM_ACCT_EXPIRED = 13
-# What the module exports with pam_putenv() after a successful auth; the client reports them.
-ENVIRONMENT = ("KIOSKAUTH_ROLE", "KIOSKAUTH_DISPLAY_NAME")
+# What the module exports with pam_putenv() after a successful auth (the role and name) and
+# open_session (the session); the client reports them.
+ENVIRONMENT = ("KIOSKAUTH_ROLE", "KIOSKAUTH_DISPLAY_NAME", "KIOSKAUTH_SESSION")
 
 _libpam = ctypes.CDLL("libpam.so.0")
 _libpam.pam_strerror.restype = ctypes.c_char_p
@@ -376,8 +378,10 @@ def client_main(argv: list[str]) -> int:
     parser.add_argument("--service", required=True)
     parser.add_argument("--user", default=None, help="PAM_USER at pam_start (none: NULL)")
     parser.add_argument("--item", action="append", default=[], help="tty=..., rhost=..., ruser=...")
-    parser.add_argument("operations", nargs="+", choices=sorted([*OPERATIONS, "pause"]),
-                        help="pause: report {'event': 'paused'} and wait for a line on stdin")
+    parser.add_argument("operations", nargs="+", choices=sorted([*OPERATIONS, "pause", "set_user"]),
+                        help="pause: report {'event': 'paused'} and wait for a line on stdin; "
+                             "set_user: read a line from stdin and make it PAM_USER (as a later "
+                             "module in a stack could)")
     args = parser.parse_args(argv)
 
     libc = ctypes.CDLL(None)
@@ -438,6 +442,9 @@ def client_main(argv: list[str]) -> int:
         if op == "pause":
             _emit({"event": "paused"})
             sys.stdin.readline()
+            continue
+        if op == "set_user":
+            pam.pam_set_item(handle, PAM_USER_ITEM, sys.stdin.readline().rstrip("\n").encode())
             continue
         function = getattr(pam, OPERATIONS[op])
         function.argtypes = [ctypes.c_void_p, ctypes.c_int]
