@@ -2119,6 +2119,11 @@ static int enrol_once(const struct login *l, struct activation *a) {
             continue;
         }
         if (!reply.error) {
+            /* The enrolment used the ticket up and hands its authentication on in a new one
+             * (no fresher), which is what the session hand-over needs. */
+            const char *next = json_get_string(reply.parameters, "ticket");
+            erase_and_free(a->ticket);
+            a->ticket = next ? strdup(next) : NULL;
             inform(l, MESSAGE_ENROLLED);
             return PAM_SUCCESS;
         }

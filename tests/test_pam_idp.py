@@ -385,15 +385,20 @@ def test_a_kiosk_app_in_the_kioskauth_group_signs_in_and_enrols_with_the_logins_
     shared.chmod(0o755)
     pam = PamConfig(shared)
     pam.kioskauth("kioskauth", d.socket)
-    c = Client(pam, "kioskauth", NOOR[0], "authenticate", run_as=as_user([], "nobody", ["kioskauth"]),
-               python="/usr/bin/python3")
+    c = Client(pam, "kioskauth", NOOR[0], "authenticate", "open_session",
+               run_as=as_user([], "nobody", ["kioskauth"]), python="/usr/bin/python3")
     c.expect_message(password_prompt(NOOR[0]))
     c.send(NOOR[1])
     c.expect_message(ENABLE)
     c.send("y")
     touch_each_stage(c, sensor, "noor-finger", n)
-    [result] = c.results()
+    result, opened = c.results()
     assert (result["rc"], result["user"]) == (PAM_SUCCESS, NOOR[0]), c.transcript
+    # The enrolment used the login's ticket up and handed it on: the session opened by the same
+    # conversation counts the online login as its authentication.
+    assert opened["rc"] == PAM_SUCCESS, c.transcript
+    [s] = call(d, "ListSessions", {"name": NOOR[0]})["parameters"]["sessions"]
+    assert s["state"] == "active" and s.get("lastAuthenticationAt") is not None
     assert ("info", ENROLLED) in c.messages()
     assert person(d, NOOR[0])["fingers"] == ["right-index"]
     assert [(e["action"], e["result"], e["callerUid"]) for e in call(d, "GetAudit", {})["parameters"]["events"]

@@ -144,8 +144,10 @@ extension Authority {
         guard let template else { throw APIError.own("ScanCancelled") }
         // The ticket is used up only by a successful enrolment: a failed touch does not cost
         // the person their fresh authentication.
-        if !groups.isAdmin(caller), let ticket = input.ticket, !consumeTicket(ticket, person: person, caller: caller) {
-            throw APIError.ticketInvalid
+        var spentTicket: Ticket?
+        if !groups.isAdmin(caller), let ticket = input.ticket {
+            guard let entry = takeTicket(ticket, person: person, caller: caller) else { throw APIError.ticketInvalid }
+            spentTicket = entry
         }
         // The person may have been removed while the scan ran.
         let current = try existingPerson(name, caller: caller, action: "finger.enroll")
@@ -167,7 +169,15 @@ extension Authority {
             caller, action: "finger.enroll", result: "success", person: name.rawValue, method: "fingerprint",
             detail: finger.rawValue + (duplicateChecked ? "" : " (duplicates not checked)"))
         let updated = try existingPerson(name, caller: caller, action: "finger.enroll")
-        return Message.ScanReply(person: record(updated), finger: finger.rawValue, duplicateChecked: duplicateChecked)
+        // The spent ticket's authentication is handed on, no fresher than it was, so that the
+        // login that offered enrolment can still open its session (or step up) on this connection.
+        let handedOn = spentTicket.map {
+            issueTicket(
+                for: updated, caller: caller, startedAt: $0.startedAt, issuedAt: $0.issuedAt, expires: $0.expires)
+        }
+        return Message.ScanReply(
+            person: record(updated), finger: finger.rawValue, duplicateChecked: duplicateChecked, ticket: handedOn,
+            ticketExpiresIn: spentTicket.map { max(0, Int($0.expires.timeIntervalSince(now()))) })
     }
 
     func listFingers(_ caller: Caller, _ name: String) throws(APIError) -> [String] {

@@ -502,7 +502,8 @@ public actor Authority {
     // MARK: Tickets
 
     func issueTicket(
-        for person: StoredPerson, caller: Caller, purpose: TicketPurpose = .selfService, startedAt: ClockReading? = nil
+        for person: StoredPerson, caller: Caller, purpose: TicketPurpose = .selfService, startedAt: ClockReading? = nil,
+        issuedAt: ClockReading? = nil, expires: Date? = nil
     ) -> String {
         let reading = services.clock.reading()
         let current = now()
@@ -513,8 +514,8 @@ public actor Authority {
         let ticket = Data(bytes).base64EncodedString()
         tickets[ticket] = Ticket(
             personID: person.id, connectionID: caller.connectionID,
-            expires: current.addingTimeInterval(configuration.access.ticketLifetime), purpose: purpose,
-            startedAt: startedAt ?? reading, issuedAt: reading)
+            expires: expires ?? current.addingTimeInterval(configuration.access.ticketLifetime), purpose: purpose,
+            startedAt: startedAt ?? reading, issuedAt: issuedAt ?? reading)
         return ticket
     }
 

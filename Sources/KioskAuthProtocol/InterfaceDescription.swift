@@ -267,7 +267,12 @@ method EnrollFinger(
   # The finger enrolled, on the final reply.
   finger: ?string,
   # Whether the duplicate check ran (false on verify-only readers).
-  duplicateChecked: ?bool
+  duplicateChecked: ?bool,
+  # Self-service only: the presented ticket's authentication handed on (it is used up by the
+  # enrolment), no fresher and expiring no later, so the same login can still open a session.
+  ticket: ?string,
+  # Seconds that ticket stays valid.
+  ticketExpiresIn: ?int
 )
 
 # A person's enrolled fingers (admin, or the person themself).
