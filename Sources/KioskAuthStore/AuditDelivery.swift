@@ -31,11 +31,16 @@ extension Store {
         (try? locked { storeID })?.map { String(format: "%02x", $0) }.joined() ?? ""
     }
 
+    /// The progress as recorded, whichever endpoint it belongs to; nil when nothing was ever
+    /// delivered.
+    public func recordedAuditDeliveryProgress() throws(StoreError) -> AuditDeliveryProgress? {
+        try terminalValue(AuditDeliveryProgress.self, forKey: Self.auditDeliveryKey)
+    }
+
     /// Delivery progress towards `endpoint`. A different endpoint than the one recorded starts
     /// from the beginning of the trail: nothing it holds was acknowledged by it.
     public func auditDeliveryProgress(endpoint: String) throws(StoreError) -> AuditDeliveryProgress {
-        let stored = try terminalValue(AuditDeliveryProgress.self, forKey: Self.auditDeliveryKey)
-        guard let stored, stored.endpoint == endpoint else {
+        guard let stored = try recordedAuditDeliveryProgress(), stored.endpoint == endpoint else {
             return AuditDeliveryProgress(endpoint: endpoint, deliveredThrough: 0, lastDeliveryAt: nil)
         }
         return stored
