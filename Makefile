@@ -142,6 +142,8 @@ install-files: support $(BIN_DIR)/kioskauthd $(BIN_DIR)/kioskauthctl
 	$(INSTALL) -D -m 0644 $(UDEV_RULES) $(DESTDIR)$(UDEVDIR)/rules.d/70-kioskauth.rules
 	$(INSTALL) -D -m 0644 systemd/examples/idp-network.conf \
 		$(DESTDIR)$(docdir)/examples/idp-network.conf
+	$(INSTALL) -D -m 0644 systemd/examples/audit-delivery.conf \
+		$(DESTDIR)$(docdir)/examples/audit-delivery.conf
 	$(INSTALL) -D -m 0644 docs/man/kioskauthctl.1 $(DESTDIR)$(mandir)/man1/kioskauthctl.1
 	$(INSTALL) -D -m 0644 docs/man/kioskauthd.conf.5 $(DESTDIR)$(mandir)/man5/kioskauthd.conf.5
 	$(INSTALL) -D -m 0644 docs/man/kioskauthd.8 $(DESTDIR)$(mandir)/man8/kioskauthd.8

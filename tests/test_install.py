@@ -41,6 +41,7 @@ def expected_files(install) -> dict[str, int]:
         install.make_variable("TMPFILESDIR") + "/kioskauth.conf": 0o644,
         install.make_variable("UDEVDIR") + "/rules.d/70-kioskauth.rules": 0o644,
         "/usr/share/doc/kioskauth/examples/idp-network.conf": 0o644,
+        "/usr/share/doc/kioskauth/examples/audit-delivery.conf": 0o644,
     }
     files.update({f"/usr/share/man/{page}": 0o644 for page in MAN_PAGES})
     if (REPO / "config/kioskauthd.conf").exists():

@@ -126,6 +126,45 @@ def test_security_daemonWithIdentityProviderDropIn_exposureAtMostTarget(staged):
     assert score <= EXPOSURE_TARGET, output
 
 
+@pytest.fixture
+def audit_drop_in(staged):
+    """The shipped audit-delivery example, installed as an administrator would."""
+    drop_in = staged.path("/etc/systemd/system/kioskauthd.service.d/audit-delivery.conf")
+    drop_in.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copy(staged.path("/usr/share/doc/kioskauth/examples/audit-delivery.conf"), drop_in)
+    yield drop_in
+    drop_in.unlink()
+
+
+def test_verify_daemonWithAuditDeliveryDropIn_reportsNothing(staged, audit_drop_in):
+    status, stderr = verify(staged.root, ["kioskauthd.service"])
+    assert stderr == ""
+    assert status == 0
+
+
+def test_security_daemonWithAuditDeliveryDropIn_exposureAtMostTarget(staged, audit_drop_in):
+    # Audit delivery needs the network too: the drop-in opens only the collector's addresses and
+    # loads the token credential; the rest of the hardening stays as shipped.
+    output = security(staged.root, "kioskauthd.service")
+    assert "IP address allow list with non-localhost entries" in output  # the drop-in applied
+    score = exposure_score(output, "kioskauthd.service")
+    print(f"kioskauthd.service exposure with the audit-delivery drop-in: {score}")
+    assert score <= EXPOSURE_TARGET, output
+
+
+def test_auditDeliveryDropIn_keepsTheHardeningAndLoadsTheDocumentedCredential(staged):
+    drop_in = read_unit(staged.path("/usr/share/doc/kioskauth/examples/audit-delivery.conf"))
+    service = drop_in["Service"]
+    # Only the allow list and the credential: nothing that loosens the shipped unit.
+    assert set(service) == {"IPAddressAllow", "LoadCredentialEncrypted"}
+    credential_id, sealed = service["LoadCredentialEncrypted"][0].split(":", 1)
+    assert sealed == f"/etc/credstore.encrypted/{credential_id}"
+    # The credential the drop-in loads is the one its instructions name in kioskauthd.conf.
+    text = staged.path("/usr/share/doc/kioskauth/examples/audit-delivery.conf").read_text()
+    assert f"TokenCredential={credential_id}" in text
+    assert f"--name={credential_id}" in text
+
+
 def test_security_keyUnit_exposureAtMostTarget(staged):
     output = security(staged.root, "kioskauthd-store-key.service")
     assert exposure_score(output, "kioskauthd-store-key.service") <= EXPOSURE_TARGET, output

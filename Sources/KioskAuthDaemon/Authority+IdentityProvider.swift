@@ -380,8 +380,10 @@ extension Authority {
         logger.info("identity provider reachable")
         publish(EventRecord(kind: "online", time: Self.timestamp(now)))
         if wasOffline {
-            // Let the refresher probe at once rather than after its cool-down.
+            // Let the refresher probe at once rather than after its cool-down, and send the
+            // audit events queued while offline.
             performRefreshActions(online.schedule.connectivityChanged(at: now))
+            services.auditDelivery?.networkAvailable()
         }
     }
 

@@ -111,6 +111,7 @@ public actor Authority {
             service: service, detail: detail)
         do {
             let entry = try store.appendAudit(record, now: now())
+            services.auditDelivery?.entryAppended()
             logger.info(
                 "audit",
                 metadata: [
@@ -137,6 +138,7 @@ public actor Authority {
             try store.recordAuthentication(
                 of: person, failures: failures, unlockedAt: unlocked ? at : nil, audit: record, now: at)
         }
+        services.auditDelivery?.entryAppended()
         logger.info(
             "audit",
             metadata: [
@@ -199,7 +201,32 @@ public actor Authority {
         return Message.Status(
             version: KioskAuthVersion.string, schemaVersion: Store.schemaVersion, people: count,
             socketActivated: isSocketActivated, developmentKey: usesDevelopmentKey,
-            uptimeSeconds: Int(now().timeIntervalSince(startedAt)), auditEvents: head.events, auditHead: head.headHex)
+            uptimeSeconds: Int(now().timeIntervalSince(startedAt)), auditEvents: head.events, auditHead: head.headHex,
+            auditDelivery: auditDeliveryStatus(caller, head: head.events))
+    }
+
+    /// Audit delivery as `caller` may see it: the state, the queue and the last delivery for
+    /// everyone (the trail's length is public in `GetStatus` anyway); the endpoint and why it
+    /// fails for admins only, since error text and host names describe the organisation's network.
+    func auditDeliveryStatus(_ caller: Caller, head: Int) -> AuditDeliveryStatus {
+        guard let monitor = services.auditDelivery else {
+            return AuditDeliveryStatus(configured: false, state: "off", queued: 0, lastDeliveryAt: nil)
+        }
+        let snapshot = monitor.snapshot
+        let queued = max(head - snapshot.deliveredThrough, 0)
+        let state =
+            snapshot.consecutiveFailures > 0 ? "retrying" : queued > 0 || snapshot.isSending ? "delivering" : "idle"
+        var status = AuditDeliveryStatus(
+            configured: true, state: state, queued: queued, lastDeliveryAt: snapshot.lastDeliveryAt.map(Self.timestamp))
+        if groups.isAdmin(caller) {
+            status.endpointHost = snapshot.endpointHost
+            status.deliveredThrough = snapshot.deliveredThrough
+            status.lastError = snapshot.lastError
+            status.lastErrorAt = snapshot.lastErrorAt.map(Self.timestamp)
+            status.consecutiveFailures = snapshot.consecutiveFailures
+            status.nextAttemptAt = snapshot.nextAttemptAt.map(Self.timestamp)
+        }
+        return status
     }
 
     // MARK: People

@@ -109,6 +109,8 @@ public struct DaemonConfiguration: Sendable {
     public var identityProvider = IdentityProvider()
     /// Session rules.
     public var session = Session()
+    /// Audit delivery (off unless `[AuditDelivery] Endpoint` is set).
+    public var auditDelivery = AuditDelivery()
     /// Log level: trace, debug, info, notice, warning, error, critical.
     public var logLevel = "info"
 
@@ -239,6 +241,7 @@ public struct DaemonConfiguration: Sendable {
         case ("Roles", "Coordinator"): activation.roleDescriptions["coordinator"] = value
         case ("Roles", "Family"): activation.roleDescriptions["family"] = value
         case ("IdentityProvider", _), ("Session", _): return try setOnlineKey(section: section, key: key, value: value)
+        case ("AuditDelivery", _): return try setAuditDeliveryKey(key: key, value: value)
         default: return false
         }
         return true

@@ -73,6 +73,21 @@ public enum Daemon {
         } catch {
             throw StartupError(message: "configuration: \(error.message)", exitCode: StartupError.configurationExitCode)
         }
+        let auditEndpointConfiguration: AuditEndpointClient.Configuration?
+        do {
+            auditEndpointConfiguration = try configuration.makeAuditEndpointConfiguration(
+                credentialsDirectory: paths.credentialsDirectory)
+        } catch {
+            throw StartupError(message: "configuration: \(error.message)", exitCode: StartupError.configurationExitCode)
+        }
+        var auditEndpoint: AuditEndpointClient?
+        if let auditEndpointConfiguration {
+            do { auditEndpoint = try AuditEndpointClient(configuration: auditEndpointConfiguration) } catch {
+                throw StartupError(
+                    message: "configuration: [AuditDelivery]: \(error.message)",
+                    exitCode: StartupError.configurationExitCode)
+            }
+        }
         let clock = DaemonClock.system()
         if clock.isTestClock {
             logger.warning("TEST CLOCK ACTIVE: readings are shifted by KIOSKAUTH_TEST_CLOCK_FILE (debug build, tests only)")
@@ -139,7 +154,11 @@ public enum Daemon {
             }
             logger.info("identity provider configured", metadata: ["issuer": "\(configuration.identityProvider.issuer)"])
         }
-        let onlineServices = OnlineServices(clock: clock, provider: provider)
+        let auditMonitor = auditEndpoint.map { AuditDeliveryMonitor(endpointHost: $0.endpointHost) }
+        if let auditEndpoint {
+            logger.info("audit delivery configured", metadata: ["endpoint": "\(auditEndpoint.endpointHost)"])
+        }
+        let onlineServices = OnlineServices(clock: clock, provider: provider, auditDelivery: auditMonitor)
         let authority = Authority(
             store: store, configuration: configuration, groups: groups, hashingPool: hashingPool,
             isSocketActivated: listenFD != nil, usesDevelopmentKey: { if case .developmentKeyFile = source { true } else { false } }(),
@@ -164,6 +183,14 @@ public enum Daemon {
         if let provider {
             services.append(
                 .init(service: RefreshService(authority: authority, provider: provider, wakeup: onlineServices.refreshWakeup, logger: logger)))
+        }
+        if let auditEndpoint, let auditMonitor {
+            services.append(
+                .init(
+                    service: AuditDeliveryService(
+                        store: store, client: auditEndpoint, monitor: auditMonitor,
+                        endpoint: configuration.auditDelivery.endpoint, policy: configuration.auditDelivery.policy,
+                        terminal: hostName(), logger: logger, now: { clock.now() })))
         }
         services.append(.init(service: TimekeepingService(authority: authority, wakeup: onlineServices.sessionWakeup, events: onlineServices.events)))
         if let interval = SystemdNotifier.watchdogInterval() {
@@ -192,6 +219,13 @@ public enum Daemon {
         try? await hashingPool.shutdownGracefully()
         try? await eventLoops.shutdownGracefully()
         logger.info("stopped")
+    }
+
+    /// The kernel's host name (never a DNS lookup, which could block start-up).
+    static func hostName() -> String {
+        var buffer = [CChar](repeating: 0, count: 256)
+        guard gethostname(&buffer, buffer.count - 1) == 0 else { return "" }
+        return String(decoding: buffer.prefix(while: { $0 != 0 }).map { UInt8(bitPattern: $0) }, as: UTF8.self)
     }
 
     static func createDirectory(_ path: String, mode: mode_t) throws {

@@ -15,11 +15,18 @@ public struct OnlineServices: Sendable {
     let events = EventHub()
     let refreshWakeup = Wakeup()
     let sessionWakeup = Wakeup()
+    /// Audit delivery's status and wake-ups; nil when `[AuditDelivery] Endpoint` is empty.
+    let auditDelivery: AuditDeliveryMonitor?
 
     /// Bundles the clock and the provider.
     public init(clock: DaemonClock = .system(), provider: (any IdentityProvider)? = nil) {
+        self.init(clock: clock, provider: provider, auditDelivery: nil)
+    }
+
+    init(clock: DaemonClock, provider: (any IdentityProvider)?, auditDelivery: AuditDeliveryMonitor?) {
         self.clock = clock
         self.provider = provider
+        self.auditDelivery = auditDelivery
     }
 }
 

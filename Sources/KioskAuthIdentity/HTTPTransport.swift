@@ -38,6 +38,8 @@ struct HTTPRequest: Sendable {
 struct HTTPResponse: Sendable {
     var status: Int
     var body: Data
+    /// Header fields, names lowercased.
+    var headers: [String: String] = [:]
 }
 
 /// `application/x-www-form-urlencoded` (the WHATWG serialisation: unreserved bytes as is,
@@ -222,7 +224,11 @@ private final class Exchange: Sendable {
             return .failure(
                 IdentityError(.connectionLost, "the connection closed without an answer", isAmbiguous: sent))
         }
-        return .success(HTTPResponse(status: response.statusCode, body: state.body))
+        var headers: [String: String] = [:]
+        for case (let name as String, let value as String) in response.allHeaderFields {
+            headers[name.lowercased()] = value
+        }
+        return .success(HTTPResponse(status: response.statusCode, body: state.body, headers: headers))
     }
 
     private static func classify(_ error: any Error, sent: Bool) -> IdentityError {

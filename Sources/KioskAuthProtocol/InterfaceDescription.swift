@@ -140,6 +140,34 @@ type AuditEvent (
   mac: string
 )
 
+# Delivery of the audit trail to the organisation's HTTP endpoint ([AuditDelivery] in
+# kioskauthd.conf): at least once, in order, each event under an id that never changes.
+# Everyone sees whether it is configured, its state, the queue and the last delivery; the
+# endpoint and the reasons for failures are for root and the kioskauth-admin group only.
+type AuditDeliveryStatus (
+  # Whether an endpoint is configured.
+  configured: bool,
+  # "off" (not configured), "idle" (everything delivered), "delivering" (events queued, going
+  # out now), "retrying" (the last attempt failed; the events stay queued and are retried).
+  state: string,
+  # Audit events not yet acknowledged by the endpoint.
+  queued: int,
+  # When the endpoint last acknowledged a batch (RFC 3339).
+  lastDeliveryAt: ?string,
+  # Admins: the endpoint's host, with the port when the URL names one.
+  endpointHost: ?string,
+  # Admins: the highest sequence number the endpoint acknowledged.
+  deliveredThrough: ?int,
+  # Admins: why the last attempt failed, until a batch is accepted again.
+  lastError: ?string,
+  # Admins: when it failed (RFC 3339).
+  lastErrorAt: ?string,
+  # Admins: failed attempts since the last accepted batch.
+  consecutiveFailures: ?int,
+  # Admins: when the failed batch goes out again (RFC 3339).
+  nextAttemptAt: ?string
+)
+
 # Daemon and store status.
 method GetStatus() -> (
   # Daemon version.
@@ -157,7 +185,9 @@ method GetStatus() -> (
   # Number of audit events.
   auditEvents: int,
   # MAC at the head of the audit chain (hex).
-  auditHead: string
+  auditHead: string,
+  # Delivery of the audit trail to an HTTP endpoint.
+  auditDelivery: AuditDeliveryStatus
 )
 
 # Create a local person pending activation (admin). The reply carries their one-time

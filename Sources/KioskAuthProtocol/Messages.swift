@@ -115,9 +115,11 @@ public enum Message {
         public var uptimeSeconds: Int
         public var auditEvents: Int
         public var auditHead: String
+        /// Absent only from daemons older than audit delivery.
+        public var auditDelivery: AuditDeliveryStatus?
         public init(
             version: String, schemaVersion: Int, people: Int, socketActivated: Bool, developmentKey: Bool,
-            uptimeSeconds: Int, auditEvents: Int, auditHead: String
+            uptimeSeconds: Int, auditEvents: Int, auditHead: String, auditDelivery: AuditDeliveryStatus?
         ) {
             self.version = version
             self.schemaVersion = schemaVersion
@@ -127,6 +129,7 @@ public enum Message {
             self.uptimeSeconds = uptimeSeconds
             self.auditEvents = auditEvents
             self.auditHead = auditHead
+            self.auditDelivery = auditDelivery
         }
     }
 
@@ -436,5 +439,37 @@ extension Message {
             self.reason = reason
             self.person = person
         }
+    }
+}
+
+/// Where delivery of the audit trail to the organisation's HTTP endpoint stands. The fields after
+/// `lastDeliveryAt` are filled for admins only.
+public struct AuditDeliveryStatus: Codable, Sendable, Equatable {
+    public var configured: Bool
+    public var state: String
+    public var queued: Int
+    public var lastDeliveryAt: String?
+    public var endpointHost: String?
+    public var deliveredThrough: Int?
+    public var lastError: String?
+    public var lastErrorAt: String?
+    public var consecutiveFailures: Int?
+    public var nextAttemptAt: String?
+
+    public init(
+        configured: Bool, state: String, queued: Int, lastDeliveryAt: String?, endpointHost: String? = nil,
+        deliveredThrough: Int? = nil, lastError: String? = nil, lastErrorAt: String? = nil,
+        consecutiveFailures: Int? = nil, nextAttemptAt: String? = nil
+    ) {
+        self.configured = configured
+        self.state = state
+        self.queued = queued
+        self.lastDeliveryAt = lastDeliveryAt
+        self.endpointHost = endpointHost
+        self.deliveredThrough = deliveredThrough
+        self.lastError = lastError
+        self.lastErrorAt = lastErrorAt
+        self.consecutiveFailures = consecutiveFailures
+        self.nextAttemptAt = nextAttemptAt
     }
 }

@@ -147,7 +147,7 @@ extension Store {
         return relaxesOnly ? try deferredSyncTransaction(write) : try transaction(write)
     }
 
-    private func decodeAudit(_ row: SQLRow) -> AuditEntry {
+    func decodeAudit(_ row: SQLRow) -> AuditEntry {
         AuditEntry(
             sequence: row["seq"].int ?? 0,
             timeMicroseconds: Int64(row["time_us"].int ?? 0),

@@ -214,6 +214,7 @@ struct Status: ParsableCommand {
         print("store key:    \(status.developmentKey ? "DEVELOPMENT KEY FILE (not for production)" : "systemd credential")")
         print("uptime:       \(status.uptimeSeconds) s")
         print("audit:        \(status.auditEvents) events, head \(status.auditHead.prefix(16))…")
+        if let delivery = status.auditDelivery { printAuditDelivery(delivery) }
         guard let connectivity = try? global.call("GetConnectivity", Message.Empty(), as: Message.Connectivity.self) else {
             return
         }
@@ -232,6 +233,28 @@ struct Status: ParsableCommand {
             print(window)
         }
         print("revocation queue: \(connectivity.outboxPending) pending\(connectivity.lastDeliveryAt.map { ", last delivery \($0)" } ?? "")\(connectivity.lastDeliveryError.map { ", last error: \($0)" } ?? "")")
+    }
+}
+
+/// The audit-delivery lines of `status`; admins see the endpoint and the failure.
+func printAuditDelivery(_ delivery: AuditDeliveryStatus) {
+    guard delivery.configured else {
+        print("audit delivery: off (no [AuditDelivery] Endpoint= configured)")
+        return
+    }
+    var line = "audit delivery: \(delivery.state)"
+    if let host = delivery.endpointHost { line += " to \(host)" }
+    line += ", \(delivery.queued) event\(delivery.queued == 1 ? "" : "s") queued"
+    line += ", last delivery \(delivery.lastDeliveryAt ?? "never")"
+    print(line)
+    if let error = delivery.lastError {
+        var details: [String] = []
+        if let at = delivery.lastErrorAt { details.append("at \(at)") }
+        if let attempts = delivery.consecutiveFailures {
+            details.append("\(attempts) failed attempt\(attempts == 1 ? "" : "s") in a row")
+        }
+        print("  last error: \(error)" + (details.isEmpty ? "" : " (\(details.joined(separator: ", ")))"))
+        if let next = delivery.nextAttemptAt { print("  next attempt: \(next)") }
     }
 }
 
