@@ -274,3 +274,30 @@ def test_usage_errors_exit_2_and_failures_exit_1(daemon):
     r = subprocess.run([str(KIOSKAUTHCTL), "status", "--socket", "/nonexistent/sock"],
                        capture_output=True, text=True)
     assert r.returncode == 1 and "cannot reach kioskauthd" in r.stderr
+
+
+def test_log_lines_carry_syslog_priorities_when_stderr_is_the_journal(make_daemon):
+    """Under systemd, JOURNAL_STREAM names stderr's device:inode: each line then starts with its
+    priority (<6> info, <4> warning, ...) for journald, without a timestamp of its own. Anywhere
+    else (JOURNAL_STREAM absent, or naming another file) lines keep a timestamp and a level word."""
+    d = make_daemon(config=FAST_HASH_CONFIG)
+    d.log_path.touch()
+    st = d.log_path.stat()
+    d.extra_env["JOURNAL_STREAM"] = f"{st.st_dev}:{st.st_ino}"
+    d.start()
+    add(d, "sarah")
+    assert set_passcode(d, "sarah", "482913").returncode == 0
+    assert verify(d, "sarah", "000001").returncode == 1
+    d.close()
+    lines = [line for line in d.log_text().splitlines() if line]
+    assert lines and all(line[:3] in ("<2>", "<3>", "<4>", "<5>", "<6>", "<7>") for line in lines), lines
+    assert any(line.startswith("<6>audit ") and "action=passcode.verify" in line for line in lines), lines
+    assert not any("info kioskauthd:" in line for line in lines)
+
+    other = make_daemon(config=FAST_HASH_CONFIG)
+    other.extra_env["JOURNAL_STREAM"] = f"{st.st_dev}:{st.st_ino}"  # not this daemon's stderr
+    other.start()
+    other.close()
+    plain = [line for line in other.log_text().splitlines() if line]
+    assert plain and not any(line.startswith("<") for line in plain)
+    assert any(" info kioskauthd: " in line for line in plain), plain

@@ -1,6 +1,6 @@
 public import Foundation
 public import KioskAuthCore
-public import KioskAuthIdentity
+import KioskAuthIdentity
 
 extension DaemonConfiguration {
     /// Delivery of the audit trail to the organisation's HTTP collector (off unless

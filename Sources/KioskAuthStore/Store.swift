@@ -263,6 +263,7 @@ public final class Store: @unchecked Sendable {
     }
 
     /// Runs `body` in one durable transaction under the store lock.
+    @discardableResult
     func transaction<T>(_ body: (SQLiteConnection) throws -> T) throws(StoreError) -> T {
         try locked { try connection.transaction { try body(connection) } }
     }

@@ -49,7 +49,7 @@ struct KioskAuthD: AsyncParsableCommand {
         umask(0o077)
         let level = logLevel.flatMap(Logger.Level.init(rawValue:)) ?? .info
         LoggingSystem.bootstrap { label in
-            var handler = StreamLogHandler.standardError(label: label)
+            var handler = JournalLogHandler(label: label)
             handler.logLevel = level
             return handler
         }

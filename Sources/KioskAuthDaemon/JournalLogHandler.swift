@@ -1,0 +1,113 @@
+public import Logging
+
+#if canImport(Glibc)
+    import Glibc
+#endif
+
+/// Log lines for systemd's journal: when standard error is the journal stream (`JOURNAL_STREAM`
+/// names its device and inode), each line starts with its syslog priority (`<6>`), so journald
+/// files it at the right level, and carries no timestamp of its own (the journal adds one).
+/// Otherwise lines look like swift-log's stream handler: a timestamp, the level, the label.
+///
+/// One `write(2)` per line, so lines from several threads never interleave.
+public struct JournalLogHandler: LogHandler {
+    public var metadata: Logger.Metadata = [:]
+    public var logLevel: Logger.Level = .info
+    public var metadataProvider: Logger.MetadataProvider?
+    private let label: String
+    private let toJournal: Bool
+
+    public init(label: String, toJournal: Bool = JournalLogHandler.standardErrorIsJournal()) {
+        self.label = label
+        self.toJournal = toJournal
+    }
+
+    public subscript(metadataKey key: String) -> Logger.Metadata.Value? {
+        get { metadata[key] }
+        set { metadata[key] = newValue }
+    }
+
+    /// Whether standard error is connected to the journal (systemd sets `JOURNAL_STREAM` to
+    /// `DEVICE:INODE` of the stream it gave the service).
+    public static func standardErrorIsJournal() -> Bool {
+        guard let value = getenv("JOURNAL_STREAM").map({ String(cString: $0) }) else { return false }
+        let parts = value.split(separator: ":")
+        guard parts.count == 2, let device = UInt64(parts[0]), let inode = UInt64(parts[1]) else { return false }
+        var status = stat()
+        guard fstat(2, &status) == 0 else { return false }
+        return UInt64(status.st_dev) == device && UInt64(status.st_ino) == inode
+    }
+
+    /// The syslog priority of a level.
+    public static func priority(of level: Logger.Level) -> Int {
+        switch level {
+        case .trace, .debug: return 7
+        case .info: return 6
+        case .notice: return 5
+        case .warning: return 4
+        case .error: return 3
+        case .critical: return 2
+        }
+    }
+
+    /// One line, newline included.
+    public static func line(
+        level: Logger.Level, label: String, message: String, metadata: Logger.Metadata, toJournal: Bool,
+        timestamp: () -> String
+    ) -> String {
+        var text = toJournal ? "<\(priority(of: level))>" : "\(timestamp()) \(level) \(label): "
+        text += message.replacing("\n", with: "\\n")
+        for key in metadata.keys.sorted() {
+            text += " \(key)=\(quoted("\(metadata[key]!)"))"
+        }
+        return text + "\n"
+    }
+
+    /// A metadata value as one token: quoted when it has spaces, quotes or control characters.
+    static func quoted(_ value: String) -> String {
+        guard value.isEmpty || value.contains(where: { $0 == " " || $0 == "\"" || $0 == "=" || $0.isNewline }) else {
+            return value
+        }
+        var out = "\""
+        for character in value {
+            switch character {
+            case "\"": out += "\\\""
+            case "\\": out += "\\\\"
+            case "\n": out += "\\n"
+            case "\r": out += "\\r"
+            default: out.append(character)
+            }
+        }
+        return out + "\""
+    }
+
+    public func log(event: LogEvent) {
+        var merged = metadata
+        if let provided = metadataProvider?.get() { merged.merge(provided) { $1 } }
+        if let extra = event.metadata { merged.merge(extra) { $1 } }
+        let text = Self.line(
+            level: event.level, label: label, message: "\(event.message)", metadata: merged, toJournal: toJournal,
+            timestamp: Self.timestamp)
+        var bytes = Array(text.utf8)
+        bytes.withUnsafeMutableBytes { buffer in
+            var offset = 0
+            while offset < buffer.count {
+                let written = write(2, buffer.baseAddress! + offset, buffer.count - offset)
+                if written < 0 {
+                    if errno == EINTR { continue }
+                    return
+                }
+                offset += written
+            }
+        }
+    }
+
+    private static func timestamp() -> String {
+        var now = time(nil)
+        var parts = tm()
+        localtime_r(&now, &parts)
+        var buffer = [CChar](repeating: 0, count: 32)
+        let count = strftime(&buffer, buffer.count, "%Y-%m-%dT%H:%M:%S%z", &parts)
+        return String(decoding: buffer[..<count].map { UInt8(bitPattern: $0) }, as: UTF8.self)
+    }
+}
