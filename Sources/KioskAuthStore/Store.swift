@@ -273,10 +273,17 @@ public final class Store: @unchecked Sendable {
     /// back to a durable commit when the WAL file cannot be synced from here.
     func deferredSyncTransaction<T>(_ body: (SQLiteConnection) throws -> T) throws(StoreError) -> T {
         guard walSync.available() else { return try transaction(body) }
-        let result = try locked { try connection.transaction(synchronous: false) { try body(connection) } }
+        let result = try locked {
+            let result = try connection.transaction(synchronous: false) { try body(connection) }
+            deferredSyncCommits += 1
+            return result
+        }
         walSync.request()
         return result
     }
+
+    /// Commits made without waiting for `fsync` (for tests). Guarded by the store's lock.
+    private(set) var deferredSyncCommits = 0
 
     // MARK: People
 
