@@ -262,7 +262,7 @@ extension Authority {
         let current = try existingPerson(name, caller: caller, action: "finger.verify")
         var failures = current.failures
         let fallbackRequired = credentialGuard.recordFingerprint(matched: matched, in: &failures)
-        try recordAuthentication(
+        let updated = try recordAuthentication(
             caller, person: current, failures: failures, unlocked: matched, action: "finger.verify",
             result: matched ? "success" : "failure", method: "fingerprint", service: service,
             detail: matched ? nil : "no match; failures=\(failures.fingerprintFailures)")
@@ -275,7 +275,6 @@ extension Authority {
                     "fallback": .string(fallback(for: current)),
                 ])
         }
-        let updated = try existingPerson(name, caller: caller, action: "finger.verify")
         return Message.ScanReply(
             person: record(updated), ticket: issueTicket(for: updated, caller: caller, startedAt: scanStarted),
             ticketExpiresIn: Int(configuration.access.ticketLifetime))
@@ -354,10 +353,9 @@ extension Authority {
         try checkOfflineUnlock(caller, person, action: "finger.identify", method: "fingerprint", service: service)
         var failures = person.failures
         credentialGuard.recordFingerprint(matched: true, in: &failures)
-        try recordAuthentication(
+        let updated = try recordAuthentication(
             caller, person: person, failures: failures, unlocked: true, action: "finger.identify", result: "success",
             method: "fingerprint", service: service, detail: "roster \(roster.fingers.count)")
-        let updated = try existingPerson(person.name, caller: caller, action: "finger.identify")
         return Message.ScanReply(
             person: record(updated), ticket: issueTicket(for: updated, caller: caller, startedAt: scanStarted),
             ticketExpiresIn: Int(configuration.access.ticketLifetime), rosterSize: roster.fingers.count)

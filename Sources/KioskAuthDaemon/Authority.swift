@@ -126,10 +126,13 @@ public actor Authority {
 
     /// Saves an authentication's effects — failure counters, the unlock time on success — and
     /// its audit entry in one durable commit, and writes the new audit head to the journal.
+    /// Records an authentication's outcome (counters, unlock time, audit) in one transaction and
+    /// returns the person as it now stands, without reading them back.
+    @discardableResult
     func recordAuthentication(
         _ caller: Caller, person: StoredPerson, failures: CredentialFailureState, unlocked: Bool, action: String,
         result: String, method: String, service: String?, detail: String? = nil
-    ) throws(APIError) {
+    ) throws(APIError) -> StoredPerson {
         let record = AuditRecord(
             action: action, result: result, person: person.name.rawValue, method: method, callerUID: caller.uid,
             callerPID: caller.pid, service: service, detail: detail)
@@ -145,6 +148,10 @@ public actor Authority {
                 "action": "\(action)", "result": "\(result)", "person": "\(person.name.rawValue)",
                 "audit_seq": "\(entry.sequence)", "audit_head": "\(entry.macHex)",
             ])
+        var updated = person
+        updated.failures = failures
+        if unlocked { updated.lastUnlockAt = at }
+        return updated
     }
 
     func requireAdmin(_ caller: Caller, action: String, person: String? = nil) throws(APIError) {
@@ -477,15 +484,12 @@ public actor Authority {
         if matched {
             var cleared = before
             _ = credentialGuard.recordPasscode(matched: true, in: &cleared, now: now())
-            try recordAuthentication(
+            let current = try recordAuthentication(
                 caller, person: person, failures: cleared, unlocked: true, action: "passcode.verify", result: "success",
                 method: "passcode", service: service)
-            let current = try withStore(caller, action: "passcode.verify", person: name.rawValue) {
-                () throws(StoreError) in try store.person(named: name)
-            }
             let ticket = issueTicket(for: person, caller: caller)
             return Message.Verified(
-                person: record(current ?? person), ticket: ticket,
+                person: record(current), ticket: ticket,
                 ticketExpiresIn: Int(configuration.access.ticketLifetime))
         }
         audit(
