@@ -527,6 +527,32 @@ class Controls:
         return JsonResponse({"error": "unknown_action"}, status=404)
 
 
+def warm_up(issuer, client_id, client_secret):
+    """One request to each kind of endpoint before saying ready. Django and oauthlib import most
+    of their code on the first request, which on a loaded machine can take longer than a client's
+    request timeout; a daemon whose refresh times out that way has its token rotated with the
+    answer lost (a true ambiguous outcome, but not the one a test means to set up). Nothing here
+    changes state: an unknown grant type is refused before any token is looked at."""
+    import base64
+    import urllib.error
+    import urllib.request
+
+    basic = base64.b64encode(f"{client_id}:{client_secret}".encode()).decode()
+    requests = [
+        urllib.request.Request(issuer + "/.well-known/openid-configuration"),
+        urllib.request.Request(issuer + "/.well-known/jwks.json"),
+        urllib.request.Request(
+            issuer + "/token/", data=b"grant_type=urn%3Akioskauth%3Awarm-up", method="POST",
+            headers={"Content-Type": "application/x-www-form-urlencoded", "Authorization": f"Basic {basic}"}),
+    ]
+    for request in requests:
+        try:
+            with urllib.request.urlopen(request, timeout=30) as response:
+                response.read()
+        except (urllib.error.URLError, OSError):
+            pass
+
+
 def make_app(django_app, faults):
     """Serialise Django (one SQLite writer at a time) and apply injected faults.
 
@@ -576,7 +602,12 @@ def main(argv=None):
     _QuietHandler.verbose = args.verbose
     # Django logs every 4xx ("Bad Request: /token/"); expected refusals are the point of tests.
     logging.getLogger("django").setLevel(logging.DEBUG if args.verbose else logging.CRITICAL)
-    httpd = _ThreadingWSGIServer((LOOPBACK, args.port), _QuietHandler)
+    # Bound now (the issuer URL needs the port) but listening only once everything is set up: a
+    # bound socket that does not listen refuses connections, as a server that is not there yet
+    # should. Listening early would queue a client's request in the backlog while Django starts,
+    # then process it after the client had given up — a restart turned into a lost response.
+    httpd = _ThreadingWSGIServer((LOOPBACK, args.port), _QuietHandler, bind_and_activate=False)
+    httpd.server_bind()
     port = httpd.server_address[1]
     issuer = f"http://{LOOPBACK}:{port}"
 
@@ -652,8 +683,10 @@ def main(argv=None):
 
         httpd.set_app(make_app(get_wsgi_application(), faults))
 
+        httpd.server_activate()
         serving = threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": 0.1}, daemon=True)
         serving.start()
+        warm_up(issuer, args.client_id, args.client_secret)
         ready = {
             "issuer": issuer,
             "port": port,
