@@ -369,9 +369,14 @@ extension Authority {
 
     // MARK: Reachability
 
-    /// The provider answered (with tokens, or with a refusal): it is online.
+    /// The provider answered (with tokens, with a refusal, or a reachability probe's success):
+    /// it is online.
+    ///
+    /// This is reachability only. It records nobody's contact for the offline window: that
+    /// happens where a person's own tokens were obtained (login, refresh), never here.
     func noteProviderAnswered() {
         let now = now()
+        noteTraffic()
         online.reachability.lastAnswer = now
         guard online.reachability.state != .online else { return }
         let wasOffline = online.reachability.state == .offline
@@ -380,15 +385,19 @@ extension Authority {
         logger.info("identity provider reachable")
         publish(EventRecord(kind: "online", time: Self.timestamp(now)))
         if wasOffline {
-            // Let the refresher probe at once rather than after its cool-down, and send the
-            // audit events queued while offline.
+            // Let the refresher probe at once rather than after its cool-down, send the
+            // revocations queued while offline without waiting out their backoff, and the audit
+            // events queued meanwhile.
             performRefreshActions(online.schedule.connectivityChanged(at: now))
+            online.outboxRetryNow = true
+            services.refreshWakeup.signal()
             services.auditDelivery?.networkAvailable()
         }
     }
 
     /// The provider could not be reached (or failed): it is offline since now, if it was not.
     func noteProviderUnavailable(_ reason: String) {
+        noteTraffic()
         guard online.reachability.state != .offline else { return }
         let now = now()
         online.reachability.state = .offline

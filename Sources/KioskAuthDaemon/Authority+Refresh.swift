@@ -152,9 +152,10 @@ extension Authority {
 
     // MARK: The refresh service's side
 
-    /// Fires the timers that are due and returns the work to start now, and how long the
-    /// service may sleep before asking again.
-    func refreshTick() -> (jobs: [RefreshJob], deliveries: [DeliveryJob], sleep: Duration) {
+    /// Fires the timers that are due and returns the work to start now (refreshes, deliveries
+    /// and, with its timeout, a reachability probe), and how long the service may sleep before
+    /// asking again.
+    func refreshTick() -> (jobs: [RefreshJob], deliveries: [DeliveryJob], probe: Duration?, sleep: Duration) {
         let now = now()
         for (person, at) in online.refreshTimers where at <= now {
             online.refreshTimers[person] = nil
@@ -171,7 +172,10 @@ extension Authority {
         if case .open(let until) = online.schedule.circuit, until > now { circuitOpen = true }
         let room = Self.maximumConcurrentDeliveries - online.deliveriesInFlight.count
         if services.provider != nil, !circuitOpen, room > 0 {
-            let due = (try? store.dueOutboxItems(now: now, limit: room + online.deliveriesInFlight.count)) ?? []
+            // Just back online: every queued item is due, whatever its backoff said.
+            let dueBy = online.outboxRetryNow ? Date.distantFuture : now
+            online.outboxRetryNow = false
+            let due = (try? store.dueOutboxItems(now: dueBy, limit: room + online.deliveriesInFlight.count)) ?? []
             for item in due where !online.deliveriesInFlight.contains(item.id) && deliveries.count < room {
                 guard let secret = item.secret else {
                     try? store.markDelivered(item.id, now: now)
@@ -193,9 +197,11 @@ extension Authority {
         if let outbox = try? store.nextOutboxAttempt(), online.deliveriesInFlight.isEmpty || outbox > now {
             next = min(next ?? outbox, outbox)
         }
-        let sleep =
+        var sleep =
             next.map { Duration.milliseconds(Int64(max(0, $0.timeIntervalSince(now)) * 1000)) } ?? .seconds(3600)
-        return (jobs, deliveries, sleep)
+        let probe = takeProbe()
+        if let probeSleep = probe.sleep { sleep = min(sleep, probeSleep) }
+        return (jobs, deliveries, probe.timeout, sleep)
     }
 
     /// Reports how a refresh ended.

@@ -53,6 +53,11 @@ extension DaemonConfiguration {
         public var circuitBreakerThreshold = 5
         /// How long the circuit breaker stays open at first; doubles per failed probe.
         public var circuitCoolDown: TimeInterval = 30
+        /// Probe the provider's reachability when nothing has talked to it for this long (and
+        /// once at the start); 0: never probe.
+        public var probeInterval: TimeInterval = 300
+        /// The longest a reachability probe may take (never longer than `requestTimeout`).
+        public var probeTimeout: TimeInterval = 5
 
         /// Whether an identity provider is configured.
         public var isEnabled: Bool { !issuer.isEmpty }
@@ -151,6 +156,10 @@ extension DaemonConfiguration {
             identityProvider.circuitBreakerThreshold = number
         case ("IdentityProvider", "CircuitCoolDownSec"):
             identityProvider.circuitCoolDown = try seconds(value, 1...86400)
+        case ("IdentityProvider", "ProbeIntervalSec"):
+            identityProvider.probeInterval = try seconds(value, 0...86400)
+        case ("IdentityProvider", "ProbeTimeoutSec"):
+            identityProvider.probeTimeout = try seconds(value, 0.1...300)
         case ("Session", "IdleTimeoutSec"): session.idleTimeout = try seconds(value, 1...(7 * 86400))
         case ("Session", "MaxAgeSec"): session.maximumAge = try seconds(value, 0...(30 * 86400))
         case ("Session", "OvernightCutoff"):

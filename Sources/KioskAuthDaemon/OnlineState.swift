@@ -38,11 +38,14 @@ struct CachedAccessToken {
 }
 
 /// The terminal's view of the identity provider's reachability, from the outcomes of the
-/// requests the daemon makes anyway (logins, refreshes, revocations).
+/// requests the daemon makes anyway (logins, refreshes, revocations) and of its reachability
+/// probes (`ReachabilityProbeSchedule`), which fill the gaps when nothing else talks to it.
 struct ProviderReachability {
     enum State: String { case unknown, online, offline }
     var state = State.unknown
     var since: Date?
+    /// The last time the provider answered anything, a probe included. Terminal-wide; it is
+    /// not anybody's contact for the offline window.
     var lastAnswer: Date?
 }
 
@@ -113,6 +116,10 @@ final class OnlineState {
     /// Outbox items being delivered now.
     var deliveriesInFlight: Set<Int64> = []
     var reachability = ProviderReachability()
+    /// When to probe the provider's reachability.
+    var probe: ReachabilityProbeSchedule
+    /// The provider came back: send the queued revocations now, whatever their backoff says.
+    var outboxRetryNow = false
     /// Open sessions by id.
     var sessions: [String: SessionEntry] = [:]
     /// When the offline window last took an observation (boot clock).
@@ -120,6 +127,8 @@ final class OnlineState {
 
     init(configuration: DaemonConfiguration) {
         let idp = configuration.identityProvider
+        probe = ReachabilityProbeSchedule(
+            policy: .init(interval: idp.probeInterval > 0 ? .milliseconds(Int64(idp.probeInterval * 1000)) : nil))
         offlineWindow = OfflineWindow(policy: .init(window: .milliseconds(Int64(idp.offlineWindow * 1000))))
         schedule = RefreshSchedule(
             policy: RefreshPolicy(

@@ -3,8 +3,8 @@ import KioskAuthIdentity
 import Logging
 import ServiceLifecycle
 
-/// Sends the refreshes and queued revocations the authority hands it, and reports how each
-/// ended. All decisions (when, whether, what a failure means) are the authority's; this service
+/// Sends the refreshes, queued revocations and reachability probes the authority hands it, and
+/// reports how each ended. All decisions (when, whether, what a failure means) are the authority's; this service
 /// owns only the waiting and the network I/O, which never happens inside the authority actor.
 ///
 /// It wakes when a timer is due or when the authority signals new work, and at least every
@@ -31,6 +31,9 @@ struct RefreshService: Service {
                     for delivery in work.deliveries {
                         group.addTask { await deliver(delivery) }
                     }
+                    if let timeout = work.probe {
+                        group.addTask { await probe(timeout: timeout) }
+                    }
                     await wakeup.wait(upTo: min(work.sleep, Self.maximumSleep))
                 }
                 // Requests still out are cancelled; their in-flight records make the next start
@@ -56,6 +59,19 @@ struct RefreshService: Service {
         }
         if Task.isCancelled { return }
         await authority.completeRefresh(job, result)
+    }
+
+    private func probe(timeout: Duration) async {
+        var failure: (any Error)?
+        do {
+            try await provider.probe(timeout: timeout)
+        } catch {
+            failure = error
+        }
+        // At shutdown nobody needs the answer; otherwise report even a cancellation, which
+        // frees the probe slot.
+        if Task.isCancelled { return }
+        await authority.completeProbe(error: failure)
     }
 
     private func deliver(_ job: DeliveryJob) async {

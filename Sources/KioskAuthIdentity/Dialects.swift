@@ -17,6 +17,14 @@ struct OIDCRequests: Sendable {
 
     let clientID: String
     let clientSecret: CredentialSecret?
+
+    /// OpenID Connect Discovery 1.0 §4: `{issuer}/.well-known/openid-configuration`, with any
+    /// trailing slash of the issuer dropped.
+    static func discoveryURL(issuer: URL) -> URL? {
+        var base = issuer.absoluteString
+        while base.hasSuffix("/") { base.removeLast() }
+        return URL(string: base + "/.well-known/openid-configuration")
+    }
     let authentication: IdentityProviderConfiguration.ClientAuthentication
     let scopes: [String]
 
@@ -116,6 +124,15 @@ struct SupabaseRequests: Sendable {
             method: "POST", url: Self.adding(query: "scope=local", to: endpoints.logout!), headers: headers, body: nil)
     }
 
+    /// GoTrue's health check, `GET {project}/auth/v1/health`: no user, no token, no side
+    /// effect. The Supabase API gateway admits it only with the project's `apikey`; GoTrue
+    /// answers 200 with `{"version": …, "name": "GoTrue", "description": …}`.
+    func health(project: URL) throws -> HTTPRequest {
+        var request = HTTPRequest.get(Self.authBase(project: project).appendingPathComponent("health"))
+        request.headers.merge(try keyHeaders()) { _, key in key }
+        return request
+    }
+
     private func keyHeaders() throws -> [String: String] {
         ["apikey": try apiKey.withText { $0 }]
     }
@@ -124,5 +141,50 @@ struct SupabaseRequests: Sendable {
         var components = URLComponents(url: url, resolvingAgainstBaseURL: false)!
         components.percentEncodedQuery = query
         return components.url!
+    }
+}
+
+/// What a reachability probe asks for, and the only answer that proves the provider reachable.
+enum ReachabilityProbe: Sendable, Equatable {
+    /// The discovery document of this issuer: 2xx, a JSON object naming the issuer.
+    case discovery(issuer: URL)
+    /// A JWKS: 2xx, a JSON object with a `keys` array.
+    case jwks(URL)
+    /// GoTrue's health check: 2xx, a JSON object.
+    case supabaseHealth(project: URL)
+
+    /// Checks the answer to the probe.
+    ///
+    /// - Throws: ``IdentityError``: `serverError` for 5xx and 429 (the provider is failing:
+    ///   as good as unreachable), `invalidResponse` for any other answer than the expected one.
+    func check(_ response: HTTPResponse) throws {
+        let what: String
+        switch self {
+        case .discovery: what = "discovery document"
+        case .jwks: what = "JWKS"
+        case .supabaseHealth: what = "health check"
+        }
+        if response.status >= 500 || response.status == 429 {
+            throw IdentityError(.serverError, "the \(what) answered HTTP \(response.status)")
+        }
+        guard (200..<300).contains(response.status) else {
+            throw IdentityError(
+                .invalidResponse, "the \(what) answered HTTP \(response.status), not the expected success")
+        }
+        guard let object = JSONValue.parseObject(response.body) else {
+            throw IdentityError(.invalidResponse, "the \(what) answered HTTP \(response.status) without a JSON object")
+        }
+        switch self {
+        case .discovery(let issuer):
+            guard object["issuer"]?.stringValue == issuer.absoluteString else {
+                throw IdentityError(.invalidResponse, "the discovery document is for another issuer")
+            }
+        case .jwks:
+            guard case .array = object["keys"] else {
+                throw IdentityError(.invalidResponse, "the JWKS has no keys array")
+            }
+        case .supabaseHealth:
+            break
+        }
     }
 }

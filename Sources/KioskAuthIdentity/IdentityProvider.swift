@@ -26,6 +26,21 @@ public protocol IdentityProvider: Sendable {
     /// Revokes a refresh token (and, at most providers, the tokens issued from it). Revoking a
     /// token the provider no longer knows succeeds.
     func revoke(refreshToken: OAuthToken) async throws
+
+    /// Asks, cheaply and without side effects, whether the provider answers: for OIDC a fresh
+    /// GET of the discovery document (of the JWKS when the endpoints are configured explicitly),
+    /// for Supabase GoTrue's `GET /auth/v1/health`. Nothing is read from or written to a cache,
+    /// no token is sent, and nothing at the provider changes.
+    ///
+    /// Only the expected success proves the provider reachable.
+    ///
+    /// - Parameter timeout: the deadline for the whole exchange.
+    /// - Throws: ``IdentityError``: a transient code (``IdentityError/isTransient``: refused,
+    ///   timed out, connection lost, 5xx/429) when the provider cannot be reached or is failing;
+    ///   ``IdentityError/Code-swift.struct/invalidResponse`` when something answered, but not
+    ///   with the expected success (proof neither way: a captive portal, a wrong path, a
+    ///   rejected API key).
+    func probe(timeout: Duration) async throws
 }
 
 /// Who the provider says the person is, after the token carrying it was validated.

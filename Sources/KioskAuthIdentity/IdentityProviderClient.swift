@@ -182,6 +182,48 @@ public actor IdentityProviderClient: IdentityProvider {
         }
     }
 
+    /// Probes reachability (see ``IdentityProvider/probe(timeout:)``). Deliberately leaves the
+    /// resolved endpoints and the key cache alone, and never goes through them: a cached
+    /// document proves nothing about the network now.
+    public func probe(timeout: Duration) async throws {
+        let request: HTTPRequest
+        let probe: ReachabilityProbe
+        switch (configuration.dialect, configuration.endpoints) {
+        case (.oidc, .discovery(let issuer)):
+            guard let url = OIDCRequests.discoveryURL(issuer: issuer) else {
+                throw IdentityError(.misconfigured, "cannot build the discovery URL from \(issuer.absoluteString)")
+            }
+            request = .get(url)
+            probe = .discovery(issuer: issuer)
+        case (.oidc, .explicit(let explicit)):
+            guard let jwks = explicit.jwks else {
+                throw IdentityError(.unsupported, "no JWKS is configured to probe")
+            }
+            request = .get(jwks)
+            probe = .jwks(jwks)
+        case (.supabase, .supabaseProject(let project)):
+            request = try supabaseRequests.health(project: project)
+            probe = .supabaseHealth(project: project)
+        default:
+            throw IdentityError(
+                .misconfigured, "the \(configuration.dialect.rawValue) dialect cannot use these endpoints")
+        }
+        let started = ContinuousClock.now
+        let response: HTTPResponse
+        do {
+            response = try await transport.send(request, timeout: min(timeout, configuration.requestTimeout))
+        } catch let error as IdentityError {
+            logger.debug(
+                "reachability probe failed",
+                metadata: ["error": "\(error)", "elapsed": "\(ContinuousClock.now - started)"])
+            throw error
+        }
+        logger.debug(
+            "reachability probe answered",
+            metadata: ["status": "\(response.status)", "elapsed": "\(ContinuousClock.now - started)"])
+        try probe.check(response)
+    }
+
     // MARK: - Policy
 
     /// Checks the configured admission policy and role rules against `claims`.
@@ -352,9 +394,7 @@ public actor IdentityProviderClient: IdentityProvider {
 
     /// OpenID Connect Discovery 1.0 §4.
     private func discover(_ issuer: URL) async throws -> ResolvedEndpoints {
-        var base = issuer.absoluteString
-        while base.hasSuffix("/") { base.removeLast() }
-        guard let url = URL(string: base + "/.well-known/openid-configuration") else {
+        guard let url = OIDCRequests.discoveryURL(issuer: issuer) else {
             throw IdentityError(.misconfigured, "cannot build the discovery URL from \(issuer.absoluteString)")
         }
         let response = try await send(.get(url), context: .discovery)

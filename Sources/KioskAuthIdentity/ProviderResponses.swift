@@ -11,6 +11,7 @@ enum GrantContext: String, Sendable {
     case logout
     case discovery
     case jwks
+    case probe
 }
 
 /// A successful token response, before any token in it is trusted.
