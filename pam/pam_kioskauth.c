@@ -116,6 +116,8 @@
 #define MESSAGE_NOT_ADMITTED "Your account may not sign in on this terminal."
 #define MESSAGE_UNKNOWN_ROLE "Your account has no role this terminal knows. Ask your coordinator."
 #define MESSAGE_OTHER_PERSON "You signed in as someone else. Sign in with your own account."
+#define MESSAGE_ONLINE_NOT_HERE "Online sign-in is not possible here."
+#define MESSAGE_LOGIN_PAUSED "Too many wrong passwords on this terminal."
 #define MESSAGE_DEVICE_DENIED "The sign-in was declined."
 #define MESSAGE_DEVICE_EXPIRED "The sign-in code expired before it was used."
 #define MESSAGE_UNAVAILABLE "The login service is not available."
@@ -1347,6 +1349,8 @@ struct step {
     int ret;
     enum next next;
     char name[MAX_NAME_LENGTH + 1];
+    /* NEXT_ONLINE: say "Please sign in..." once the daemon allows the online login. */
+    bool say_sign_in;
 };
 
 /* Errors that end a scan without a verdict on the finger: a name or the passcode can go on. */
@@ -1620,6 +1624,7 @@ static int get_person(const struct login *l, const char *name, struct reply *rep
 static int account_status(const struct login *l, const char *name, struct reply *reply);
 static int activate_pending(const struct login *l, const char *name);
 static int sign_in_online(const struct login *l, const char *email, const char *expected);
+static int sign_in_again(const struct login *l, const char *name, const char *intro);
 static int first_login(const struct login *l, const char *name, bool given);
 
 /* The person's record, to check before asking anything: GetPerson as root (an admin), else
@@ -1649,15 +1654,6 @@ static long long seconds_until(const char *timestamp) {
     return until > now ? (long long)(until - now) : 1;
 }
 
-/* Copies the email address of an identity-provider person's record into `email` (empty when
- * there is none usable). */
-static void record_email(const struct json *person, char *email, size_t size) {
-    const char *value = json_get_string(person, "email");
-    email[0] = '\0';
-    if (value && *value && strlen(value) < size && strlen(value) <= MAX_EMAIL_LENGTH)
-        memcpy(email, value, strlen(value) + 1);
-}
-
 static bool is_identity_provider_person(const struct json *person) {
     const char *origin = json_get_string(person, "origin");
     return origin && strcmp(origin, "idp") == 0;
@@ -1668,12 +1664,11 @@ static bool is_identity_provider_person(const struct json *person) {
  * NEXT_PASSCODE to go on and ask; NEXT_ACTIVATE for a person who has not activated yet;
  * NEXT_ONLINE for an identity-provider person without a passcode, or whose passcode is
  * hard-locked (which an online login lifts); NEXT_FIRST_LOGIN for a name the daemon does not
- * know; NEXT_NONE with the PAM code otherwise. *email is the person's address when the record
- * has one. A caller that may not read the person just asks. */
-static struct step passcode_precheck(const struct login *l, const char *name, char *email,
-                                     size_t size) {
+ * know; NEXT_NONE with the PAM code otherwise. A caller that may not read the person just asks.
+ * (The person's email address is not taken from this record: only CheckOnlineLogin gives it, to
+ * a context that may sign them in.) */
+static struct step passcode_precheck(const struct login *l, const char *name) {
     _cleanup_reply_ struct reply reply = {0};
-    email[0] = '\0';
     if (look_up(l, name, &reply) < 0)
         return (struct step){PAM_AUTHINFO_UNAVAIL, NEXT_NONE};
     if (is_error(&reply, "NoSuchPerson"))
@@ -1684,7 +1679,6 @@ static struct step passcode_precheck(const struct login *l, const char *name, ch
     const char *state = json_get_string(p, "state");
     const char *locked_until = json_get_string(p, "passcodeLockedUntil");
     bool online = is_identity_provider_person(p);
-    record_email(p, email, size);
     if (is_pending(state))
         return (struct step){PAM_AUTH_ERR, NEXT_ACTIVATE};
     if (!state || strcmp(state, "active") != 0) {
@@ -1695,10 +1689,8 @@ static struct step passcode_precheck(const struct login *l, const char *name, ch
         /* (No online login over a remote session: see sign_in_online.) */
         if (online && l->remote)
             return (struct step){PAM_AUTHINFO_UNAVAIL, NEXT_NONE};
-        if (online) {
-            inform(l, MESSAGE_SIGN_IN);
-            return (struct step){PAM_AUTHINFO_UNAVAIL, NEXT_ONLINE};
-        }
+        if (online)
+            return (struct step){PAM_AUTHINFO_UNAVAIL, NEXT_ONLINE, "", true};
         complain(l, "No passcode is set for you.");
         return (struct step){PAM_AUTHINFO_UNAVAIL, NEXT_NONE};
     }
@@ -1720,15 +1712,14 @@ static struct step passcode_precheck(const struct login *l, const char *name, ch
 /* The passcode, or what the precheck says comes instead. `given`: whether the application named
  * the person (see first_login). */
 static int verify_passcode(const struct login *l, const char *name, bool given) {
-    char email[MAX_EMAIL_LENGTH + 1];
-    struct step s = passcode_precheck(l, name, email, sizeof(email));
+    struct step s = passcode_precheck(l, name);
     switch (s.next) {
     case NEXT_PASSCODE:
         break;
     case NEXT_ACTIVATE:
         return activate_pending(l, name);
     case NEXT_ONLINE:
-        return sign_in_online(l, email[0] ? email : NULL, name);
+        return sign_in_again(l, name, s.say_sign_in ? MESSAGE_SIGN_IN : NULL);
     case NEXT_FIRST_LOGIN:
         return first_login(l, name, given);
     default:
@@ -1757,7 +1748,7 @@ static int verify_passcode(const struct login *l, const char *name, bool given) 
         }
         if (must_sign_in_online(&reply)) {
             sign_in_required(l, &reply);
-            return sign_in_online(l, email[0] ? email : NULL, name);
+            return sign_in_again(l, name, NULL);
         }
         bool retry;
         r = passcode_refused(l, &reply, &retry);
@@ -2315,6 +2306,18 @@ static int online_login_refused(const struct login *l, const struct reply *reply
         return log_ret(l, PAM_AUTHINFO_UNAVAIL, LOG_ERR, "Online login failed: %s: %s",
                        reply->error, reason);
     }
+    if (is_error(reply, "OnlineLoginPaused")) {
+        long long seconds = 0;
+        if (json_get_integer(reply->parameters, "retryAfterSeconds", &seconds) && seconds > 0)
+            say_wait(l, MESSAGE_LOGIN_PAUSED, seconds);
+        else
+            complain(l, MESSAGE_LOGIN_PAUSED " Try again later.");
+        return PAM_MAXTRIES;
+    }
+    if (is_error(reply, "OnlineLoginNotAllowed")) {
+        complain(l, MESSAGE_ONLINE_NOT_HERE);
+        return log_ret(l, PAM_AUTHINFO_UNAVAIL, LOG_NOTICE, "Online login refused: %s", reason);
+    }
     if (is_error(reply, "PermissionDenied"))
         return log_ret(l, PAM_AUTHINFO_UNAVAIL, LOG_NOTICE, "Online login refused: %s", reason);
     return unexpected(l, "Online login", reply).ret;
@@ -2479,31 +2482,83 @@ static int sign_in_online(const struct login *l, const char *email, const char *
     return PAM_SUCCESS;
 }
 
-/* An identity-provider person the daemon knows signs in online, with the email address their
- * record holds (asked for when it cannot be read). */
-static int sign_in_again(const struct login *l, const char *name) {
-    char email[MAX_EMAIL_LENGTH + 1] = "";
+/* Asks the daemon whether an online login for `name` may happen in this context (the service,
+ * the invoking user, a remote session, the terminal's throttle), without contacting the
+ * provider; on PAM_SUCCESS `email` holds the address recorded for the person (empty when none).
+ * Nothing about the person is shown before the daemon allows it. A refusal is logged, and the
+ * person told in one line; a daemon without an identity provider is PAM_USER_UNKNOWN. */
+static int may_sign_in_online(const struct login *l, const char *name, char *email, size_t size) {
+    email[0] = '\0';
+    if (l->remote)
+        return log_ret(l, PAM_AUTHINFO_UNAVAIL, LOG_NOTICE,
+                       "No online login over a remote session");
+    _cleanup_buffer_ struct buffer request = {0};
+    buffer_puts(&request, "{\"method\":\"io.kioskauth.CheckOnlineLogin\",\"parameters\":{");
+    if (name) {
+        buffer_puts(&request, "\"name\":");
+        json_string(&request, name);
+        buffer_puts(&request, ",");
+    }
+    buffer_puts(&request, "\"context\":");
+    json_context(&request, l);
+    buffer_puts(&request, "}}");
     _cleanup_reply_ struct reply reply = {0};
-    if (look_up(l, name, &reply) >= 0 && !reply.error)
-        record_email(json_get(reply.parameters, "person"), email, sizeof(email));
+    if (ask(l, &request, &reply) < 0)
+        return PAM_AUTHINFO_UNAVAIL;
+    if (!reply.error) {
+        const char *value = json_get_string(reply.parameters, "email");
+        if (value && *value && strlen(value) < size && strlen(value) <= MAX_EMAIL_LENGTH)
+            memcpy(email, value, strlen(value) + 1);
+        return PAM_SUCCESS;
+    }
+    const char *reason = json_get_string(reply.parameters, "reason");
+    long long seconds = 0;
+    if (is_error(&reply, "IdentityProviderNotConfigured"))
+        return PAM_USER_UNKNOWN;
+    if (is_error(&reply, "OnlineLoginPaused")) {
+        if (json_get_integer(reply.parameters, "retryAfterSeconds", &seconds) && seconds > 0)
+            say_wait(l, MESSAGE_LOGIN_PAUSED, seconds);
+        else
+            complain(l, MESSAGE_LOGIN_PAUSED " Try again later.");
+        return log_ret(l, PAM_MAXTRIES, LOG_NOTICE, "Online login paused on this terminal");
+    }
+    if (is_error(&reply, "OnlineLoginNotAllowed")) {
+        complain(l, MESSAGE_ONLINE_NOT_HERE);
+        return log_ret(l, PAM_AUTHINFO_UNAVAIL, LOG_NOTICE,
+                       "Online login refused by kioskauthd: %s",
+                       reason ? reason : "no reason given");
+    }
+    if (is_error(&reply, "PermissionDenied"))
+        return log_ret(l, PAM_AUTHINFO_UNAVAIL, LOG_NOTICE, "Online login refused: %s",
+                       reason ? reason : "no reason given");
+    return unexpected(l, "CheckOnlineLogin", &reply).ret;
+}
+
+/* An identity-provider person the daemon knows signs in online, with the email address their
+ * record holds (asked for when the daemon gives none), once the daemon allows an online login
+ * here; `intro` is shown first. */
+static int sign_in_again(const struct login *l, const char *name, const char *intro) {
+    char email[MAX_EMAIL_LENGTH + 1];
+    int r = may_sign_in_online(l, name, email, sizeof(email));
+    if (r != PAM_SUCCESS)
+        return r == PAM_USER_UNKNOWN ? PAM_AUTHINFO_UNAVAIL : r;
+    if (intro)
+        inform(l, intro);
     return sign_in_online(l, email[0] ? email : NULL, name);
 }
 
 /* A name the daemon does not know: someone's first login at this terminal, when the name is an
- * email address and an identity provider is configured (GetConnectivity, which anyone may call,
- * says so); otherwise nobody the daemon manages, and the next module decides. `given`: whether
- * the application named the person; then the login must be theirs, or PAM_USER would change
+ * email address, an identity provider is configured and the daemon allows an online login here
+ * (CheckOnlineLogin); otherwise nobody the daemon manages, and the next module decides. `given`:
+ * whether the application named the person; then the login must be theirs, or PAM_USER would change
  * under it; a name the module asked for itself is replaced by the daemon's. */
 static int first_login(const struct login *l, const char *name, bool given) {
     if (!looks_like_email(name) || l->remote)
         return PAM_USER_UNKNOWN;
-    _cleanup_buffer_ struct buffer request = {0};
-    buffer_puts(&request, "{\"method\":\"io.kioskauth.GetConnectivity\"}");
-    _cleanup_reply_ struct reply reply = {0};
-    if (ask(l, &request, &reply) < 0)
-        return PAM_AUTHINFO_UNAVAIL;
-    if (reply.error || !json_get_bool(reply.parameters, "identityProvider"))
-        return PAM_USER_UNKNOWN;
+    char email[MAX_EMAIL_LENGTH + 1];
+    int r = may_sign_in_online(l, name, email, sizeof(email));
+    if (r != PAM_SUCCESS)
+        return r;
     log_debug(l, "%s is not known here yet: first online login", name);
     return sign_in_online(l, name, given ? name : NULL);
 }
@@ -2531,7 +2586,7 @@ static int authenticate(const struct login *l) {
             struct step s = identify(l);
             /* Recognised, but their offline window has ended: they sign in online as themselves. */
             if (s.next == NEXT_ONLINE && mode == MODE_AUTO && s.name[0])
-                return sign_in_again(l, s.name);
+                return sign_in_again(l, s.name, NULL);
             if (s.next != NEXT_ASK_NAME || mode == MODE_IDENTIFY)
                 return s.ret;
         }
@@ -2557,7 +2612,7 @@ static int authenticate(const struct login *l) {
         }
         /* Only a conversation with a keyboard goes on to the passcode or an online login. */
         if (mode == MODE_AUTO && s.next == NEXT_ONLINE)
-            return sign_in_again(l, user);
+            return sign_in_again(l, user, NULL);
         if (mode == MODE_AUTO && s.next == NEXT_FIRST_LOGIN)
             return first_login(l, user, given);
         if (s.next != NEXT_PASSCODE || mode != MODE_AUTO)

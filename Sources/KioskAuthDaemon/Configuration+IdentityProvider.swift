@@ -53,6 +53,10 @@ extension DaemonConfiguration {
         public var circuitBreakerThreshold = 5
         /// How long the circuit breaker stays open at first; doubles per failed probe.
         public var circuitCoolDown: TimeInterval = 30
+        /// Wrong passwords within `loginFailureWindow` that pause online logins on this terminal.
+        public var loginMaxFailures = 10
+        /// The window of the online-login throttle.
+        public var loginFailureWindow: TimeInterval = 900
 
         /// Whether an identity provider is configured.
         public var isEnabled: Bool { !issuer.isEmpty }
@@ -151,6 +155,13 @@ extension DaemonConfiguration {
             identityProvider.circuitBreakerThreshold = number
         case ("IdentityProvider", "CircuitCoolDownSec"):
             identityProvider.circuitCoolDown = try seconds(value, 1...86400)
+        case ("IdentityProvider", "LoginMaxFailures"):
+            guard let number = Int(value), (1...1000).contains(number) else {
+                throw ValueError(message: "expected a whole number in 1...1000")
+            }
+            identityProvider.loginMaxFailures = number
+        case ("IdentityProvider", "LoginFailureWindowSec"):
+            identityProvider.loginFailureWindow = try seconds(value, 1...86400)
         case ("Session", "IdleTimeoutSec"): session.idleTimeout = try seconds(value, 1...(7 * 86400))
         case ("Session", "MaxAgeSec"): session.maximumAge = try seconds(value, 0...(30 * 86400))
         case ("Session", "OvernightCutoff"):
