@@ -1796,9 +1796,22 @@ struct activation {
     char *welcome;
     char *role_description;
     bool offer_fingerprint;
+    /* When the authentication's ticket expires (now_msec(), CLOCK_MONOTONIC; 0: not known). An
+     * offer answered later is not acted on: whoever answers may not be who authenticated. */
+    uint64_t ticket_deadline;
 };
 #define ACTIVATION_INIT                                                                            \
     { .c = CONNECTION_INIT }
+
+/* Records when the ticket of `reply` expires, from its ticketExpiresIn. */
+static void note_ticket_lifetime(struct activation *a, const struct json *parameters) {
+    long long seconds = 0;
+    if (json_get_integer(parameters, "ticketExpiresIn", &seconds) && seconds >= 0 &&
+        seconds <= 24 * 3600)
+        a->ticket_deadline = now_msec() + (uint64_t)seconds * 1000;
+    else
+        a->ticket_deadline = now_msec();
+}
 
 static void activation_clear(struct activation *a) {
     connection_close(&a->c);
@@ -1969,6 +1982,7 @@ static int choose_passcode(const struct login *l, struct activation *a) {
             (void)replace_string(&a->welcome, json_get_string(p, "welcome"));
             (void)replace_string(&a->role_description, json_get_string(p, "roleDescription"));
             (void)replace_string(&a->ticket, ticket);
+            note_ticket_lifetime(a, p);
             /* Kept until enrolment, for a fresh ticket; the code is spent. */
             a->passcode = passcode;
             passcode = NULL;
@@ -1997,18 +2011,17 @@ static int choose_passcode(const struct login *l, struct activation *a) {
     return PAM_MAXTRIES;
 }
 
-/* A fresh self-service ticket on a fresh connection, from the passcode just chosen. After an
- * online login there is no passcode to ask with: the fresh connection goes without a ticket,
- * which is enough for an administrator (root); anyone else is refused, and told. */
+/* A fresh self-service ticket on a fresh connection, from the passcode just chosen (only while
+ * the first ticket would still be valid: offer_enrolment checks). After an online login there is
+ * no passcode to ask with, and the enrolment is not made without a ticket, even as root: it must
+ * stay bound to the authentication that offered it. */
 static int fresh_ticket(const struct login *l, struct activation *a) {
     connection_close(&a->c);
+    if (!a->passcode)
+        return log_ret(l, PAM_AUTH_ERR, LOG_NOTICE,
+                       "No fresh ticket for enrolment after an online login");
     if (connection_open(l, &a->c) < 0)
         return PAM_AUTHINFO_UNAVAIL;
-    if (!a->passcode) {
-        erase_and_free(a->ticket);
-        a->ticket = NULL;
-        return PAM_SUCCESS;
-    }
     _cleanup_buffer_ struct buffer request = {0};
     passcode_request(&request, l, a->name, a->passcode);
     _cleanup_reply_ struct reply reply = {0};
@@ -2178,6 +2191,14 @@ static int offer_enrolment(const struct login *l, struct activation *a) {
     if (!is_yes(answer)) {
         log_debug(l, "Fingerprint enrolment declined by %s", a->name);
         remember_decline(l, a);
+        inform(l, MESSAGE_ENROL_LATER);
+        return PAM_SUCCESS;
+    }
+    /* Answered after the authentication's ticket expired (an abandoned screen): whoever answers
+     * now may be someone else, so nothing is enrolled, and nothing is renewed silently. */
+    if (a->ticket_deadline && now_msec() >= a->ticket_deadline) {
+        pam_syslog(l->pamh, LOG_NOTICE, "Enrolment offer for %s answered too late; not enrolling",
+                   a->name);
         inform(l, MESSAGE_ENROL_LATER);
         return PAM_SUCCESS;
     }
@@ -2463,6 +2484,7 @@ static int sign_in_online(const struct login *l, const char *email, const char *
     note_person(l, person);
     /* Out of memory here costs the enrolment offer, not the login. */
     (void)replace_string(&a.ticket, json_get_string(p, "ticket"));
+    note_ticket_lifetime(&a, p);
     char welcome[MAX_MESSAGE_LENGTH];
     if (json_get_bool(p, "created"))
         snprintf(welcome, sizeof(welcome), "Welcome, %s", a.display_name);

@@ -20,7 +20,7 @@ from idp_testing import (SARAH, Connection, IdentityServer, error_name, have_ide
                          make_identity_daemon, ok)
 from kioskauth_testing import as_user, ensure_group
 from pam_support import (PAM_AUTH_ERR, PAM_AUTHINFO_UNAVAIL, PAM_MAXTRIES, PAM_SUCCESS, PAM_USER_UNKNOWN, Client, PamConfig,
-                         Pamtester, enroll, run_pamtester)
+                         Pamtester, VarlinkConnection, enroll, run_pamtester)
 from test_pam import TOUCH, NOT_RECOGNISED, audit, call, module, pam, person  # noqa: F401 (fixtures)
 from test_pam_activation import DUPLICATE_CHECK, ENABLE, ENROLLED, LATER, touch_each_stage
 
@@ -189,6 +189,53 @@ def test_first_login_creates_the_person_and_enrols_a_finger_in_the_same_conversa
     p.expect(TOUCH)
     scan(sensor, "noor-finger")
     assert p.result() == PAM_SUCCESS and "Password" not in p.err
+
+
+def test_an_offer_answered_after_the_authentication_went_stale_enrols_nothing(make_daemon, idp, pam):
+    """The greeter runs as root, an admin who needs no ticket: the enrolment must still be bound
+    to the login that offered it, or whoever answers an abandoned screen enrols their finger."""
+    # The ticket expires while the offer waits.
+    d, sensor, _ = start(make_daemon, idp, kind="virtual_device", extra="[Access]\nTicketLifetimeSec=2\n")
+    pam.kioskauth("kioskauth", d.socket, "mode=passcode")
+    c = Client(pam, "kioskauth", NOOR[0], "authenticate")
+    c.send(NOOR[1])
+    c.expect_message(ENABLE)
+    time.sleep(3)
+    c.send("y")
+    [result] = c.results()
+    assert (result["rc"], result["user"]) == (PAM_SUCCESS, NOOR[0]), c.transcript
+    assert c.messages()[-2:] == [("prompt_echo_on", ENABLE), ("info", LATER)], c.transcript
+    assert person(d, NOOR[0])["fingers"] == [] and audit(d, "finger.enroll") == []
+    d.stop()
+
+    # The daemon closes the idle connection while the offer waits (the ticket dies with it).
+    d, sensor, _ = start(make_daemon, idp, kind="virtual_device", extra="[Socket]\nIdleTimeoutSec=1\n")
+    pam.kioskauth("kioskauth", d.socket, "mode=passcode")
+    c = Client(pam, "kioskauth", NOOR[0], "authenticate")
+    c.send(NOOR[1])
+    c.expect_message(ENABLE)
+    time.sleep(2.5)
+    c.send("y")
+    [result] = c.results()
+    assert result["rc"] == PAM_SUCCESS, c.transcript
+    assert ("info", LATER) in c.messages() and not any("Touch" in text for _, text in c.messages()), c.transcript
+    assert person(d, NOOR[0])["fingers"] == [] and audit(d, "finger.enroll") == []
+
+
+def test_a_ticket_an_admin_presents_is_checked(make_daemon, idp, pam):
+    d, sensor, _ = start(make_daemon, idp, kind="virtual_device", extra="[Access]\nTicketLifetimeSec=2\n")
+    # Root (an admin) with the ticket of a login that has expired: refused before any touch.
+    conn = VarlinkConnection(d.socket)
+    conn.send({"method": "io.kioskauth.LoginWithPassword", "parameters": {"email": NOOR[0], "password": NOOR[1]}})
+    ticket = ok(conn.receive())["ticket"]
+    time.sleep(3)
+    conn.send({"method": "io.kioskauth.EnrollFinger", "parameters": {"name": NOOR[0], "ticket": ticket},
+               "more": True})
+    reply = conn.receive()
+    assert error_name(reply) == "TicketInvalid", reply
+    conn.close()
+    [refused] = audit(d, "finger.enroll")
+    assert (refused["result"], refused["detail"]) == ("refused", "the presented ticket is not valid")
 
 
 def test_a_declined_offer_is_remembered_and_not_made_again(make_daemon, idp, pam):
