@@ -2124,10 +2124,11 @@ static int enrol_once(const struct login *l, struct activation *a) {
         }
         if (!reply.error) {
             /* The enrolment used the ticket up and hands its authentication on in a new one
-             * (no fresher), which is what the session hand-over needs. */
+             * (no fresher), which is what the session hand-over needs. A reply without one
+             * leaves the ticket as it was. */
             const char *next = json_get_string(reply.parameters, "ticket");
-            erase_and_free(a->ticket);
-            a->ticket = next ? strdup(next) : NULL;
+            if (next)
+                (void)replace_string(&a->ticket, next);
             inform(l, MESSAGE_ENROLLED);
             return PAM_SUCCESS;
         }

@@ -222,8 +222,11 @@ def test_an_offer_answered_after_the_authentication_went_stale_enrols_nothing(ma
     assert person(d, NOOR[0])["fingers"] == [] and audit(d, "finger.enroll") == []
 
 
-def test_a_ticket_an_admin_presents_is_checked(make_daemon, idp, pam):
+def test_a_ticket_an_admin_presents_is_checked_and_handed_on(make_daemon, idp, pam):
+    """Checked: see above. Handed on: root's enrolment keeps the login's authentication for the
+    session it opens."""
     d, sensor, _ = start(make_daemon, idp, kind="virtual_device", extra="[Access]\nTicketLifetimeSec=2\n")
+    n = stages(d)
     # Root (an admin) with the ticket of a login that has expired: refused before any touch.
     conn = VarlinkConnection(d.socket)
     conn.send({"method": "io.kioskauth.LoginWithPassword", "parameters": {"email": NOOR[0], "password": NOOR[1]}})
@@ -236,6 +239,22 @@ def test_a_ticket_an_admin_presents_is_checked(make_daemon, idp, pam):
     conn.close()
     [refused] = audit(d, "finger.enroll")
     assert (refused["result"], refused["detail"]) == ("refused", "the presented ticket is not valid")
+
+    # Within its lifetime: the login enrols as root and the session it opens is authenticated,
+    # because the enrolment hands the ticket on to root too.
+    d.stop()
+    d, sensor, _ = start(make_daemon, idp, kind="virtual_device")
+    pam.kioskauth("kioskauth", d.socket, "mode=passcode")
+    c = Client(pam, "kioskauth", NOOR[0], "authenticate", "open_session")
+    c.send(NOOR[1])
+    c.expect_message(ENABLE)
+    c.send("y")
+    touch_each_stage(c, sensor, "noor-finger", n)
+    result, opened = c.results()
+    assert (result["rc"], opened["rc"]) == (PAM_SUCCESS, PAM_SUCCESS), c.transcript
+    assert ("info", ENROLLED) in c.messages()
+    [session] = call(d, "ListSessions", {"name": NOOR[0]})["parameters"]["sessions"]
+    assert session.get("lastAuthenticationAt") is not None, session
 
 
 def test_a_declined_offer_is_remembered_and_not_made_again(make_daemon, idp, pam):
