@@ -2666,10 +2666,26 @@ static int remember_authentication(const struct login *l) {
     return PAM_SUCCESS;
 }
 
-/* Whether this module authenticated someone in this handle. */
+/* Whether this module authenticated someone in this handle (by its last auth). */
 static bool authenticated_in(pam_handle_t *pamh) {
     const void *mark = NULL;
     return pam_get_data(pamh, DATA_AUTHENTICATED, &mark) == PAM_SUCCESS && mark;
+}
+
+/* Whether PAM_USER is someone else than the person this module's last auth authenticated. */
+static bool user_changed_since_auth(pam_handle_t *pamh) {
+    const void *mark = NULL;
+    const char *user = string_item(pamh, PAM_USER);
+    if (pam_get_data(pamh, DATA_AUTHENTICATED, &mark) != PAM_SUCCESS || !mark)
+        return false;
+    return !user || strcmp(user, mark) != 0;
+}
+
+/* Forgets an earlier auth's success: a new auth starts with nobody authenticated. */
+static void forget_authentication(pam_handle_t *pamh) {
+    const void *mark = NULL;
+    if (pam_get_data(pamh, DATA_AUTHENTICATED, &mark) == PAM_SUCCESS && mark)
+        (void)pam_set_data(pamh, DATA_AUTHENTICATED, NULL, NULL);
 }
 
 _public_ PAM_EXTERN int pam_sm_authenticate(pam_handle_t *pamh, int flags, int argc,
@@ -2684,6 +2700,7 @@ _public_ PAM_EXTERN int pam_sm_authenticate(pam_handle_t *pamh, int flags, int a
     l.handover = &handover;
     clear_person(pamh);
     forget_handover(pamh);
+    forget_authentication(pamh);
     int r = authenticate(&l);
     if (r == PAM_SUCCESS)
         r = remember_authentication(&l);
@@ -2727,6 +2744,8 @@ static int account_status(const struct login *l, const char *name, struct reply 
  * business, unless this module authenticated them in this handle: then every doubt refuses. */
 static int check_account(const struct login *l, bool authenticated_here) {
     const char *user = string_item(l->pamh, PAM_USER);
+    if (authenticated_here && user_changed_since_auth(l->pamh))
+        return log_ret(l, PAM_PERM_DENIED, LOG_ERR, "PAM_USER changed after authentication");
     if (!user || !login_name_is_valid(user)) {
         if (authenticated_here)
             return log_ret(l, PAM_PERM_DENIED, LOG_ERR, "PAM_USER changed after authentication");
@@ -2888,6 +2907,10 @@ static int session_refused(const struct login *l, const char *user, const struct
 
 static int open_session(const struct login *l, bool authenticated_here) {
     const char *user = string_item(l->pamh, PAM_USER);
+    if (authenticated_here && user_changed_since_auth(l->pamh)) {
+        forget_handover(l->pamh);
+        return log_ret(l, PAM_SESSION_ERR, LOG_ERR, "PAM_USER changed after authentication");
+    }
     if (!user || !login_name_is_valid(user)) {
         forget_handover(l->pamh);
         if (authenticated_here)
