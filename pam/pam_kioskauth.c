@@ -2928,13 +2928,31 @@ static int open_session(const struct login *l, bool authenticated_here) {
     int r = -ENOTCONN;
     take_handover(l, user, &c, &ticket);
     if (ticket) {
+        /* Only when the ticketed call surely registered nothing (it could not be sent, or the
+         * daemon answered that the ticket or the connection is gone) is it made again without
+         * the ticket; after a call that may have reached the daemon, a second one could register
+         * a second session. */
         _cleanup_buffer_ struct buffer request = {0};
         open_session_request(&request, l, user, ticket);
-        r = exchange(l, &c, &request, &reply);
-        if (r >= 0 && connection_lost(r, &reply))
-            r = -ENOTCONN;
-        if (r < 0)
+        uint64_t deadline = now_msec() + CALL_TIMEOUT_MSEC;
+        r = request.failed ? -ENOMEM : connection_send(&c, &request, deadline);
+        if (r >= 0) {
+            r = connection_receive(&c, deadline, false, &reply);
+            if (r < 0) {
+                if (!authenticated_here)
+                    return PAM_IGNORE;
+                complain(l, MESSAGE_UNAVAILABLE);
+                return log_ret(l, PAM_SESSION_ERR, LOG_ERR,
+                               "kioskauthd did not answer OpenSession for %s: %s", user,
+                               strerror(-r));
+            }
+            if (is_error(&reply, "TicketInvalid") || is_error(&reply, "IdleTimeout"))
+                r = -ENOTCONN;
+        }
+        if (r < 0) {
             log_debug(l, "The authentication's ticket is gone; opening the session without it");
+            reply_clear(&reply);
+        }
     }
     if (r < 0) {
         _cleanup_buffer_ struct buffer request = {0};

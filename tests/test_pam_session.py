@@ -7,6 +7,8 @@ real daemon; the tests run as root, one as nobody in the kioskauth group.
 """
 
 import json
+import os
+import signal
 import tempfile
 import time
 from pathlib import Path
@@ -246,6 +248,27 @@ def test_a_later_auth_forgets_what_an_earlier_one_authenticated(make_daemon, pam
     c.send("carol")
     assert [(r["rc"], r["user"]) for r in c.results()] == [(PAM_SUCCESS, "sarah"), (PAM_SUCCESS, "carol"),
                                                            (PAM_SUCCESS, "carol")], c.transcript
+
+
+def test_an_unanswered_ticketed_open_session_is_not_sent_again_without_the_ticket(make_daemon, pam):
+    """The daemon stops answering after it read the ticketed OpenSession: a second call without
+    the ticket could register a second session, so there is none, and the session fails."""
+    d, _ = start(make_daemon)
+    add_person(d, "sarah")
+    session_stack(pam, "kioskauth", d.socket)
+    c = Client(pam, "kioskauth", "sarah", "authenticate", "pause", "open_session")
+    c.send(PASSCODE)
+    c.expect('"paused"')
+    os.kill(d.proc.pid, signal.SIGSTOP)
+    try:
+        c.send("")
+        results = c.results()
+    finally:
+        os.kill(d.proc.pid, signal.SIGCONT)
+    assert [r["rc"] for r in results] == [PAM_SUCCESS, PAM_SESSION_ERR], c.transcript
+    assert results[-1]["seconds"] < 15
+    time.sleep(1)
+    assert len(sessions(d)) == 1  # the ticketed call, once the daemon went on; no second one
 
 
 def test_a_kiosk_app_in_the_kioskauth_group_opens_and_closes_authenticated_sessions(make_daemon, module):
