@@ -1448,7 +1448,8 @@ static struct step identify(const struct login *l) {
             return (struct step){PAM_AUTHINFO_UNAVAIL, NEXT_ASK_NAME};
         }
         if (is_error(&reply, "FingerprintNotAllowed")) {
-            log_debug(l, "Identify refused: %s", json_get_string(reply.parameters, "reason"));
+            const char *reason = json_get_string(reply.parameters, "reason");
+            log_debug(l, "Identify refused: %s", reason ? reason : "no reason given");
             return (struct step){PAM_AUTHINFO_UNAVAIL, NEXT_NONE};
         }
         if (must_sign_in_online(&reply))
@@ -1531,7 +1532,8 @@ static struct step verify_finger(const struct login *l, const char *name) {
             return (struct step){PAM_AUTH_ERR, NEXT_NONE};
         }
         if (is_error(&reply, "FingerprintNotAllowed")) {
-            log_debug(l, "VerifyFinger refused: %s", json_get_string(reply.parameters, "reason"));
+            const char *reason = json_get_string(reply.parameters, "reason");
+            log_debug(l, "VerifyFinger refused: %s", reason ? reason : "no reason given");
             return (struct step){PAM_AUTHINFO_UNAVAIL, NEXT_NONE};
         }
         if (must_sign_in_online(&reply))
