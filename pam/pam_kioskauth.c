@@ -116,6 +116,8 @@
 #define MESSAGE_NOT_ADMITTED "Your account may not sign in on this terminal."
 #define MESSAGE_UNKNOWN_ROLE "Your account has no role this terminal knows. Ask your coordinator."
 #define MESSAGE_OTHER_PERSON "You signed in as someone else. Sign in with your own account."
+#define MESSAGE_ONLINE_NOT_HERE "Online sign-in is not possible here."
+#define MESSAGE_LOGIN_PAUSED "Too many wrong passwords on this terminal."
 #define MESSAGE_DEVICE_DENIED "The sign-in was declined."
 #define MESSAGE_DEVICE_EXPIRED "The sign-in code expired before it was used."
 #define MESSAGE_UNAVAILABLE "The login service is not available."
@@ -1347,6 +1349,8 @@ struct step {
     int ret;
     enum next next;
     char name[MAX_NAME_LENGTH + 1];
+    /* NEXT_ONLINE: say "Please sign in..." once the daemon allows the online login. */
+    bool say_sign_in;
 };
 
 /* Errors that end a scan without a verdict on the finger: a name or the passcode can go on. */
@@ -1444,7 +1448,8 @@ static struct step identify(const struct login *l) {
             return (struct step){PAM_AUTHINFO_UNAVAIL, NEXT_ASK_NAME};
         }
         if (is_error(&reply, "FingerprintNotAllowed")) {
-            log_debug(l, "Identify refused: %s", json_get_string(reply.parameters, "reason"));
+            const char *reason = json_get_string(reply.parameters, "reason");
+            log_debug(l, "Identify refused: %s", reason ? reason : "no reason given");
             return (struct step){PAM_AUTHINFO_UNAVAIL, NEXT_NONE};
         }
         if (must_sign_in_online(&reply))
@@ -1527,7 +1532,8 @@ static struct step verify_finger(const struct login *l, const char *name) {
             return (struct step){PAM_AUTH_ERR, NEXT_NONE};
         }
         if (is_error(&reply, "FingerprintNotAllowed")) {
-            log_debug(l, "VerifyFinger refused: %s", json_get_string(reply.parameters, "reason"));
+            const char *reason = json_get_string(reply.parameters, "reason");
+            log_debug(l, "VerifyFinger refused: %s", reason ? reason : "no reason given");
             return (struct step){PAM_AUTHINFO_UNAVAIL, NEXT_NONE};
         }
         if (must_sign_in_online(&reply))
@@ -1620,6 +1626,7 @@ static int get_person(const struct login *l, const char *name, struct reply *rep
 static int account_status(const struct login *l, const char *name, struct reply *reply);
 static int activate_pending(const struct login *l, const char *name);
 static int sign_in_online(const struct login *l, const char *email, const char *expected);
+static int sign_in_again(const struct login *l, const char *name, const char *intro);
 static int first_login(const struct login *l, const char *name, bool given);
 
 /* The person's record, to check before asking anything: GetPerson as root (an admin), else
@@ -1649,15 +1656,6 @@ static long long seconds_until(const char *timestamp) {
     return until > now ? (long long)(until - now) : 1;
 }
 
-/* Copies the email address of an identity-provider person's record into `email` (empty when
- * there is none usable). */
-static void record_email(const struct json *person, char *email, size_t size) {
-    const char *value = json_get_string(person, "email");
-    email[0] = '\0';
-    if (value && *value && strlen(value) < size && strlen(value) <= MAX_EMAIL_LENGTH)
-        memcpy(email, value, strlen(value) + 1);
-}
-
 static bool is_identity_provider_person(const struct json *person) {
     const char *origin = json_get_string(person, "origin");
     return origin && strcmp(origin, "idp") == 0;
@@ -1668,12 +1666,11 @@ static bool is_identity_provider_person(const struct json *person) {
  * NEXT_PASSCODE to go on and ask; NEXT_ACTIVATE for a person who has not activated yet;
  * NEXT_ONLINE for an identity-provider person without a passcode, or whose passcode is
  * hard-locked (which an online login lifts); NEXT_FIRST_LOGIN for a name the daemon does not
- * know; NEXT_NONE with the PAM code otherwise. *email is the person's address when the record
- * has one. A caller that may not read the person just asks. */
-static struct step passcode_precheck(const struct login *l, const char *name, char *email,
-                                     size_t size) {
+ * know; NEXT_NONE with the PAM code otherwise. A caller that may not read the person just asks.
+ * (The person's email address is not taken from this record: only CheckOnlineLogin gives it, to
+ * a context that may sign them in.) */
+static struct step passcode_precheck(const struct login *l, const char *name) {
     _cleanup_reply_ struct reply reply = {0};
-    email[0] = '\0';
     if (look_up(l, name, &reply) < 0)
         return (struct step){PAM_AUTHINFO_UNAVAIL, NEXT_NONE};
     if (is_error(&reply, "NoSuchPerson"))
@@ -1684,7 +1681,6 @@ static struct step passcode_precheck(const struct login *l, const char *name, ch
     const char *state = json_get_string(p, "state");
     const char *locked_until = json_get_string(p, "passcodeLockedUntil");
     bool online = is_identity_provider_person(p);
-    record_email(p, email, size);
     if (is_pending(state))
         return (struct step){PAM_AUTH_ERR, NEXT_ACTIVATE};
     if (!state || strcmp(state, "active") != 0) {
@@ -1695,10 +1691,8 @@ static struct step passcode_precheck(const struct login *l, const char *name, ch
         /* (No online login over a remote session: see sign_in_online.) */
         if (online && l->remote)
             return (struct step){PAM_AUTHINFO_UNAVAIL, NEXT_NONE};
-        if (online) {
-            inform(l, MESSAGE_SIGN_IN);
-            return (struct step){PAM_AUTHINFO_UNAVAIL, NEXT_ONLINE};
-        }
+        if (online)
+            return (struct step){PAM_AUTHINFO_UNAVAIL, NEXT_ONLINE, "", true};
         complain(l, "No passcode is set for you.");
         return (struct step){PAM_AUTHINFO_UNAVAIL, NEXT_NONE};
     }
@@ -1720,15 +1714,14 @@ static struct step passcode_precheck(const struct login *l, const char *name, ch
 /* The passcode, or what the precheck says comes instead. `given`: whether the application named
  * the person (see first_login). */
 static int verify_passcode(const struct login *l, const char *name, bool given) {
-    char email[MAX_EMAIL_LENGTH + 1];
-    struct step s = passcode_precheck(l, name, email, sizeof(email));
+    struct step s = passcode_precheck(l, name);
     switch (s.next) {
     case NEXT_PASSCODE:
         break;
     case NEXT_ACTIVATE:
         return activate_pending(l, name);
     case NEXT_ONLINE:
-        return sign_in_online(l, email[0] ? email : NULL, name);
+        return sign_in_again(l, name, s.say_sign_in ? MESSAGE_SIGN_IN : NULL);
     case NEXT_FIRST_LOGIN:
         return first_login(l, name, given);
     default:
@@ -1757,7 +1750,7 @@ static int verify_passcode(const struct login *l, const char *name, bool given) 
         }
         if (must_sign_in_online(&reply)) {
             sign_in_required(l, &reply);
-            return sign_in_online(l, email[0] ? email : NULL, name);
+            return sign_in_again(l, name, NULL);
         }
         bool retry;
         r = passcode_refused(l, &reply, &retry);
@@ -1805,9 +1798,22 @@ struct activation {
     char *welcome;
     char *role_description;
     bool offer_fingerprint;
+    /* When the authentication's ticket expires (now_msec(), CLOCK_MONOTONIC; 0: not known). An
+     * offer answered later is not acted on: whoever answers may not be who authenticated. */
+    uint64_t ticket_deadline;
 };
 #define ACTIVATION_INIT                                                                            \
     { .c = CONNECTION_INIT }
+
+/* Records when the ticket of `reply` expires, from its ticketExpiresIn. */
+static void note_ticket_lifetime(struct activation *a, const struct json *parameters) {
+    long long seconds = 0;
+    if (json_get_integer(parameters, "ticketExpiresIn", &seconds) && seconds >= 0 &&
+        seconds <= 24 * 3600)
+        a->ticket_deadline = now_msec() + (uint64_t)seconds * 1000;
+    else
+        a->ticket_deadline = now_msec();
+}
 
 static void activation_clear(struct activation *a) {
     connection_close(&a->c);
@@ -1978,6 +1984,7 @@ static int choose_passcode(const struct login *l, struct activation *a) {
             (void)replace_string(&a->welcome, json_get_string(p, "welcome"));
             (void)replace_string(&a->role_description, json_get_string(p, "roleDescription"));
             (void)replace_string(&a->ticket, ticket);
+            note_ticket_lifetime(a, p);
             /* Kept until enrolment, for a fresh ticket; the code is spent. */
             a->passcode = passcode;
             passcode = NULL;
@@ -2006,18 +2013,17 @@ static int choose_passcode(const struct login *l, struct activation *a) {
     return PAM_MAXTRIES;
 }
 
-/* A fresh self-service ticket on a fresh connection, from the passcode just chosen. After an
- * online login there is no passcode to ask with: the fresh connection goes without a ticket,
- * which is enough for an administrator (root); anyone else is refused, and told. */
+/* A fresh self-service ticket on a fresh connection, from the passcode just chosen (only while
+ * the first ticket would still be valid: offer_enrolment checks). After an online login there is
+ * no passcode to ask with, and the enrolment is not made without a ticket, even as root: it must
+ * stay bound to the authentication that offered it. */
 static int fresh_ticket(const struct login *l, struct activation *a) {
     connection_close(&a->c);
+    if (!a->passcode)
+        return log_ret(l, PAM_AUTH_ERR, LOG_NOTICE,
+                       "No fresh ticket for enrolment after an online login");
     if (connection_open(l, &a->c) < 0)
         return PAM_AUTHINFO_UNAVAIL;
-    if (!a->passcode) {
-        erase_and_free(a->ticket);
-        a->ticket = NULL;
-        return PAM_SUCCESS;
-    }
     _cleanup_buffer_ struct buffer request = {0};
     passcode_request(&request, l, a->name, a->passcode);
     _cleanup_reply_ struct reply reply = {0};
@@ -2120,10 +2126,11 @@ static int enrol_once(const struct login *l, struct activation *a) {
         }
         if (!reply.error) {
             /* The enrolment used the ticket up and hands its authentication on in a new one
-             * (no fresher), which is what the session hand-over needs. */
+             * (no fresher), which is what the session hand-over needs. A reply without one
+             * leaves the ticket as it was. */
             const char *next = json_get_string(reply.parameters, "ticket");
-            erase_and_free(a->ticket);
-            a->ticket = next ? strdup(next) : NULL;
+            if (next)
+                (void)replace_string(&a->ticket, next);
             inform(l, MESSAGE_ENROLLED);
             return PAM_SUCCESS;
         }
@@ -2187,6 +2194,14 @@ static int offer_enrolment(const struct login *l, struct activation *a) {
     if (!is_yes(answer)) {
         log_debug(l, "Fingerprint enrolment declined by %s", a->name);
         remember_decline(l, a);
+        inform(l, MESSAGE_ENROL_LATER);
+        return PAM_SUCCESS;
+    }
+    /* Answered after the authentication's ticket expired (an abandoned screen): whoever answers
+     * now may be someone else, so nothing is enrolled, and nothing is renewed silently. */
+    if (a->ticket_deadline && now_msec() >= a->ticket_deadline) {
+        pam_syslog(l->pamh, LOG_NOTICE, "Enrolment offer for %s answered too late; not enrolling",
+                   a->name);
         inform(l, MESSAGE_ENROL_LATER);
         return PAM_SUCCESS;
     }
@@ -2314,6 +2329,18 @@ static int online_login_refused(const struct login *l, const struct reply *reply
         complain(l, MESSAGE_IDP_BROKEN);
         return log_ret(l, PAM_AUTHINFO_UNAVAIL, LOG_ERR, "Online login failed: %s: %s",
                        reply->error, reason);
+    }
+    if (is_error(reply, "OnlineLoginPaused")) {
+        long long seconds = 0;
+        if (json_get_integer(reply->parameters, "retryAfterSeconds", &seconds) && seconds > 0)
+            say_wait(l, MESSAGE_LOGIN_PAUSED, seconds);
+        else
+            complain(l, MESSAGE_LOGIN_PAUSED " Try again later.");
+        return PAM_MAXTRIES;
+    }
+    if (is_error(reply, "OnlineLoginNotAllowed")) {
+        complain(l, MESSAGE_ONLINE_NOT_HERE);
+        return log_ret(l, PAM_AUTHINFO_UNAVAIL, LOG_NOTICE, "Online login refused: %s", reason);
     }
     if (is_error(reply, "PermissionDenied"))
         return log_ret(l, PAM_AUTHINFO_UNAVAIL, LOG_NOTICE, "Online login refused: %s", reason);
@@ -2460,6 +2487,7 @@ static int sign_in_online(const struct login *l, const char *email, const char *
     note_person(l, person);
     /* Out of memory here costs the enrolment offer, not the login. */
     (void)replace_string(&a.ticket, json_get_string(p, "ticket"));
+    note_ticket_lifetime(&a, p);
     char welcome[MAX_MESSAGE_LENGTH];
     if (json_get_bool(p, "created"))
         snprintf(welcome, sizeof(welcome), "Welcome, %s", a.display_name);
@@ -2479,31 +2507,83 @@ static int sign_in_online(const struct login *l, const char *email, const char *
     return PAM_SUCCESS;
 }
 
-/* An identity-provider person the daemon knows signs in online, with the email address their
- * record holds (asked for when it cannot be read). */
-static int sign_in_again(const struct login *l, const char *name) {
-    char email[MAX_EMAIL_LENGTH + 1] = "";
+/* Asks the daemon whether an online login for `name` may happen in this context (the service,
+ * the invoking user, a remote session, the terminal's throttle), without contacting the
+ * provider; on PAM_SUCCESS `email` holds the address recorded for the person (empty when none).
+ * Nothing about the person is shown before the daemon allows it. A refusal is logged, and the
+ * person told in one line; a daemon without an identity provider is PAM_USER_UNKNOWN. */
+static int may_sign_in_online(const struct login *l, const char *name, char *email, size_t size) {
+    email[0] = '\0';
+    if (l->remote)
+        return log_ret(l, PAM_AUTHINFO_UNAVAIL, LOG_NOTICE,
+                       "No online login over a remote session");
+    _cleanup_buffer_ struct buffer request = {0};
+    buffer_puts(&request, "{\"method\":\"io.kioskauth.CheckOnlineLogin\",\"parameters\":{");
+    if (name) {
+        buffer_puts(&request, "\"name\":");
+        json_string(&request, name);
+        buffer_puts(&request, ",");
+    }
+    buffer_puts(&request, "\"context\":");
+    json_context(&request, l);
+    buffer_puts(&request, "}}");
     _cleanup_reply_ struct reply reply = {0};
-    if (look_up(l, name, &reply) >= 0 && !reply.error)
-        record_email(json_get(reply.parameters, "person"), email, sizeof(email));
+    if (ask(l, &request, &reply) < 0)
+        return PAM_AUTHINFO_UNAVAIL;
+    if (!reply.error) {
+        const char *value = json_get_string(reply.parameters, "email");
+        if (value && *value && strlen(value) < size && strlen(value) <= MAX_EMAIL_LENGTH)
+            memcpy(email, value, strlen(value) + 1);
+        return PAM_SUCCESS;
+    }
+    const char *reason = json_get_string(reply.parameters, "reason");
+    long long seconds = 0;
+    if (is_error(&reply, "IdentityProviderNotConfigured"))
+        return PAM_USER_UNKNOWN;
+    if (is_error(&reply, "OnlineLoginPaused")) {
+        if (json_get_integer(reply.parameters, "retryAfterSeconds", &seconds) && seconds > 0)
+            say_wait(l, MESSAGE_LOGIN_PAUSED, seconds);
+        else
+            complain(l, MESSAGE_LOGIN_PAUSED " Try again later.");
+        return log_ret(l, PAM_MAXTRIES, LOG_NOTICE, "Online login paused on this terminal");
+    }
+    if (is_error(&reply, "OnlineLoginNotAllowed")) {
+        complain(l, MESSAGE_ONLINE_NOT_HERE);
+        return log_ret(l, PAM_AUTHINFO_UNAVAIL, LOG_NOTICE,
+                       "Online login refused by kioskauthd: %s",
+                       reason ? reason : "no reason given");
+    }
+    if (is_error(&reply, "PermissionDenied"))
+        return log_ret(l, PAM_AUTHINFO_UNAVAIL, LOG_NOTICE, "Online login refused: %s",
+                       reason ? reason : "no reason given");
+    return unexpected(l, "CheckOnlineLogin", &reply).ret;
+}
+
+/* An identity-provider person the daemon knows signs in online, with the email address their
+ * record holds (asked for when the daemon gives none), once the daemon allows an online login
+ * here; `intro` is shown first. */
+static int sign_in_again(const struct login *l, const char *name, const char *intro) {
+    char email[MAX_EMAIL_LENGTH + 1];
+    int r = may_sign_in_online(l, name, email, sizeof(email));
+    if (r != PAM_SUCCESS)
+        return r == PAM_USER_UNKNOWN ? PAM_AUTHINFO_UNAVAIL : r;
+    if (intro)
+        inform(l, intro);
     return sign_in_online(l, email[0] ? email : NULL, name);
 }
 
 /* A name the daemon does not know: someone's first login at this terminal, when the name is an
- * email address and an identity provider is configured (GetConnectivity, which anyone may call,
- * says so); otherwise nobody the daemon manages, and the next module decides. `given`: whether
- * the application named the person; then the login must be theirs, or PAM_USER would change
+ * email address, an identity provider is configured and the daemon allows an online login here
+ * (CheckOnlineLogin); otherwise nobody the daemon manages, and the next module decides. `given`:
+ * whether the application named the person; then the login must be theirs, or PAM_USER would change
  * under it; a name the module asked for itself is replaced by the daemon's. */
 static int first_login(const struct login *l, const char *name, bool given) {
     if (!looks_like_email(name) || l->remote)
         return PAM_USER_UNKNOWN;
-    _cleanup_buffer_ struct buffer request = {0};
-    buffer_puts(&request, "{\"method\":\"io.kioskauth.GetConnectivity\"}");
-    _cleanup_reply_ struct reply reply = {0};
-    if (ask(l, &request, &reply) < 0)
-        return PAM_AUTHINFO_UNAVAIL;
-    if (reply.error || !json_get_bool(reply.parameters, "identityProvider"))
-        return PAM_USER_UNKNOWN;
+    char email[MAX_EMAIL_LENGTH + 1];
+    int r = may_sign_in_online(l, name, email, sizeof(email));
+    if (r != PAM_SUCCESS)
+        return r;
     log_debug(l, "%s is not known here yet: first online login", name);
     return sign_in_online(l, name, given ? name : NULL);
 }
@@ -2531,7 +2611,7 @@ static int authenticate(const struct login *l) {
             struct step s = identify(l);
             /* Recognised, but their offline window has ended: they sign in online as themselves. */
             if (s.next == NEXT_ONLINE && mode == MODE_AUTO && s.name[0])
-                return sign_in_again(l, s.name);
+                return sign_in_again(l, s.name, NULL);
             if (s.next != NEXT_ASK_NAME || mode == MODE_IDENTIFY)
                 return s.ret;
         }
@@ -2557,7 +2637,7 @@ static int authenticate(const struct login *l) {
         }
         /* Only a conversation with a keyboard goes on to the passcode or an online login. */
         if (mode == MODE_AUTO && s.next == NEXT_ONLINE)
-            return sign_in_again(l, user);
+            return sign_in_again(l, user, NULL);
         if (mode == MODE_AUTO && s.next == NEXT_FIRST_LOGIN)
             return first_login(l, user, given);
         if (s.next != NEXT_PASSCODE || mode != MODE_AUTO)
@@ -2588,10 +2668,26 @@ static int remember_authentication(const struct login *l) {
     return PAM_SUCCESS;
 }
 
-/* Whether this module authenticated someone in this handle. */
+/* Whether this module authenticated someone in this handle (by its last auth). */
 static bool authenticated_in(pam_handle_t *pamh) {
     const void *mark = NULL;
     return pam_get_data(pamh, DATA_AUTHENTICATED, &mark) == PAM_SUCCESS && mark;
+}
+
+/* Whether PAM_USER is someone else than the person this module's last auth authenticated. */
+static bool user_changed_since_auth(pam_handle_t *pamh) {
+    const void *mark = NULL;
+    const char *user = string_item(pamh, PAM_USER);
+    if (pam_get_data(pamh, DATA_AUTHENTICATED, &mark) != PAM_SUCCESS || !mark)
+        return false;
+    return !user || strcmp(user, mark) != 0;
+}
+
+/* Forgets an earlier auth's success: a new auth starts with nobody authenticated. */
+static void forget_authentication(pam_handle_t *pamh) {
+    const void *mark = NULL;
+    if (pam_get_data(pamh, DATA_AUTHENTICATED, &mark) == PAM_SUCCESS && mark)
+        (void)pam_set_data(pamh, DATA_AUTHENTICATED, NULL, NULL);
 }
 
 _public_ PAM_EXTERN int pam_sm_authenticate(pam_handle_t *pamh, int flags, int argc,
@@ -2606,6 +2702,7 @@ _public_ PAM_EXTERN int pam_sm_authenticate(pam_handle_t *pamh, int flags, int a
     l.handover = &handover;
     clear_person(pamh);
     forget_handover(pamh);
+    forget_authentication(pamh);
     int r = authenticate(&l);
     if (r == PAM_SUCCESS)
         r = remember_authentication(&l);
@@ -2649,6 +2746,8 @@ static int account_status(const struct login *l, const char *name, struct reply 
  * business, unless this module authenticated them in this handle: then every doubt refuses. */
 static int check_account(const struct login *l, bool authenticated_here) {
     const char *user = string_item(l->pamh, PAM_USER);
+    if (authenticated_here && user_changed_since_auth(l->pamh))
+        return log_ret(l, PAM_PERM_DENIED, LOG_ERR, "PAM_USER changed after authentication");
     if (!user || !login_name_is_valid(user)) {
         if (authenticated_here)
             return log_ret(l, PAM_PERM_DENIED, LOG_ERR, "PAM_USER changed after authentication");
@@ -2810,6 +2909,10 @@ static int session_refused(const struct login *l, const char *user, const struct
 
 static int open_session(const struct login *l, bool authenticated_here) {
     const char *user = string_item(l->pamh, PAM_USER);
+    if (authenticated_here && user_changed_since_auth(l->pamh)) {
+        forget_handover(l->pamh);
+        return log_ret(l, PAM_SESSION_ERR, LOG_ERR, "PAM_USER changed after authentication");
+    }
     if (!user || !login_name_is_valid(user)) {
         forget_handover(l->pamh);
         if (authenticated_here)
@@ -2827,13 +2930,31 @@ static int open_session(const struct login *l, bool authenticated_here) {
     int r = -ENOTCONN;
     take_handover(l, user, &c, &ticket);
     if (ticket) {
+        /* Only when the ticketed call surely registered nothing (it could not be sent, or the
+         * daemon answered that the ticket or the connection is gone) is it made again without
+         * the ticket; after a call that may have reached the daemon, a second one could register
+         * a second session. */
         _cleanup_buffer_ struct buffer request = {0};
         open_session_request(&request, l, user, ticket);
-        r = exchange(l, &c, &request, &reply);
-        if (r >= 0 && connection_lost(r, &reply))
-            r = -ENOTCONN;
-        if (r < 0)
+        uint64_t deadline = now_msec() + CALL_TIMEOUT_MSEC;
+        r = request.failed ? -ENOMEM : connection_send(&c, &request, deadline);
+        if (r >= 0) {
+            r = connection_receive(&c, deadline, false, &reply);
+            if (r < 0) {
+                if (!authenticated_here)
+                    return PAM_IGNORE;
+                complain(l, MESSAGE_UNAVAILABLE);
+                return log_ret(l, PAM_SESSION_ERR, LOG_ERR,
+                               "kioskauthd did not answer OpenSession for %s: %s", user,
+                               strerror(-r));
+            }
+            if (is_error(&reply, "TicketInvalid") || is_error(&reply, "IdleTimeout"))
+                r = -ENOTCONN;
+        }
+        if (r < 0) {
             log_debug(l, "The authentication's ticket is gone; opening the session without it");
+            reply_clear(&reply);
+        }
     }
     if (r < 0) {
         _cleanup_buffer_ struct buffer request = {0};

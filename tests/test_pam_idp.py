@@ -16,10 +16,11 @@ from pathlib import Path
 import pytest
 
 from fprint_virtual import environment, scan
-from idp_testing import SARAH, IdentityServer, have_identity_server, login, make_identity_daemon, ok
+from idp_testing import (SARAH, Connection, IdentityServer, error_name, have_identity_server, login,
+                         make_identity_daemon, ok)
 from kioskauth_testing import as_user, ensure_group
-from pam_support import (PAM_AUTH_ERR, PAM_AUTHINFO_UNAVAIL, PAM_SUCCESS, PAM_USER_UNKNOWN, Client, PamConfig,
-                         Pamtester, enroll, run_pamtester)
+from pam_support import (PAM_AUTH_ERR, PAM_AUTHINFO_UNAVAIL, PAM_MAXTRIES, PAM_SUCCESS, PAM_USER_UNKNOWN, Client, PamConfig,
+                         Pamtester, VarlinkConnection, enroll, run_pamtester)
 from test_pam import TOUCH, NOT_RECOGNISED, audit, call, module, pam, person  # noqa: F401 (fixtures)
 from test_pam_activation import DUPLICATE_CHECK, ENABLE, ENROLLED, LATER, touch_each_stage
 
@@ -36,6 +37,7 @@ UNREACHABLE = "Your organisation's sign-in cannot be reached. Try again later, o
 NOT_ADMITTED = "Your account may not sign in on this terminal."
 UNKNOWN_ROLE = "Your account has no role this terminal knows. Ask your coordinator."
 WINDOW_ENDED = "Sign in online: this terminal has been offline for too long."
+NOT_HERE = "Online sign-in is not possible here."
 
 
 def password_prompt(email):
@@ -189,6 +191,72 @@ def test_first_login_creates_the_person_and_enrols_a_finger_in_the_same_conversa
     assert p.result() == PAM_SUCCESS and "Password" not in p.err
 
 
+def test_an_offer_answered_after_the_authentication_went_stale_enrols_nothing(make_daemon, idp, pam):
+    """The greeter runs as root, an admin who needs no ticket: the enrolment must still be bound
+    to the login that offered it, or whoever answers an abandoned screen enrols their finger."""
+    # The ticket expires while the offer waits.
+    d, sensor, _ = start(make_daemon, idp, kind="virtual_device", extra="[Access]\nTicketLifetimeSec=2\n")
+    pam.kioskauth("kioskauth", d.socket, "mode=passcode")
+    c = Client(pam, "kioskauth", NOOR[0], "authenticate")
+    c.send(NOOR[1])
+    c.expect_message(ENABLE)
+    time.sleep(3)
+    c.send("y")
+    [result] = c.results()
+    assert (result["rc"], result["user"]) == (PAM_SUCCESS, NOOR[0]), c.transcript
+    assert c.messages()[-2:] == [("prompt_echo_on", ENABLE), ("info", LATER)], c.transcript
+    assert person(d, NOOR[0])["fingers"] == [] and audit(d, "finger.enroll") == []
+    d.stop()
+
+    # The daemon closes the idle connection while the offer waits (the ticket dies with it).
+    d, sensor, _ = start(make_daemon, idp, kind="virtual_device", extra="[Socket]\nIdleTimeoutSec=1\n")
+    pam.kioskauth("kioskauth", d.socket, "mode=passcode")
+    c = Client(pam, "kioskauth", NOOR[0], "authenticate")
+    c.send(NOOR[1])
+    c.expect_message(ENABLE)
+    time.sleep(2.5)
+    c.send("y")
+    [result] = c.results()
+    assert result["rc"] == PAM_SUCCESS, c.transcript
+    assert ("info", LATER) in c.messages() and not any("Touch" in text for _, text in c.messages()), c.transcript
+    assert person(d, NOOR[0])["fingers"] == [] and audit(d, "finger.enroll") == []
+
+
+def test_a_ticket_an_admin_presents_is_checked_and_handed_on(make_daemon, idp, pam):
+    """Checked: see above. Handed on: root's enrolment keeps the login's authentication for the
+    session it opens."""
+    d, sensor, _ = start(make_daemon, idp, kind="virtual_device", extra="[Access]\nTicketLifetimeSec=2\n")
+    n = stages(d)
+    # Root (an admin) with the ticket of a login that has expired: refused before any touch.
+    conn = VarlinkConnection(d.socket)
+    conn.send({"method": "io.kioskauth.LoginWithPassword", "parameters": {"email": NOOR[0], "password": NOOR[1]}})
+    ticket = ok(conn.receive())["ticket"]
+    time.sleep(3)
+    conn.send({"method": "io.kioskauth.EnrollFinger", "parameters": {"name": NOOR[0], "ticket": ticket},
+               "more": True})
+    reply = conn.receive()
+    assert error_name(reply) == "TicketInvalid", reply
+    conn.close()
+    [refused] = audit(d, "finger.enroll")
+    assert (refused["result"], refused["detail"]) == ("refused", "the presented ticket is not valid")
+
+    # Within its lifetime: the login enrols as root and the session it opens is authenticated,
+    # because the enrolment hands the ticket on to root too.
+    d.stop()
+    d, sensor, _ = start(make_daemon, idp, kind="virtual_device")
+    pam.kioskauth("kioskauth", d.socket, "mode=passcode")
+    c = Client(pam, "kioskauth", NOOR[0], "authenticate", "open_session")
+    c.send(NOOR[1])
+    c.expect_message(ENABLE)
+    c.send("y")
+    touch_each_stage(c, sensor, "noor-finger", n)
+    result, opened = c.results()
+    assert (result["rc"], opened["rc"]) == (PAM_SUCCESS, PAM_SUCCESS), c.transcript
+    assert ("info", ENROLLED) in c.messages()
+    [session] = call(d, "ListSessions", {"name": NOOR[0]})["parameters"]["sessions"]
+    assert session.get("lastAuthenticationAt") is not None, session
+
+
 def test_a_declined_offer_is_remembered_and_not_made_again(make_daemon, idp, pam):
     d, _, _ = start(make_daemon, idp, kind="virtual_device")
     # A keyboard conversation with no name yet: the module asks for it, and the daemon's name for
@@ -320,6 +388,60 @@ def test_no_online_login_over_a_remote_session(make_daemon, idp, pam):
             assert result["rc"] == expected, (mode, user, c.transcript)
             assert c.messages() == [], (mode, user, c.transcript)
     assert len(audit(d, "idp.login")) == 1  # only the API login above
+
+
+def test_online_login_follows_the_passcode_service_rules_and_shows_nobodys_email(make_daemon, idp, pam):
+    """`su sarah` run by anyone (su sets no PAM_RHOST), or a service not allowed passcodes, does
+    not reach the organisation's sign-in: no password prompt, and her email is not shown."""
+    d, sensor, _ = start(make_daemon, idp, kind=None)
+    name = existing(d, sensor)
+    for service in ("su", "sshd"):
+        pam.kioskauth(service, d.socket, "mode=passcode")
+        for user in (name, NOOR[0]):  # known here, and a first login
+            c = Client(pam, service, user, "authenticate")
+            [result] = c.results()
+            assert result["rc"] == PAM_AUTHINFO_UNAVAIL, (service, user, c.transcript)
+            assert not any(style.startswith("prompt") for style, _ in c.messages()), c.transcript
+            assert not any(SARAH[0] in text for _, text in c.messages()), c.transcript
+            assert c.messages()[-1] == ("error", NOT_HERE)
+    # The daemon itself refuses before asking the provider: from su (ruid 0 is nobody's person),
+    # from a service not allowed passcodes, and over a remote session, each audited.
+    contexts = [{"service": "su", "ruid": 0, "remote": False}, {"service": "sshd", "ruid": 0, "remote": False},
+                {"service": "kioskauth", "ruid": 0, "remote": False, "remoteHost": "laptop.example.org"}]
+    for context in contexts:
+        reply = Connection(d.socket).call(
+            "LoginWithPassword", {"email": SARAH[0], "password": SARAH[1], "context": context})
+        assert error_name(reply) == "OnlineLoginNotAllowed", reply
+        reply = Connection(d.socket).call("CheckOnlineLogin", {"name": name, "context": context})
+        assert error_name(reply) == "OnlineLoginNotAllowed" and "email" not in reply.get("parameters", {}), reply
+    events = audit(d, "idp.login")
+    assert [e["result"] for e in events] == ["success"] + ["refused"] * (4 + 2 * len(contexts)), events
+    # Where it is allowed, the email comes with the answer.
+    reply = Connection(d.socket).call("CheckOnlineLogin", {"name": name, "context": {"service": "kioskauth",
+                                                                                     "ruid": 0}})
+    assert ok(reply) == {"email": SARAH[0]}
+
+
+def test_wrong_passwords_pause_online_logins_on_the_terminal(make_daemon, idp, pam):
+    d, sensor, _ = start(make_daemon, idp, kind=None, extra="LoginMaxFailures=2\nLoginFailureWindowSec=600\n")
+    name = existing(d, sensor)
+    pam.kioskauth("kioskauth", d.socket, "mode=passcode")
+    for _ in range(2):
+        p = run_pamtester(pam, "kioskauth", name, "authenticate", answers=[(password_prompt(SARAH[0]), "guess")])
+        assert p.result() == PAM_AUTH_ERR
+    # Paused: not even asked, with the wait; the right password through the API is refused too.
+    c = Client(pam, "kioskauth", name, "authenticate")
+    [result] = c.results()
+    assert result["rc"] == PAM_MAXTRIES, c.transcript
+    [(style, line)] = c.messages()
+    assert style == "error" and line.startswith("Too many wrong passwords on this terminal. Try again in 10 minutes")
+    reply = login(d)
+    assert error_name(reply) == "OnlineLoginPaused" and 0 < reply["parameters"]["retryAfterSeconds"] <= 600
+    # A restart does not lift it.
+    d.restart()
+    assert error_name(login(d)) == "OnlineLoginPaused"
+    assert [e["detail"] for e in audit(d, "idp.login") if e["result"] == "refused"] == [
+        "paused after too many wrong passwords"] * 3
 
 
 # The device-code login --------------------------------------------------------------------------------

@@ -7,6 +7,8 @@ real daemon; the tests run as root, one as nobody in the kioskauth group.
 """
 
 import json
+import os
+import signal
 import tempfile
 import time
 from pathlib import Path
@@ -15,7 +17,7 @@ import pytest
 
 from idp_testing import SARAH, IdentityServer, have_identity_server, login, make_identity_daemon, ok
 from kioskauth_testing import as_user, ensure_group
-from pam_support import (MODULE, PAM_SESSION_ERR, PAM_SUCCESS, REPO, Client, PamConfig,
+from pam_support import (MODULE, PAM_PERM_DENIED, PAM_SESSION_ERR, PAM_SUCCESS, REPO, Client, PamConfig,
                          run_pamtester, security_dir)
 from test_pam import PASSCODE, add_person, audit, call, module, pam, start  # noqa: F401 (fixtures)
 
@@ -212,8 +214,8 @@ def test_without_the_auth_connection_the_session_opens_unauthenticated(make_daem
 
 
 def test_the_ticket_goes_only_to_the_person_it_was_earned_for(make_daemon, pam):
-    """Something after this module's auth changes PAM_USER: the session is the new user's, opened
-    without the ticket earned for the person this module authenticated."""
+    """Something after this module's auth changes PAM_USER: account and session fail closed, and
+    nobody gets a session on the strength of the person this module authenticated."""
     d, _ = start(make_daemon)
     add_person(d, "sarah")
     add_person(d, "omar")
@@ -222,10 +224,51 @@ def test_the_ticket_goes_only_to_the_person_it_was_earned_for(make_daemon, pam):
     c.send(PASSCODE)
     c.send("omar")
     results = c.results()
-    assert [(r["rc"], r["user"]) for r in results] == [(PAM_SUCCESS, "sarah"), (PAM_SUCCESS, "omar")]
-    [s] = sessions(d)
-    assert s["name"] == "omar" and s.get("lastAuthenticationAt") is None
-    assert not audit(d, "session.open")[0]["detail"].endswith("; authenticated")
+    assert [(r["rc"], r["user"]) for r in results] == [(PAM_SUCCESS, "sarah"), (PAM_SESSION_ERR, "omar")]
+    assert sessions(d) == []
+    pam.kioskauth("login", d.socket, "mode=passcode")
+    c = Client(pam, "login", "sarah", "authenticate", "set_user", "acct_mgmt")
+    c.send(PASSCODE)
+    c.send("omar")
+    assert [r["rc"] for r in c.results()] == [PAM_SUCCESS, PAM_PERM_DENIED]
+
+
+def test_a_later_auth_forgets_what_an_earlier_one_authenticated(make_daemon, pam):
+    """The handle is authenticated again for someone this module does not manage (another
+    module lets them in): the account step is that module's business, not a fail-closed refusal
+    left over from the first auth."""
+    d, _ = start(make_daemon)
+    add_person(d, "sarah")
+    line = f"{MODULE} socket={d.socket} mode=passcode"
+    permit = security_dir() / "pam_permit.so"
+    pam.add("login", f"auth sufficient {line}\nauth required {permit}\n"
+                     f"account [success=ok user_unknown=ignore default=die] {line}\naccount required {permit}\n")
+    c = Client(pam, "login", "sarah", "authenticate", "set_user", "authenticate", "acct_mgmt")
+    c.send(PASSCODE)
+    c.send("carol")
+    assert [(r["rc"], r["user"]) for r in c.results()] == [(PAM_SUCCESS, "sarah"), (PAM_SUCCESS, "carol"),
+                                                           (PAM_SUCCESS, "carol")], c.transcript
+
+
+def test_an_unanswered_ticketed_open_session_is_not_sent_again_without_the_ticket(make_daemon, pam):
+    """The daemon stops answering after it read the ticketed OpenSession: a second call without
+    the ticket could register a second session, so there is none, and the session fails."""
+    d, _ = start(make_daemon)
+    add_person(d, "sarah")
+    session_stack(pam, "kioskauth", d.socket)
+    c = Client(pam, "kioskauth", "sarah", "authenticate", "pause", "open_session")
+    c.send(PASSCODE)
+    c.expect('"paused"')
+    os.kill(d.proc.pid, signal.SIGSTOP)
+    try:
+        c.send("")
+        results = c.results()
+    finally:
+        os.kill(d.proc.pid, signal.SIGCONT)
+    assert [r["rc"] for r in results] == [PAM_SUCCESS, PAM_SESSION_ERR], c.transcript
+    assert results[-1]["seconds"] < 15
+    time.sleep(1)
+    assert len(sessions(d)) == 1  # the ticketed call, once the daemon went on; no second one
 
 
 def test_a_kiosk_app_in_the_kioskauth_group_opens_and_closes_authenticated_sessions(make_daemon, module):

@@ -70,13 +70,7 @@ extension Authority {
         -> Message.OnlineLogin
     {
         let service = input.context?.service
-        guard groups.isAuthenticator(caller) else {
-            audit(
-                caller, action: "idp.login", result: "refused", method: "idp-password", service: service,
-                detail: "caller is not an authenticator")
-            throw APIError.permissionDenied(
-                "online login needs root or membership in \(configuration.access.authenticatorGroup)")
-        }
+        var gate = try openOnlineLoginGate(caller, context: input.context, name: nil, method: "idp-password")
         guard let provider = services.provider else { throw Self.notConfigured }
         let email = input.email.trimmingCharacters(in: .whitespaces)
         guard (3...Self.maximumEmailLength).contains(email.utf8.count), email.contains("@"),
@@ -85,11 +79,24 @@ extension Authority {
         guard (1...Self.maximumPasswordLength).contains(input.password.utf8.count) else {
             throw APIError.invalidInput("password", "a password is 1 to \(Self.maximumPasswordLength) bytes")
         }
+        // From su and the like, only the invoking user's own address is tried.
+        if let invoking = gate.invokingPerson {
+            let recorded = try? store.identityProviderProfile(of: invoking).email
+            guard let recorded, recorded.lowercased() == email.lowercased() else {
+                audit(
+                    caller, action: "idp.login", result: "refused", method: "idp-password", service: service,
+                    detail: "\(service ?? "-") accepts an online login only for the invoking user")
+                throw APIError.own(
+                    "OnlineLoginNotAllowed",
+                    ["reason": .string("\(service ?? "-") accepts an online login only for the invoking user")])
+            }
+        }
         let started = services.clock.reading()
         let result: LoginResult
         do {
             result = try await provider.passwordLogin(email: email, password: input.password)
         } catch {
+            recordOnlineLoginFailure(&gate, error)
             noteProvider(error)
             audit(
                 caller, action: "idp.login", result: "failure", method: "idp-password", service: service,
@@ -97,7 +104,8 @@ extension Authority {
             throw Self.apiError(identity: error)
         }
         return try await completeOnlineLogin(
-            caller, result, method: "idp-password", service: service, startedAt: started)
+            caller, result, method: "idp-password", service: service, startedAt: started,
+            invokingPerson: gate.invokingPerson)
     }
 
     func startDeviceLogin(
@@ -106,13 +114,7 @@ extension Authority {
         -> Message.OnlineLogin
     {
         let service = input.context?.service
-        guard groups.isAuthenticator(caller) else {
-            audit(
-                caller, action: "idp.login", result: "refused", method: "idp-device", service: service,
-                detail: "caller is not an authenticator")
-            throw APIError.permissionDenied(
-                "online login needs root or membership in \(configuration.access.authenticatorGroup)")
-        }
+        let gate = try openOnlineLoginGate(caller, context: input.context, name: nil, method: "idp-device")
         guard let provider = services.provider else { throw Self.notConfigured }
         guard sink.wantsMore else { throw APIError(VarlinkErrorName.expectedMore) }
         let started = services.clock.reading()
@@ -143,7 +145,9 @@ extension Authority {
                 detail: Self.summary(error))
             throw Self.apiError(identity: error)
         }
-        return try await completeOnlineLogin(caller, result, method: "idp-device", service: service, startedAt: started)
+        return try await completeOnlineLogin(
+            caller, result, method: "idp-device", service: service, startedAt: started,
+            invokingPerson: gate.invokingPerson)
     }
 
     static func summary(_ error: any Error) -> String {
@@ -155,11 +159,24 @@ extension Authority {
     /// sealed refresh token and new offline window; lifts a suspension and clears a passcode hard
     /// lock; starts background refresh.
     func completeOnlineLogin(
-        _ caller: Caller, _ result: LoginResult, method: String, service: String?, startedAt: ClockReading
+        _ caller: Caller, _ result: LoginResult, method: String, service: String?, startedAt: ClockReading,
+        invokingPerson: StoredPerson? = nil
     ) async throws(APIError)
         -> Message.OnlineLogin
     {
         let identity = result.identity
+        // From su and the like, the login must be the invoking user's own person; anyone else is
+        // refused before anything is recorded.
+        if let invokingPerson,
+            (try? store.person(withSubject: identity.subject))?.id != invokingPerson.id
+        {
+            audit(
+                caller, action: "idp.login", result: "refused", method: method, service: service,
+                detail: "signed in as someone other than the invoking user")
+            throw APIError.own(
+                "OnlineLoginNotAllowed",
+                ["reason": .string("\(service ?? "-") accepts an online login only for the invoking user")])
+        }
         var roles: [Role] = []
         for text in identity.roles {
             guard let role = Role(rawValue: text) else {

@@ -58,6 +58,10 @@ extension DaemonConfiguration {
         public var probeInterval: TimeInterval = 300
         /// The longest a reachability probe may take (never longer than `requestTimeout`).
         public var probeTimeout: TimeInterval = 5
+        /// Wrong passwords within `loginFailureWindow` that pause online logins on this terminal.
+        public var loginMaxFailures = 10
+        /// The window of the online-login throttle.
+        public var loginFailureWindow: TimeInterval = 900
 
         /// Whether an identity provider is configured.
         public var isEnabled: Bool { !issuer.isEmpty }
@@ -160,6 +164,13 @@ extension DaemonConfiguration {
             identityProvider.probeInterval = try seconds(value, 0...86400)
         case ("IdentityProvider", "ProbeTimeoutSec"):
             identityProvider.probeTimeout = try seconds(value, 0.1...300)
+        case ("IdentityProvider", "LoginMaxFailures"):
+            guard let number = Int(value), (1...1000).contains(number) else {
+                throw ValueError(message: "expected a whole number in 1...1000")
+            }
+            identityProvider.loginMaxFailures = number
+        case ("IdentityProvider", "LoginFailureWindowSec"):
+            identityProvider.loginFailureWindow = try seconds(value, 1...86400)
         case ("Session", "IdleTimeoutSec"): session.idleTimeout = try seconds(value, 1...(7 * 86400))
         case ("Session", "MaxAgeSec"): session.maximumAge = try seconds(value, 0...(30 * 86400))
         case ("Session", "OvernightCutoff"):

@@ -8,6 +8,9 @@ extension Dispatcher {
         register(prefix + "LoginWithPassword") { (input: Message.LoginWithPassword, caller, _) in
             try await authority.loginWithPassword(caller, input)
         }
+        register(prefix + "CheckOnlineLogin") { (input: Message.CheckOnlineLogin, caller, _) in
+            try await authority.checkOnlineLogin(caller, input)
+        }
         register(prefix + "StartDeviceLogin") { (input: Message.StartDeviceLogin, caller, sink) in
             try await authority.startDeviceLogin(caller, input, sink: sink)
         }

@@ -640,8 +640,27 @@ type DeviceLoginPrompt (
   interval: int
 )
 
+# Whether an online login may happen in this context, without contacting the provider: the
+# same rules as LoginWithPassword and StartDeviceLogin (root and the kioskauth group; never over
+# a remote session; only from PAM services in PasscodeServices; from a switch-user service such
+# as su or sudo only for the identity-provider person bound to the invoking user's real uid; not
+# while the terminal is paused after too many wrong passwords). Refusals are
+# OnlineLoginNotAllowed, OnlineLoginPaused, IdentityProviderNotConfigured or PermissionDenied.
+method CheckOnlineLogin(
+  # The person the login is for, when known (PAM_USER).
+  name: ?string,
+  # What the PAM module knows about the login being served.
+  context: ?CallerContext
+) -> (
+  # The email address recorded for that identity-provider person, if any.
+  email: ?string
+)
+
 # First login, or an online login, with the organisation's email and password (the OAuth
-# password grant). Root and the kioskauth group only. The person is created at their first
+# password grant). Root and the kioskauth group only, under the CheckOnlineLogin rules (checked
+# before the provider is asked; from a switch-user service the email must be the invoking
+# user's person's). A wrong password counts against the terminal's online-login throttle
+# (LoginMaxFailures= within LoginFailureWindowSec=). The person is created at their first
 # login (origin idp, roles from the role claim); every online login starts a new offline
 # window, lifts a suspension and clears a passcode hard lock.
 method LoginWithPassword(
@@ -670,7 +689,8 @@ method LoginWithPassword(
 
 # Online login with the device authorization grant (RFC 8628), for providers that refuse the
 # password grant: the first reply carries the code and URL to show, the final one the person,
-# as LoginWithPassword's. Needs "more". Root and the kioskauth group only.
+# as LoginWithPassword's. Needs "more". Root and the kioskauth group only, under the
+# CheckOnlineLogin rules.
 method StartDeviceLogin(
   # What the PAM module knows about the login being served.
   context: ?CallerContext
@@ -868,5 +888,12 @@ error StaleAuthentication (id: string)
 
 # No access token can be given now: the person is local, or the provider cannot be reached.
 error NoAccessToken (reason: string)
+
+# An online login is not allowed in this context (remote, a PAM service not allowed them, or a
+# switch-user service for someone other than the invoking user's person).
+error OnlineLoginNotAllowed (reason: string)
+
+# Too many wrong passwords on this terminal: online logins pause.
+error OnlineLoginPaused (message: string, retryAfterSeconds: int)
 """#
 }

@@ -129,6 +129,20 @@ extension Message {
         }
     }
 
+    public struct CheckOnlineLogin: Codable, Sendable {
+        public var name: String?
+        public var context: CallerContext?
+        public init(name: String? = nil, context: CallerContext? = nil) {
+            self.name = name
+            self.context = context
+        }
+    }
+
+    public struct OnlineLoginAllowed: Codable, Sendable {
+        public var email: String?
+        public init(email: String?) { self.email = email }
+    }
+
     public struct StartDeviceLogin: Codable, Sendable {
         public var context: CallerContext?
         public init(context: CallerContext? = nil) { self.context = context }

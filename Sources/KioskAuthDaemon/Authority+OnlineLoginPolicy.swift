@@ -1,0 +1,121 @@
+import Foundation
+import KioskAuthCore
+import KioskAuthIdentity
+import KioskAuthProtocol
+import KioskAuthStore
+
+// Where an online login may happen, and how often it may fail. An online login takes the
+// organisation's password, so it is held to the passcode rules of the login being served (the
+// same PAM service allow-list, the switch-user rule, never remote) before the provider is
+// contacted, and wrong passwords are throttled per terminal, so that the terminal cannot become a
+// way to guess the organisation's passwords.
+
+extension Authority {
+    static let onlineLoginLimiterKey = "online-login-rate-limit"
+
+    /// What an online login is checked against before the provider is asked.
+    struct OnlineLoginGate {
+        /// For a switch-user service (su, sudo): the person bound to the invoking user, the only
+        /// one who may sign in there.
+        var invokingPerson: StoredPerson?
+        var limiter: ActivationRateLimiter
+    }
+
+    /// Why an online login may not happen in this context, if it may not. `name`: the person the
+    /// login is for, when the caller knows it. Services are checked against PasscodeServices
+    /// (an online login is the keyboard fallback the passcode is, and lifts its hard lock); a
+    /// switch-user service allows only the person bound to the invoking user's real uid.
+    func onlineLoginRefusal(
+        _ context: CallerContext?, name: LoginName?
+    ) throws(APIError) -> (reason: String?, invoking: StoredPerson?) {
+        guard let context else { return (nil, nil) }
+        if context.remote == true || (context.remoteHost.map { !$0.isEmpty } ?? false) {
+            return ("online logins are not accepted over remote sessions", nil)
+        }
+        guard let service = context.service else { return (nil, nil) }
+        if configuration.access.switchUserServices.contains(service) {
+            let bound =
+                try context.ruid.flatMap { ruid throws(APIError) in
+                    try withStore(nil, action: "idp.login") { () throws(StoreError) in try store.person(boundTo: ruid) }
+                }
+            guard let bound, bound.origin == .idp, name == nil || name == bound.name else {
+                return ("\(service) accepts an online login only for the invoking user", nil)
+            }
+            return (nil, bound)
+        }
+        if !configuration.access.passcodeServices.contains(service) {
+            return ("the PAM service \(service) is not allowed online logins", nil)
+        }
+        return (nil, nil)
+    }
+
+    /// Checks everything but the credential: an authenticator, a configured provider, a context
+    /// that allows it, and the terminal not paused after too many wrong passwords. Every refusal
+    /// is audited and is one named error.
+    func openOnlineLoginGate(
+        _ caller: Caller, context: CallerContext?, name: LoginName?, method: String
+    ) throws(APIError) -> OnlineLoginGate {
+        let service = context?.service
+        guard groups.isAuthenticator(caller) else {
+            audit(
+                caller, action: "idp.login", result: "refused", method: method, service: service,
+                detail: "caller is not an authenticator")
+            throw APIError.permissionDenied(
+                "online login needs root or membership in \(configuration.access.authenticatorGroup)")
+        }
+        guard services.provider != nil else { throw Self.notConfigured }
+        let (reason, invoking) = try onlineLoginRefusal(context, name: name)
+        if let reason {
+            audit(
+                caller, action: "idp.login", result: "refused", person: name?.rawValue, method: method,
+                service: service, detail: reason)
+            throw APIError.own("OnlineLoginNotAllowed", ["reason": .string(reason)])
+        }
+        let limiter = onlineLoginLimiter()
+        let at = now()
+        if let until = limiter.pausedUntil(now: at) {
+            audit(
+                caller, action: "idp.login", result: "refused", person: name?.rawValue, method: method,
+                service: service, detail: "paused after too many wrong passwords")
+            throw APIError.own(
+                "OnlineLoginPaused",
+                [
+                    "message": .string("Too many wrong passwords on this terminal."),
+                    "retryAfterSeconds": .number(max(1, until.timeIntervalSince(at).rounded(.up))),
+                ])
+        }
+        return OnlineLoginGate(invokingPerson: invoking, limiter: limiter)
+    }
+
+    func onlineLoginLimiter() -> ActivationRateLimiter {
+        ((try? store.terminalValue(ActivationRateLimiter.self, forKey: Self.onlineLoginLimiterKey)) ?? nil)
+            ?? ActivationRateLimiter(
+                maxFailures: configuration.identityProvider.loginMaxFailures,
+                window: configuration.identityProvider.loginFailureWindow)
+    }
+
+    /// Counts a wrong password against the terminal.
+    func recordOnlineLoginFailure(_ gate: inout OnlineLoginGate, _ error: any Error) {
+        guard (error as? IdentityError)?.code == .invalidCredentials else { return }
+        gate.limiter.recordFailure(now: now())
+        try? store.setTerminalValue(gate.limiter, forKey: Self.onlineLoginLimiterKey)
+    }
+
+    /// CheckOnlineLogin: may an online login happen here, for `name`? Never contacts the provider;
+    /// the person's recorded email only to a context that may sign them in.
+    func checkOnlineLogin(
+        _ caller: Caller, _ input: Message.CheckOnlineLogin
+    ) throws(APIError)
+        -> Message.OnlineLoginAllowed
+    {
+        let name = try input.name.map { text throws(APIError) in try loginName(text) }
+        _ = try openOnlineLoginGate(caller, context: input.context, name: name, method: "idp-check")
+        guard let name,
+            let person = try withStore(
+                caller, action: "idp.login", { () throws(StoreError) in try store.person(named: name) }),
+            person.origin == .idp,
+            let profile = try? store.identityProviderProfile(of: person)
+        else { return Message.OnlineLoginAllowed(email: nil) }
+        return Message.OnlineLoginAllowed(email: profile.email)
+    }
+}
