@@ -27,6 +27,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/un.h>
 #include <syslog.h>
 #include <time.h>
@@ -1192,14 +1193,24 @@ static int ask(const struct login *l, const struct buffer *request, struct reply
  * authentication, which is the safe side. */
 struct handover {
     int fd;
+    dev_t dev; /* which socket `fd` was: the application may close and reuse the number */
+    ino_t ino;
     char *ticket;
     char name[MAX_NAME_LENGTH + 1];
 };
 #define HANDOVER_INIT                                                                              \
     { .fd = -1 }
 
+/* Whether h->fd is still the socket auth kept, not a descriptor the application opened on the
+ * same number after closing ours. */
+static bool handover_fd_is_ours(const struct handover *h) {
+    struct stat st;
+    return h->fd >= 0 && fstat(h->fd, &st) == 0 && S_ISSOCK(st.st_mode) && st.st_dev == h->dev &&
+           st.st_ino == h->ino;
+}
+
 static void handover_clear(struct handover *h) {
-    if (h->fd >= 0)
+    if (handover_fd_is_ours(h))
         close(h->fd);
     erase_and_free(h->ticket);
     *h = (struct handover)HANDOVER_INIT;
@@ -1217,11 +1228,16 @@ static void free_handover(pam_handle_t *pamh, void *data, int error_status) {
 static void keep_for_session(const struct login *l, struct connection *c, const char *ticket,
                              const char *name) {
     struct handover *h = l->handover;
+    struct stat st;
     char *copy =
-        h && c->fd >= 0 && ticket && name && login_name_is_valid(name) ? strdup(ticket) : NULL;
+        h && c->fd >= 0 && ticket && name && login_name_is_valid(name) && fstat(c->fd, &st) == 0
+            ? strdup(ticket)
+            : NULL;
     if (copy) {
         handover_clear(h);
         h->fd = c->fd;
+        h->dev = st.st_dev;
+        h->ino = st.st_ino;
         c->fd = -1;
         h->ticket = copy;
         memcpy(h->name, name, strlen(name) + 1);
@@ -1262,7 +1278,8 @@ static void take_handover(const struct login *l, const char *name, struct connec
     if (pam_get_data(l->pamh, DATA_HANDOVER, &data) != PAM_SUCCESS || !data)
         return;
     struct handover *h = (struct handover *)data;
-    if (h->fd >= 0 && h->ticket && strcmp(h->name, name) == 0) {
+    if (h->ticket && strcmp(h->name, name) == 0 && handover_fd_is_ours(h) &&
+        peer_is_daemon(l, h->fd)) {
         struct pollfd pfd = {.fd = h->fd, .events = POLLIN | POLLRDHUP};
         if (poll(&pfd, 1, 0) == 0) {
             c->fd = h->fd;

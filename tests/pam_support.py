@@ -378,10 +378,12 @@ def client_main(argv: list[str]) -> int:
     parser.add_argument("--service", required=True)
     parser.add_argument("--user", default=None, help="PAM_USER at pam_start (none: NULL)")
     parser.add_argument("--item", action="append", default=[], help="tty=..., rhost=..., ruser=...")
-    parser.add_argument("operations", nargs="+", choices=sorted([*OPERATIONS, "pause", "set_user"]),
+    parser.add_argument("operations", nargs="+", choices=sorted([*OPERATIONS, "pause", "set_user", "reuse_fds"]),
                         help="pause: report {'event': 'paused'} and wait for a line on stdin; "
                              "set_user: read a line from stdin and make it PAM_USER (as a later "
-                             "module in a stack could)")
+                             "module in a stack could); reuse_fds: put /dev/null on the number of "
+                             "every socket this process has open (as an application that closes "
+                             "descriptors and opens others could), and report those numbers")
     args = parser.parse_args(argv)
 
     libc = ctypes.CDLL(None)
@@ -446,6 +448,20 @@ def client_main(argv: list[str]) -> int:
         if op == "set_user":
             pam.pam_set_item(handle, PAM_USER_ITEM, sys.stdin.readline().rstrip("\n").encode())
             continue
+        if op == "reuse_fds":
+            import stat as stat_module
+            replaced = []
+            null = os.open("/dev/null", os.O_RDWR)
+            for fd in range(3, 1024):
+                try:
+                    if fd != null and stat_module.S_ISSOCK(os.fstat(fd).st_mode):
+                        os.dup2(null, fd)
+                        replaced.append(fd)
+                except OSError:
+                    pass
+            os.close(null)
+            _emit({"event": "reused", "fds": replaced})
+            continue
         function = getattr(pam, OPERATIONS[op])
         function.argtypes = [ctypes.c_void_p, ctypes.c_int]
         started = time.monotonic()
@@ -464,6 +480,14 @@ def client_main(argv: list[str]) -> int:
             break
     pam.pam_end.argtypes = [ctypes.c_void_p, ctypes.c_int]
     pam.pam_end(handle, status)
+    still_open = []
+    for event_fd in range(3, 1024):
+        try:
+            os.fstat(event_fd)
+            still_open.append(event_fd)
+        except OSError:
+            pass
+    _emit({"event": "ended", "open_fds": still_open})
     return 0
 
 

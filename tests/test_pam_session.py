@@ -336,3 +336,23 @@ def test_the_greeter_stack_and_the_debian_profile_register_sessions_and_fail_clo
         c.send("")
         assert [r["rc"] for r in c.results()] == [PAM_SUCCESS, PAM_SESSION_ERR], (service, c.transcript)
         d.start()
+
+
+def test_a_kept_connection_whose_number_the_application_reused_is_neither_used_nor_closed(make_daemon, pam):
+    """Auth keeps its connection for open_session by descriptor number. An application that closes
+    descriptors in between and opens others (here /dev/null on the same numbers) must not have
+    the module talk to, or close, what is now its own descriptor: the session opens on a new
+    connection without the ticket."""
+    d, _ = start(make_daemon)
+    add_person(d, "sarah", "Sarah Lee")
+    session_stack(pam, "kioskauth", d.socket)
+    c = Client(pam, "kioskauth", "sarah", "authenticate", "reuse_fds", "open_session")
+    c.send(PASSCODE)
+    results = c.results()
+    assert [r["rc"] for r in results] == [PAM_SUCCESS, PAM_SUCCESS], c.transcript
+    [reused] = [e["fds"] for e in c.events() if e["event"] == "reused"]
+    assert reused, "auth kept no connection for the session"
+    [s] = sessions(d)
+    assert s["state"] == "active" and s.get("lastAuthenticationAt") is None
+    [ended] = [e for e in c.events() if e["event"] == "ended"]
+    assert set(reused) <= set(ended["open_fds"]), "the module closed the application's descriptors"
