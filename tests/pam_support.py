@@ -186,6 +186,19 @@ class Conversation:
             assert code not in (86, 87), self.err
         return code
 
+    def interrupt(self, attempts: int = 10, every: float = 0.5) -> None:
+        """Ctrl-C, as a person presses it: again while nothing happened. The module ends a wait
+        when a signal interrupts it; one that lands in the instant before the module starts
+        waiting (after the prompt is shown, on a loaded machine) reaches only the
+        application's handler, as it would for any blocking call."""
+        for _ in range(attempts):
+            self.proc.send_signal(signal.SIGINT)
+            deadline = time.monotonic() + every
+            while time.monotonic() < deadline:
+                if self.proc.poll() is not None or any(e["event"] == "result" for e in self.events()):
+                    return
+                time.sleep(0.02)
+
     @property
     def elapsed(self) -> float:
         return (self.ended or time.monotonic()) - self.started

@@ -545,7 +545,7 @@ def test_a_signal_ends_the_wait_and_frees_the_reader(make_daemon, pam):
     pam.kioskauth("kioskauth", d.socket, "mode=verify")
     c = Client(pam, "kioskauth", "sarah", "authenticate")
     c.expect(TOUCH)
-    c.proc.send_signal(signal.SIGINT)  # the client's Python handler only reports it
+    c.interrupt()  # the client's Python handler only reports it
     # The client may still die of the signal after reporting (a race with Python's own handler,
     # not the module's behaviour): the reported result is what counts.
     assert c.wait(60) in (0, -signal.SIGINT)

@@ -489,7 +489,7 @@ def test_device_login_shows_the_code_and_waits_and_ctrl_c_ends_it(make_daemon, i
     # Ctrl-C while waiting ends the wait at once.
     c = Client(pam, "kioskauth", NOOR[0], "authenticate")
     device_prompt(c)
-    c.proc.send_signal(signal.SIGINT)
+    c.interrupt()
     assert c.wait(30) in (0, -signal.SIGINT)
     [result] = [e for e in c.events() if e["event"] == "result"]
     assert result["rc"] == PAM_AUTH_ERR and result["seconds"] < 10
