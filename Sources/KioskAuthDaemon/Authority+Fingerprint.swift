@@ -328,7 +328,8 @@ extension Authority {
         let result: MatchResult
         do {
             result = try await reader.identify(
-                gallery: roster.fingers.map { GalleryEntry(id: "\($0.personID)", template: $0.template) })
+                gallery: roster.fingers.map { GalleryEntry(id: "\($0.personID)", template: $0.template) },
+                layout: configuration.fingerprint.identifyLayout)
         } catch {
             let apiError = Self.apiError(error, scanTimeout: configuration.fingerprint.scanTimeout)
             audit(

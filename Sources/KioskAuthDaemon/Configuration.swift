@@ -1,4 +1,5 @@
 public import Foundation
+public import KioskAuthFingerprint
 
 /// The daemon's configuration: `kioskauthd.conf` plus drop-ins, systemd-style INI
 /// (`[Section]`, `Key=value`, `#`/`;` comments). Every key has an embedded default, so the
@@ -68,6 +69,8 @@ public struct DaemonConfiguration: Sendable {
         public var scanTimeout: TimeInterval = 30
         /// Walk-up identify tries at most this many fingers (most recent unlocks first).
         public var identifyRosterCap = 40
+        /// How walk-up identify lays the roster out for the reader's match loop (image sensors).
+        public var identifyLayout = IdentifyLayout.staged
         /// Unknown fingers in a row that pause walk-up identify.
         public var identifyPauseAfter = 5
         /// How long walk-up identify pauses.
@@ -228,6 +231,11 @@ public struct DaemonConfiguration: Sendable {
         case ("Fingerprint", "FailuresBeforeFallback"): fingerprint.failuresBeforeFallback = try int(value, 1...100)
         case ("Fingerprint", "ScanTimeoutSec"): fingerprint.scanTimeout = try seconds(value)
         case ("Fingerprint", "IdentifyRosterCap"): fingerprint.identifyRosterCap = try int(value, 1...10_000)
+        case ("Fingerprint", "IdentifyLayout"):
+            guard let layout = IdentifyLayout(value) else {
+                throw ValueError(message: "expected full, staged or compact-1 ... compact-9")
+            }
+            fingerprint.identifyLayout = layout
         case ("Fingerprint", "IdentifyPauseAfter"): fingerprint.identifyPauseAfter = try int(value, 1...1000)
         case ("Fingerprint", "IdentifyPauseSec"): fingerprint.identifyPause = try seconds(value)
         case ("Fingerprint", "SelfEnrollment"): fingerprint.selfEnrollment = try bool(value)

@@ -64,6 +64,11 @@ final class ScanState: @unchecked Sendable {
     private var timeoutSource: guint = 0
     private(set) var timedOut = false
     var freshness: TouchFreshness
+    /// When the driver first reported a finger on the sensor during this scan.
+    private(set) var fingerSeenAt: ContinuousClock.Instant?
+    /// The result went to the caller at the driver's match report; the device is still finishing
+    /// the operation (image sensors wait for the finger to be lifted).
+    var answered = false
 
     init(reader: Reader, control: ScanControl, operation: String, timeoutMilliseconds: UInt32) {
         self.reader = reader
@@ -90,6 +95,17 @@ final class ScanState: @unchecked Sendable {
             g_source_remove(timeoutSource)
             timeoutSource = 0
         }
+    }
+
+    func observeFingerStatus(_ status: TouchFreshness.Status) {
+        freshness.observe(status)
+        if status.contains(.present) && fingerSeenAt == nil { fingerSeenAt = .now }
+    }
+
+    /// Milliseconds from the finger reaching the sensor to now (image processing and matching),
+    /// for the logs; nil when the driver reports no finger status.
+    var millisecondsSinceTouch: Int? {
+        fingerSeenAt.map { Int(($0.duration(to: .now) / .milliseconds(1)).rounded()) }
     }
 
     /// Maps the operation's error, turning our own timeout's cancellation into `.timeout`.
@@ -120,6 +136,8 @@ final class Engine: @unchecked Sendable {
     private var startCompletion: (@Sendable () -> Void)?
     private var shutdownCompletion: (@Sendable () -> Void)?
     private var scan: ScanState?
+    /// Operations waiting for the device to finish one that already answered.
+    private var waitingForDevice: [() -> Void] = []
 
     init(logger: Logger, hub: ReaderHub, loop: MainLoopThread, scanTimeout: Duration) {
         self.logger = logger
@@ -240,7 +258,7 @@ final class Engine: @unchecked Sendable {
 
     fileprivate func fingerStatusChanged(_ device: UnsafeMutablePointer<FpDevice>) {
         guard let scan, scan.reader.device == device else { return }
-        scan.freshness.observe(.init(rawValue: fp_device_get_finger_status(device).rawValue))
+        scan.observeFingerStatus(.init(rawValue: fp_device_get_finger_status(device).rawValue))
     }
 
     /// Closes an open reader and forgets it once the close finished.
@@ -262,6 +280,7 @@ final class Engine: @unchecked Sendable {
 
     private func detach(_ reader: Reader) {
         guard readers.contains(where: { $0 === reader }) else { return }
+        if printCacheDevice == reader.device { clearPrintCache() }
         for handler in reader.handlers { g_signal_handler_disconnect(reader.device, handler) }
         reader.handlers = []
         readers.removeAll { $0 === reader }
@@ -308,6 +327,7 @@ final class Engine: @unchecked Sendable {
     private func completeShutdownIfSettled() {
         guard let completion = shutdownCompletion, readers.isEmpty else { return }
         shutdownCompletion = nil
+        clearPrintCache()
         for handler in contextHandlers { g_signal_handler_disconnect(context, handler) }
         contextHandlers = []
         if let context { g_object_unref(context) }
@@ -330,6 +350,25 @@ final class Engine: @unchecked Sendable {
     private func end(_ state: ScanState) {
         state.disarmTimeout()
         if scan === state { scan = nil }
+        if state.answered { runWaitingForDevice() }
+    }
+
+    /// Runs `body` now, or, while an operation that already answered its caller is still
+    /// finishing on the device (the finger not lifted yet), once it has finished: libfprint runs
+    /// one operation per device at a time. Every operation, and shutdown, starts through here.
+    func whenDeviceIdle(_ body: @escaping () -> Void) {
+        assertOnLoop()
+        if let scan, scan.answered {
+            waitingForDevice.append(body)
+        } else {
+            body()
+        }
+    }
+
+    private func runWaitingForDevice() {
+        let waiting = waitingForDevice
+        waitingForDevice = []
+        for body in waiting { body() }
     }
 
     /// The reader to run on, or why there is none.
@@ -356,14 +395,16 @@ final class Engine: @unchecked Sendable {
     }
 
     /// Why a scan that matched must still be refused, if it must.
-    private func staleTouch(_ state: ScanState) -> FingerprintError? {
-        if !state.freshness.reportsFingerStatus {
+    private func staleTouch(_ state: ScanState, log: Bool = true) -> FingerprintError? {
+        if !state.freshness.reportsFingerStatus && log {
             logger.trace("driver does not report finger status; touch freshness not checked")
         }
         guard !state.freshness.isFresh else { return nil }
-        logger.notice(
-            "\(state.operation): finger was already on the sensor when the scan began; result discarded",
-            metadata: ["reader": "\(state.reader.info.id)"])
+        if log {
+            logger.notice(
+                "\(state.operation): finger was already on the sensor when the scan began; result discarded",
+                metadata: ["reader": "\(state.reader.info.id)"])
+        }
         return FingerprintError(.fingerAlreadyPresent, FingerprintError.RetryHint.liftFirst)
     }
 
@@ -378,8 +419,20 @@ final class Engine: @unchecked Sendable {
             return completion(.failure(error))
         }
         let state = begin("verify", on: reader, control: control)
+        let report = MatchReport { [self] match, error in
+            guard error == nil, !state.answered, staleTouch(state, log: false) == nil else { return }
+            state.answered = true
+            logger.debug(
+                "verify finished",
+                metadata: [
+                    "match": "\(match != nil)",
+                    "touch_to_result_ms": "\(state.millisecondsSinceTouch.map(String.init) ?? "-")",
+                ])
+            completion(.success(match != nil))
+        }
         fp_device_verify(
-            reader.device, print, control.cancellable, nil, nil, nil, asyncReadyTrampoline,
+            reader.device, print, control.cancellable, matchReportTrampoline, report.retainedPointer(),
+            releaseMatchReport, asyncReadyTrampoline,
             CallbackBox<OpaquePointer?> { [self] result in
                 var matched: gboolean = 0
                 var scanned: OpaquePointer?
@@ -388,6 +441,11 @@ final class Engine: @unchecked Sendable {
                 if let scanned { g_object_unref(gpointer(scanned)) }
                 g_object_unref(gpointer(print))
                 end(state)
+                if state.answered {
+                    // Answered at the match report; the rest (the finger lifted, or not) changes nothing.
+                    if let error { g_error_free(error) }
+                    return
+                }
                 guard succeeded else { return completion(.failure(state.failure(error))) }
                 if let stale = staleTouch(state) { return completion(.failure(stale)) }
                 logger.debug("verify finished", metadata: ["match": "\(matched != 0)"])
@@ -395,7 +453,14 @@ final class Engine: @unchecked Sendable {
             }.retainedPointer())
     }
 
-    func identify(gallery: [GalleryEntry], control: ScanControl, completion: @escaping Completion<MatchResult>) {
+    /// With `answerAtReport`, the result goes to `completion` as soon as libfprint reports it:
+    /// image sensors finish the operation only once the finger is lifted, and the person should
+    /// not wait for that. The device finishes meanwhile; operations started then wait for it
+    /// (``whenDeviceIdle(_:)``).
+    func identify(
+        gallery: [GalleryEntry], layout: IdentifyLayout = .full, answerAtReport: Bool = true, control: ScanControl,
+        completion: @escaping Completion<MatchResult>
+    ) {
         assertOnLoop()
         let reader: Reader
         do {
@@ -406,31 +471,50 @@ final class Engine: @unchecked Sendable {
         guard reader.info.canIdentify else {
             return completion(.failure(FingerprintError(.notSupported, "this reader cannot identify")))
         }
-        // Undecodable or foreign templates are skipped rather than failing everyone's unlock.
-        var entries: [(id: String, print: OpaquePointer)] = []
-        for entry in gallery {
-            switch print(from: entry.template, for: reader) {
-            case .success(let print): entries.append((entry.id, print))
-            case .failure(let error):
-                logger.warning(
-                    "identify: skipping gallery entry", metadata: ["id": "\(entry.id)", "error": "\(error)"])
-            }
-        }
+        let preparing = ContinuousClock.now
+        let entries = galleryPrints(gallery, layout: layout, for: reader)
         let prints = g_ptr_array_new_with_free_func(g_object_unref)!
-        for entry in entries { g_ptr_array_add(prints, gpointer(entry.print)) }  // the array owns them now
+        for entry in entries { g_ptr_array_add(prints, g_object_ref(gpointer(entry.print))) }
+        let prepared = preparing.duration(to: .now)
         let state = begin("identify", on: reader, control: control)
+        func result(_ match: OpaquePointer?) -> MatchResult {
+            match.flatMap { match in entries.first(where: { $0.print == match })?.id }.map { .match(id: $0) }
+                ?? .noMatch
+        }
+        func logFinished(_ result: MatchResult) {
+            logger.debug(
+                "identify finished",
+                metadata: [
+                    "gallery": "\(entries.count)", "match": "\(result != .noMatch)",
+                    "prepare_ms": "\(Int((prepared / .milliseconds(1)).rounded()))",
+                    "touch_to_result_ms": "\(state.millisecondsSinceTouch.map(String.init) ?? "-")",
+                ])
+        }
+        let report = MatchReport { [self] match, error in
+            guard answerAtReport, error == nil, !state.answered, staleTouch(state, log: false) == nil else { return }
+            state.answered = true
+            let outcome = result(match)
+            logFinished(outcome)
+            completion(.success(outcome))
+        }
         fp_device_identify(
-            reader.device, prints, control.cancellable, nil, nil, nil, asyncReadyTrampoline,
-            CallbackBox<OpaquePointer?> { [self] result in
+            reader.device, prints, control.cancellable, matchReportTrampoline, report.retainedPointer(),
+            releaseMatchReport, asyncReadyTrampoline,
+            CallbackBox<OpaquePointer?> { [self] asyncResult in
                 var match: OpaquePointer?
                 var scanned: OpaquePointer?
                 var error: UnsafeMutablePointer<GError>?
-                let succeeded = fp_device_identify_finish(reader.device, result, &match, &scanned, &error) != 0
-                let matchedID = match.flatMap { match in entries.first(where: { $0.print == match })?.id }
+                let succeeded = fp_device_identify_finish(reader.device, asyncResult, &match, &scanned, &error) != 0
+                let outcome = result(match)
                 if let match { g_object_unref(gpointer(match)) }
                 if let scanned { g_object_unref(gpointer(scanned)) }
                 g_ptr_array_unref(prints)
                 end(state)
+                if state.answered {
+                    // Answered at the match report; the rest (the finger lifted, or not) changes nothing.
+                    if let error { g_error_free(error) }
+                    return
+                }
                 if !succeeded {
                     // Storage readers report a finger that is not on the sensor this way.
                     if let error, FingerprintError.isDataNotFound(error) {
@@ -440,10 +524,72 @@ final class Engine: @unchecked Sendable {
                     }
                 }
                 if let stale = staleTouch(state) { return completion(.failure(stale)) }
-                logger.debug(
-                    "identify finished", metadata: ["gallery": "\(entries.count)", "match": "\(matchedID != nil)"])
-                completion(.success(matchedID.map { .match(id: $0) } ?? .noMatch))
+                logFinished(outcome)
+                completion(.success(outcome))
             }.retainedPointer())
+    }
+
+    /// Deserialised gallery prints kept between identifies, per layout, keyed by the template
+    /// they were made from: a roster that did not change since the last identify costs no
+    /// decoding. Each layout keeps only the entries of its latest gallery (a removed finger is
+    /// dropped at the next identify); the cache is emptied when the reader changes and at shutdown.
+    private var printCache: [String: [[UInt8]: [OpaquePointer]]] = [:]
+    private var printCacheDevice: UnsafeMutablePointer<FpDevice>?
+
+    /// `gallery` as libfprint's gallery in trial order: (entry id, print) pairs (borrowed from the
+    /// cache), passes of `layout` one after the other. Undecodable or foreign templates are skipped
+    /// (and logged) rather than failing everyone's unlock.
+    private func galleryPrints(
+        _ gallery: [GalleryEntry], layout: IdentifyLayout, for reader: Reader
+    ) -> [(id: String, print: OpaquePointer)] {
+        if printCacheDevice != reader.device {
+            clearPrintCache()
+            printCacheDevice = reader.device
+        }
+        let key = layout.description
+        let previous = printCache[key] ?? [:]
+        var current: [[UInt8]: [OpaquePointer]] = [:]
+        var passes: [[(id: String, print: OpaquePointer)]] = []
+        for entry in gallery {
+            let pieces: [OpaquePointer]
+            if let cached = current[entry.template] ?? previous[entry.template] {
+                pieces = cached
+            } else {
+                var decoded: [OpaquePointer] = []
+                var failure: FingerprintError?
+                for template in layout.passes(of: entry.template) where failure == nil {
+                    switch print(from: template, for: reader) {
+                    case .success(let print): decoded.append(print)
+                    case .failure(let error): failure = error
+                    }
+                }
+                if let failure {
+                    decoded.forEach { g_object_unref(gpointer($0)) }
+                    logger.warning(
+                        "identify: skipping gallery entry", metadata: ["id": "\(entry.id)", "error": "\(failure)"])
+                    continue
+                }
+                pieces = decoded
+            }
+            current[entry.template] = pieces
+            for (pass, print) in pieces.enumerated() {
+                if passes.count <= pass { passes.append([]) }
+                passes[pass].append((entry.id, print))
+            }
+        }
+        for (template, pieces) in previous where current[template] == nil {
+            pieces.forEach { g_object_unref(gpointer($0)) }
+        }
+        printCache[key] = current
+        return passes.flatMap { $0 }
+    }
+
+    private func clearPrintCache() {
+        for pieces in printCache.values.flatMap(\.values) {
+            pieces.forEach { g_object_unref(gpointer($0)) }
+        }
+        printCache = [:]
+        printCacheDevice = nil
     }
 
     func enroll(
@@ -470,7 +616,8 @@ final class Engine: @unchecked Sendable {
             )
         }
         emit(.progress(stage: 0, of: stages, hint: EnrollHint.checkingForDuplicates))
-        identify(gallery: duplicateGallery, control: control) { [self] result in
+        // The enrolment touches follow on the device: take the result when the operation ends.
+        identify(gallery: duplicateGallery, answerAtReport: false, control: control) { [self] result in
             switch result {
             case .success(.match):
                 logger.notice("enroll refused: finger already enrolled", metadata: ["finger": "\(finger.rawValue)"])
@@ -641,6 +788,18 @@ private let deviceRemovedHandler: @convention(c) (UnsafeMutablePointer<FpDevice>
 private let fingerStatusHandler: @convention(c) (gpointer?, gpointer?, gpointer?) -> Void = {
     device, _, engine in
     Engine.from(engine).fingerStatusChanged(device!.assumingMemoryBound(to: FpDevice.self))
+}
+
+/// A match report (verify, identify): the matching gallery print, if any, and the error that
+/// accompanies a rejected touch. Both are borrowed.
+typealias MatchReport = CallbackBox<(OpaquePointer?, UnsafeMutablePointer<GError>?)>
+
+private let matchReportTrampoline: FpMatchCb = { _, match, _, box, error in
+    MatchReport.borrow(box).body((match, error))
+}
+
+private let releaseMatchReport: GDestroyNotify = { pointer in
+    Unmanaged<MatchReport>.fromOpaque(pointer!).release()
 }
 
 private let enrollProgressTrampoline: FpEnrollProgress = { _, stage, _, box, error in

@@ -14,6 +14,10 @@ import Synchronization
 /// operation runs *waits* its turn (first come, first served) rather than failing with `.busy`;
 /// its own cancellation applies while it waits. The wait is not part of the scan timeout.
 ///
+/// **Answers at the match report.** verify and identify return as soon as libfprint reports
+/// the match; image sensors finish the operation only once the finger is lifted, and the next
+/// operation waits for that (not the caller).
+///
 /// **Cancellation and timeouts.** Cancelling the awaiting task (or dropping the enrolment
 /// stream) cancels the scan through its `GCancellable` and throws `.cancelled`. Each touch has
 /// `Configuration.scanTimeout`; when it passes the scan is cancelled and `.timeout` is thrown.
@@ -96,7 +100,7 @@ public final class FingerprintReader: Sendable {
         await gate.closeAndDrain(
             failingWaitersWith: FingerprintError(.cancelled, "the reader service is shutting down"))
         await withCheckedContinuation { (continuation: CheckedContinuation<Void, Never>) in
-            loop.perform { [engine] in engine.finishShutdown { continuation.resume() } }
+            loop.perform { [engine] in engine.whenDeviceIdle { engine.finishShutdown { continuation.resume() } } }
         }
         hub.finish()
         await loop.stop()
@@ -159,12 +163,13 @@ public final class FingerprintReader: Sendable {
     }
 
     /// Scans once and looks the touch up in `gallery`, tried in the given order (the caller
-    /// orders by recency and caps the size); the first entry above the match threshold wins.
-    /// Entries whose template cannot be used on this reader are skipped (and logged by id).
+    /// orders by recency and caps the size) and laid out by `layout`; the first entry above the
+    /// match threshold wins. Entries whose template cannot be used on this reader are skipped (and
+    /// logged by id). Decoded templates are kept for the next identify with the same layout.
     /// Throws `.notSupported` on readers that cannot identify.
-    public func identify(gallery: [GalleryEntry]) async throws -> MatchResult {
+    public func identify(gallery: [GalleryEntry], layout: IdentifyLayout = .full) async throws -> MatchResult {
         try await runOperation { engine, control, completion in
-            engine.identify(gallery: gallery, control: control, completion: completion)
+            engine.identify(gallery: gallery, layout: layout, control: control, completion: completion)
         }
     }
 
@@ -206,7 +211,9 @@ public final class FingerprintReader: Sendable {
         return try await withTaskCancellationHandler {
             try await withCheckedThrowingContinuation { (continuation: CheckedContinuation<Value, any Error>) in
                 loop.perform { [engine] in
-                    start(engine, control) { continuation.resume(with: $0.mapError { $0 as any Error }) }
+                    engine.whenDeviceIdle {
+                        start(engine, control) { continuation.resume(with: $0.mapError { $0 as any Error }) }
+                    }
                 }
             }
         } onCancel: {

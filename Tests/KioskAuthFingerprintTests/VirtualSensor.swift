@@ -194,6 +194,12 @@ final class VirtualImageControl {
     /// Simulates unplugging the reader.
     func unplug() throws { try socket.write(Self.header(-5, 0)) }
 
+    /// Whether each image implies a finger placed before it and lifted after it (the default).
+    func automaticFinger(_ enabled: Bool) throws { try socket.write(Self.header(-3, enabled ? 1 : 0)) }
+
+    /// Reports a finger placed on (or lifted from) the sensor.
+    func finger(present: Bool) throws { try socket.write(Self.header(-4, present ? 1 : 0)) }
+
     private static func header(_ first: Int32, _ second: Int32) -> [UInt8] {
         withUnsafeBytes(of: first) { Array($0) } + withUnsafeBytes(of: second) { Array($0) }
     }
