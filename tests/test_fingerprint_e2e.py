@@ -5,6 +5,7 @@ overheating model never trips.
 """
 
 import json
+import select
 import socket
 import subprocess
 import threading
@@ -260,3 +261,83 @@ def test_image_reader_matches_a_second_impression_and_not_another_finger(make_da
     assert identify_with("loop-right-rot")["parameters"]["person"]["name"] == "omar"
     assert identify_with("arch-rot")["parameters"]["person"]["name"] == "sarah"
     assert identify_with("tented_arch")["error"] == "io.kioskauth.NotIdentified"
+
+
+def enroll_image(d, sensor, name, print_name):
+    """Enrols `name` on the image reader with the NIST print `print_name` for every touch."""
+    assert d.ctl("user", "add", name).returncode == 0
+    image = PrintImage.load(print_name)
+    conn = VirtualImage(sensor)
+    sock = connect(d.socket, timeout=60)
+    send_message(sock, {"method": "io.kioskauth.EnrollFinger", "parameters": {"name": name}, "more": True})
+    while True:
+        reply = read_message(sock)
+        progress = (reply.get("parameters") or {}).get("progress")
+        if "error" in reply or progress is None:
+            break
+        if wants_touch(progress):
+            conn.send_image(image)
+    conn.close()
+    assert reply["parameters"]["finger"] == "right-index", reply
+
+
+def identify_image(d, sensor, print_name, hold=0.0):
+    """One walk-up identify touched with `print_name`; with `hold`, the finger stays down that long
+    after the image. Returns the final reply and the seconds from the image to it."""
+    s = connect(d.socket, timeout=60)
+    send_message(s, {"method": "io.kioskauth.Identify", "parameters": {}, "more": True})
+    assert read_message(s)["parameters"]["progress"]["state"] == "touch"
+    conn = VirtualImage(sensor)
+    if hold:
+        conn.automatic_finger(False)
+        conn.finger(True)
+    started = time.monotonic()
+    conn.send_print(print_name)
+    if hold and not select.select([s], [], [], hold)[0]:
+        conn.finger(False)  # no answer while the finger was down: lift it, then take the answer
+    reply = read_message(s)
+    elapsed = time.monotonic() - started
+    if hold:
+        time.sleep(max(0.0, hold - elapsed))
+        conn.finger(False)
+    conn.close()
+    return reply, elapsed
+
+
+@pytest.mark.skipif(not have_nist_prints(), reason="NIST prints not found (set KIOSKAUTH_TESTDATA)")
+@pytest.mark.parametrize("layout", ["full", "staged", "compact-1"])
+def test_identify_layouts_pick_the_right_person_and_reject_a_stranger(make_daemon, layout):
+    d, sensor = start(make_daemon, "virtual_image", f"\n[Fingerprint]\nIdentifyLayout={layout}\n")
+    # Enrolment order makes omar first and lena last in the roster before anyone unlocks.
+    for name, finger in (("lena", "tented_arch"), ("sarah", "whorl"), ("omar", "loop-right")):
+        enroll_image(d, sensor, name, finger)
+    reply, _ = identify_image(d, sensor, "tented_arch-rot")
+    assert reply["parameters"]["person"]["name"] == "lena", reply
+    assert reply["parameters"]["rosterSize"] == 3
+    reply, _ = identify_image(d, sensor, "whorl-rot")
+    assert reply["parameters"]["person"]["name"] == "sarah", reply
+    reply, _ = identify_image(d, sensor, "loop-right-mirror")
+    assert reply["error"] == "io.kioskauth.NotIdentified", reply
+    # A removed person's finger is not found any more (the reader's decoded gallery follows the roster).
+    assert d.ctl("user", "remove", "sarah").returncode == 0
+    reply, _ = identify_image(d, sensor, "whorl-rot")
+    assert reply["error"] == "io.kioskauth.NotIdentified", reply
+
+
+@pytest.mark.skipif(not have_nist_prints(), reason="NIST prints not found (set KIOSKAUTH_TESTDATA)")
+def test_identify_answers_while_the_finger_is_still_on_the_reader(make_daemon):
+    d, sensor = start(make_daemon, "virtual_image")
+    enroll_image(d, sensor, "omar", "loop-right")
+    reply, elapsed = identify_image(d, sensor, "loop-right-rot", hold=4.0)
+    assert reply["parameters"]["person"]["name"] == "omar", reply
+    assert elapsed < 3.0, f"the answer waited for the finger to be lifted ({elapsed:.1f} s)"
+    # The reader finished that touch once the finger was lifted; the next identify works.
+    reply, _ = identify_image(d, sensor, "loop-right-rot")
+    assert reply["parameters"]["person"]["name"] == "omar", reply
+
+
+def test_an_unknown_identify_layout_is_a_clear_startup_error(make_daemon):
+    d = make_daemon(config=FAST_HASH_CONFIG + "\n[Fingerprint]\nIdentifyLayout=sideways\n")
+    d.start(expect_ready=False)
+    assert d.wait_exit() != 0
+    assert "IdentifyLayout=sideways" in d.log_text() and "staged" in d.log_text()

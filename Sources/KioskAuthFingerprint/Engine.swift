@@ -472,7 +472,7 @@ final class Engine: @unchecked Sendable {
             return completion(.failure(FingerprintError(.notSupported, "this reader cannot identify")))
         }
         let preparing = ContinuousClock.now
-        let entries = galleryPrints(gallery, layout: layout, for: reader)
+        let (entries, firstPass) = galleryPrints(gallery, layout: layout, for: reader)
         let prints = g_ptr_array_new_with_free_func(g_object_unref)!
         for entry in entries { g_ptr_array_add(prints, g_object_ref(gpointer(entry.print))) }
         let prepared = preparing.duration(to: .now)
@@ -481,11 +481,17 @@ final class Engine: @unchecked Sendable {
             match.flatMap { match in entries.first(where: { $0.print == match })?.id }.map { .match(id: $0) }
                 ?? .noMatch
         }
-        func logFinished(_ result: MatchResult) {
+        func logFinished(_ match: OpaquePointer?) {
+            // Which pass over the gallery matched (layouts in two passes): how often a person's
+            // first-pass impression misses them on this reader.
+            let pass = match.flatMap { match in entries.firstIndex { $0.print == match } }.map {
+                $0 < firstPass ? 1 : 2
+            }
             logger.debug(
                 "identify finished",
                 metadata: [
-                    "gallery": "\(entries.count)", "match": "\(result != .noMatch)",
+                    "gallery": "\(entries.count)", "match": "\(match != nil)",
+                    "pass": "\(pass.map(String.init) ?? "-")",
                     "prepare_ms": "\(Int((prepared / .milliseconds(1)).rounded()))",
                     "touch_to_result_ms": "\(state.millisecondsSinceTouch.map(String.init) ?? "-")",
                 ])
@@ -493,9 +499,8 @@ final class Engine: @unchecked Sendable {
         let report = MatchReport { [self] match, error in
             guard answerAtReport, error == nil, !state.answered, staleTouch(state, log: false) == nil else { return }
             state.answered = true
-            let outcome = result(match)
-            logFinished(outcome)
-            completion(.success(outcome))
+            logFinished(match)
+            completion(.success(result(match)))
         }
         fp_device_identify(
             reader.device, prints, control.cancellable, matchReportTrampoline, report.retainedPointer(),
@@ -506,7 +511,8 @@ final class Engine: @unchecked Sendable {
                 var error: UnsafeMutablePointer<GError>?
                 let succeeded = fp_device_identify_finish(reader.device, asyncResult, &match, &scanned, &error) != 0
                 let outcome = result(match)
-                if let match { g_object_unref(gpointer(match)) }
+                let matched = match
+                defer { if let matched { g_object_unref(gpointer(matched)) } }
                 if let scanned { g_object_unref(gpointer(scanned)) }
                 g_ptr_array_unref(prints)
                 end(state)
@@ -524,7 +530,7 @@ final class Engine: @unchecked Sendable {
                     }
                 }
                 if let stale = staleTouch(state) { return completion(.failure(stale)) }
-                logFinished(outcome)
+                logFinished(matched)
                 completion(.success(outcome))
             }.retainedPointer())
     }
@@ -537,11 +543,12 @@ final class Engine: @unchecked Sendable {
     private var printCacheDevice: UnsafeMutablePointer<FpDevice>?
 
     /// `gallery` as libfprint's gallery in trial order: (entry id, print) pairs (borrowed from the
-    /// cache), passes of `layout` one after the other. Undecodable or foreign templates are skipped
-    /// (and logged) rather than failing everyone's unlock.
+    /// cache), passes of `layout` one after the other, and how many belong to the first pass.
+    /// Undecodable or foreign templates are skipped (and logged) rather than failing everyone's
+    /// unlock.
     private func galleryPrints(
         _ gallery: [GalleryEntry], layout: IdentifyLayout, for reader: Reader
-    ) -> [(id: String, print: OpaquePointer)] {
+    ) -> (entries: [(id: String, print: OpaquePointer)], firstPass: Int) {
         if printCacheDevice != reader.device {
             clearPrintCache()
             printCacheDevice = reader.device
@@ -581,7 +588,7 @@ final class Engine: @unchecked Sendable {
             pieces.forEach { g_object_unref(gpointer($0)) }
         }
         printCache[key] = current
-        return passes.flatMap { $0 }
+        return (passes.flatMap { $0 }, passes.first?.count ?? 0)
     }
 
     private func clearPrintCache() {

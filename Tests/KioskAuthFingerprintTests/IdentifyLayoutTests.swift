@@ -60,14 +60,18 @@ extension FingerprintReaderTests {
                 #expect(nbis.keeping([0, 1, 2, 3, 4]) == template)
                 let cut = try #require(NBISTemplate(nbis.keeping([3, 0])))
                 #expect(cut.impressionSizes == [nbis.impressionSizes[3], nbis.impressionSizes[0]])
-                let best = nbis.impressionsByMinutiae[0]
-                #expect(nbis.impressionSizes[best] == nbis.impressionSizes.max())
+                let sizes = nbis.impressionSizes
+                let ascending = nbis.impressionsByMinutiae(descending: false)
+                #expect(ascending.map { sizes[$0] } == sizes.sorted())
+                #expect(nbis.impressionsByMinutiae(descending: true).map { sizes[$0] } == sizes.sorted(by: >))
+                // staged: the sparsest impression, then the others (sparsest first).
                 let staged = IdentifyLayout.staged.passes(of: template).map { NBISTemplate($0)?.impressionSizes }
-                #expect(
-                    staged == [
-                        [nbis.impressionSizes[best]],
-                        nbis.impressionsByMinutiae.dropFirst().map { nbis.impressionSizes[$0] },
-                    ])
+                #expect(staged == [[sizes.min()!], Array(sizes.sorted().dropFirst())])
+                // compact-K: the K with the most minutiae.
+                let compact = IdentifyLayout.compact(impressions: 2).passes(of: template).map {
+                    NBISTemplate($0)?.impressionSizes
+                }
+                #expect(compact == [Array(sizes.sorted(by: >).prefix(2))])
                 #expect(IdentifyLayout.full.passes(of: template) == [template])
                 // Truncated bytes are not a template.
                 #expect(NBISTemplate(Array(template.prefix(template.count / 2))) == nil)
@@ -80,7 +84,7 @@ extension FingerprintReaderTests {
                 let reader = harness.reader
                 let template = try await enrollImage(reader, control, "loop-right")
                 let nbis = try #require(NBISTemplate(template))
-                let one = nbis.keeping([nbis.impressionsByMinutiae[0]])
+                let one = nbis.keeping([nbis.impressionsByMinutiae(descending: true)[0]])
                 #expect(try await present("loop-right-rot", to: control) { try await reader.verify(template: one) })
                 #expect(
                     try await present("loop-right-mirror", to: control) { try await reader.verify(template: one) }
@@ -96,27 +100,36 @@ extension FingerprintReaderTests {
             }
         }
 
-        /// A template whose best impression is of another finger: only the second pass finds it.
-        @Test func staged_triesEveryImpression_andCompactOnlyTheBest() async throws {
+        /// A template of one arch touch and four whorl touches (arch prints have more minutiae): the
+        /// first pass of staged holds a whorl impression, compact-1 keeps the arch.
+        @Test func staged_triesEveryImpression_andCompactOnlyThoseItKeeps() async throws {
             try await withReader(.image) { harness in
                 let control = try VirtualImageControl(path: harness.socketPath)
                 let reader = harness.reader
-                let mixed = try await enrollImages(
-                    reader, control, ["whorl", "tented_arch", "tented_arch", "tented_arch", "tented_arch"])
+                let mixed = try await enrollImages(reader, control, ["arch", "whorl", "whorl", "whorl", "whorl"])
                 let nbis = try #require(NBISTemplate(mixed))
-                try #require(nbis.impressionsByMinutiae[0] == 0, "premise: the whorl has the most minutiae")
+                try #require(
+                    nbis.impressionsByMinutiae(descending: true)[0] == 0, "premise: the arch has the most minutiae")
                 let other = try await enrollImage(reader, control, "loop-right")
                 let gallery = [GalleryEntry(id: "mixed", template: mixed), GalleryEntry(id: "other", template: other)]
-                for layout in [IdentifyLayout.full, .staged] {
-                    let result = try await present("tented_arch-rot", to: control) {
+                func identify(_ probe: String, _ layout: IdentifyLayout) async throws -> MatchResult {
+                    try await present(probe, to: control) {
                         try await reader.identify(gallery: gallery, layout: layout)
                     }
-                    #expect(result == .match(id: "mixed"), "\(layout)")
                 }
-                let compact = try await present("tented_arch-rot", to: control) {
-                    try await reader.identify(gallery: gallery, layout: .compact(impressions: 1))
+                // The arch touch is found only by the second pass of staged (the first does not match it).
+                let firstPass = IdentifyLayout.staged.passes(of: mixed)[0]
+                #expect(
+                    try await present("arch-rot", to: control) { try await reader.verify(template: firstPass) } == false
+                )
+                for layout in [IdentifyLayout.full, .staged, .compact(impressions: 1)] {
+                    #expect(try await identify("arch-rot", layout) == .match(id: "mixed"), "\(layout)")
                 }
-                #expect(compact == .noMatch)
+                // compact-1 kept only the arch: a whorl touch is no longer recognised.
+                for layout in [IdentifyLayout.full, .staged] {
+                    #expect(try await identify("whorl-rot", layout) == .match(id: "mixed"), "\(layout)")
+                }
+                #expect(try await identify("whorl-rot", .compact(impressions: 1)) == .noMatch)
             }
         }
 

@@ -123,10 +123,11 @@ class Result:
     scores: bozorth3 scores in comparison order (None unless tapped).
     """
 
-    __slots__ = ("index", "minutiae", "wall", "cpu", "scores")
+    __slots__ = ("index", "minutiae", "wall", "cpu", "scores", "done")
 
     def __init__(self, index, minutiae, wall, cpu, scores):
         self.index, self.minutiae, self.wall, self.cpu, self.scores = index, minutiae, wall, cpu, scores
+        self.done = wall
 
     @property
     def matched(self):
@@ -327,8 +328,15 @@ class VirtualImage:
         scores = self.tap.take() if self.tap else None
         return Result(0 if matched else None, _count(probe), st["t"] - t0, st["c"] - c0, scores)
 
-    def identify(self, gallery, image):
-        """One identify scan of ``image`` over ``gallery`` (list of FpPrint)."""
+    def control(self, first, second):
+        """A virtual_image control message (-3: automatic finger on/off, -4: finger on/off)."""
+        self.con.sendall(struct.pack("ii", first, second))
+
+    def identify(self, gallery, image, hold=0.0):
+        """One identify scan of ``image`` over ``gallery`` (list of FpPrint).  With ``hold``
+        (seconds) the finger stays on the sensor that long after the image; the Result's times
+        are to libfprint's match report, ``done`` to the end of the operation (image sensors end
+        it only once the finger is lifted)."""
         st = {"res": None, "error": None, "t_match": None, "t_done": None}
 
         def matched(dev, match, prt, *rest):
@@ -349,8 +357,16 @@ class VirtualImage:
             self.dev.identify(gallery, None, matched, (), done)
             t0, c0 = time.perf_counter(), time.process_time()
             if self._await_finger(lambda: st["t_done"] is not None):
+                if hold:
+                    self.control(-3, 0)
+                    self.control(-4, 1)
                 t0, c0 = time.perf_counter(), time.process_time()
                 self.send(image)
+                if hold:
+                    while time.perf_counter() - t0 < hold and st["t_done"] is None:
+                        self._pump(0.002)
+                    self.control(-4, 0)
+                    self.control(-3, 1)
             self._wait(lambda: st["t_done"] is not None, 3600.0, "identify")
         finally:
             self.active += time.monotonic() - a0
@@ -365,7 +381,9 @@ class VirtualImage:
                     break
         key = "match" if st["t_match"] is not None else "done"
         scores = self.tap.take() if self.tap else None
-        return Result(idx, _count(probe), st["t_" + key] - t0, st["c_" + key] - c0, scores)
+        result = Result(idx, _count(probe), st["t_" + key] - t0, st["c_" + key] - c0, scores)
+        result.done = st["t_done"] - t0
+        return result
 
     def minutiae(self, image):
         """Minutiae libfprint's mindtct finds in ``image`` (capture action): [(x, y)]."""
