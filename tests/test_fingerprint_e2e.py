@@ -230,23 +230,8 @@ def test_unknown_fingers_pause_identify(make_daemon):
 @pytest.mark.skipif(not have_nist_prints(), reason="NIST prints not found (set KIOSKAUTH_TESTDATA)")
 def test_image_reader_matches_a_second_impression_and_not_another_finger(make_daemon):
     d, sensor = start(make_daemon, "virtual_image")
-    for name in ("sarah", "omar", "lena"):
-        assert d.ctl("user", "add", name, "--display-name", name.title()).returncode == 0
-    fingers = {"sarah": "arch", "omar": "loop-right", "lena": "whorl"}
-    for name, finger in fingers.items():
-        image = PrintImage.load(finger)
-        conn = VirtualImage(sensor)
-        sock = connect(d.socket, timeout=60)
-        send_message(sock, {"method": "io.kioskauth.EnrollFinger", "parameters": {"name": name}, "more": True})
-        while True:
-            reply = read_message(sock)
-            progress = (reply.get("parameters") or {}).get("progress")
-            if "error" in reply or progress is None:
-                break
-            if wants_touch(progress):
-                conn.send_image(image)
-        conn.close()
-        assert reply["parameters"]["finger"] == "right-index", reply
+    for name, finger in {"sarah": "arch", "omar": "loop-right", "lena": "whorl"}.items():
+        enroll_image(d, sensor, name, finger)
 
     def identify_with(print_name):
         s = connect(d.socket, timeout=60)
