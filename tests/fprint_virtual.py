@@ -242,13 +242,13 @@ class PrintImage:
 
 
 def prints_directory() -> Path:
-    """The NIST example prints: ``$KIOSKAUTH_TESTDATA/prints``, else ``../shared/testdata/prints``
-    beside the repository root."""
+    """The NIST example prints: ``$KIOSKAUTH_TESTDATA/prints``, else the copy in the repository
+    (``tests/data/prints``, see its README for provenance)."""
     candidates = []
     if root := os.environ.get("KIOSKAUTH_TESTDATA"):
         candidates.append(Path(root) / "prints")
     repository = Path(__file__).resolve().parent.parent
-    candidates.append(repository.parent / "shared" / "testdata" / "prints")
+    candidates.append(repository / "tests" / "data" / "prints")
     for candidate in candidates:
         if candidate.is_dir():
             return candidate

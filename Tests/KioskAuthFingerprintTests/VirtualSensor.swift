@@ -145,8 +145,8 @@ struct PrintImage: Sendable {
     let height: Int32
     let pixels: [UInt8]
 
-    /// The prints directory: `$KIOSKAUTH_TESTDATA/prints`, else `../shared/testdata/prints`
-    /// beside the package root.
+    /// The prints directory: `$KIOSKAUTH_TESTDATA/prints`, else the repository's own copy in
+    /// `tests/data/prints` (see its README for provenance).
     static let directory: URL? = {
         var candidates: [URL] = []
         if let root = ProcessInfo.processInfo.environment["KIOSKAUTH_TESTDATA"] {
@@ -154,7 +154,7 @@ struct PrintImage: Sendable {
         }
         let packageRoot = URL(fileURLWithPath: #filePath)
             .deletingLastPathComponent().deletingLastPathComponent().deletingLastPathComponent()
-        candidates.append(packageRoot.deletingLastPathComponent().appendingPathComponent("shared/testdata/prints"))
+        candidates.append(packageRoot.appendingPathComponent("tests/data/prints"))
         return candidates.first { FileManager.default.fileExists(atPath: $0.path) }
     }()
 

@@ -58,15 +58,14 @@ MARGIN = 34
 
 
 def nist_dir():
-    """The NIST testdata prints: $FPGEN_NIST_DIR, else ../shared/testdata/prints
-    next to the repository (the layout of the project's machines)."""
+    """The NIST testdata prints: $FPGEN_NIST_DIR, else the repository's own copy
+    in tests/data/prints."""
     env = os.environ.get("FPGEN_NIST_DIR")
     if env:
         return Path(env)
-    for base in (REPO, Path.cwd()):
-        cand = base.parent / "shared" / "testdata" / "prints"
-        if cand.is_dir():
-            return cand
+    cand = REPO / "tests" / "data" / "prints"
+    if cand.is_dir():
+        return cand
     raise SystemExit("NIST prints not found: set FPGEN_NIST_DIR")
 
 
