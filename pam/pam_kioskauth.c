@@ -2293,7 +2293,7 @@ static int offer_activation(const struct login *l) {
     return activate(l, NULL, answer);
 }
 
-/* Online login with the identity provider (DESIGN.md flow 4): a person's first login at this
+/* Online login with the identity provider (docs/design.md, §2.3): a person's first login at this
  * terminal, the fallback of an identity-provider person without a passcode, and the way back in
  * when their offline window has ended. The daemon talks to the provider (LoginWithPassword, or
  * StartDeviceLogin with idp_login=device) and answers with the person, created at their first

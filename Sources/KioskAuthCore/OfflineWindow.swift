@@ -47,7 +47,7 @@ public struct OfflineWindow: Sendable, Hashable {
         /// clock going backwards (small NTP steps are not an attack and must not end every window).
         public var backwardsTolerance: Duration
 
-        /// Creates a policy; the defaults are DESIGN.md's: an 8 h window and a 2 s tolerance.
+        /// Creates a policy; the defaults are docs/design.md's: an 8 h window and a 2 s tolerance.
         public init(window: Duration = .seconds(8 * 3600), backwardsTolerance: Duration = .seconds(2)) {
             self.window = window
             self.backwardsTolerance = backwardsTolerance

@@ -125,7 +125,7 @@ public struct IdentityProviderConfiguration: Sendable {
     /// Supabase settings; required for the Supabase dialect.
     public var supabase: Supabase?
 
-    /// Roles the product defines (DESIGN.md): `caregiver`, `coordinator`, `family`.
+    /// Roles the product defines (docs/design.md): `caregiver`, `coordinator`, `family`.
     public static let productRoles: Set<String> = ["caregiver", "coordinator", "family"]
 
     /// Creates a configuration with the product's defaults: scopes `openid email profile`,

@@ -14,7 +14,7 @@ public struct ActivationRateLimiter: Sendable, Codable, Equatable {
     /// kept, and none older than ``window`` at the last recording.
     public private(set) var failures: [Date] = []
 
-    /// Makes a limiter with no failures; the defaults are DESIGN.md's.
+    /// Makes a limiter with no failures; the defaults are docs/design.md's.
     public init(maxFailures: Int = 5, window: TimeInterval = 900) {
         self.maxFailures = maxFailures
         self.window = window

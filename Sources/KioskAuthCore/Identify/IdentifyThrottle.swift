@@ -24,7 +24,7 @@ public struct IdentifyThrottle: Sendable {
     /// How long a pause lasts, in seconds (default 60).
     public var pause: TimeInterval = 60
 
-    /// Makes a throttle; the defaults are DESIGN.md's.
+    /// Makes a throttle; the defaults are docs/design.md's.
     public init(unknownFingersBeforePause: Int = 5, pause: TimeInterval = 60) {
         self.unknownFingersBeforePause = unknownFingersBeforePause
         self.pause = pause

@@ -1,7 +1,7 @@
 public import Foundation
 
-/// How consecutive credential failures are answered (DESIGN.md, "passcode lockout" and
-/// "fingerprint failures before fallback").
+/// How consecutive credential failures are answered (docs/design.md, §3.1 "Passcodes and
+/// lockout" and §3.2 "Fingerprints").
 public struct LockoutPolicy: Sendable, Equatable {
     /// Delay imposed after the Nth consecutive failure (index 0 = 1st failure).
     /// Default `[0, 0, 60, 300, 900, 1800, 1800, 1800, 1800]`.
@@ -14,11 +14,11 @@ public struct LockoutPolicy: Sendable, Equatable {
     /// Consecutive failed fingerprint matches after which a fallback is required (default 3).
     public var fingerprintFailuresBeforeFallback: Int = 3
 
-    /// DESIGN.md's schedule: failures 1–2 no delay; 3rd 1 min; 4th 5 min; 5th 15 min; 6th–9th
+    /// docs/design.md's schedule: failures 1–2 no delay; 3rd 1 min; 4th 5 min; 5th 15 min; 6th–9th
     /// 30 min each; 10th hard lock; fallback after 3 failed fingerprint matches.
     public static let `default` = LockoutPolicy()
 
-    /// Makes a policy; the defaults are DESIGN.md's.
+    /// Makes a policy; the defaults are docs/design.md's.
     public init(
         delays: [TimeInterval] = [0, 0, 60, 300, 900, 1800, 1800, 1800, 1800],
         hardLockAfter: Int = 10,

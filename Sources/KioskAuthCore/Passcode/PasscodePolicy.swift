@@ -1,4 +1,4 @@
-/// The rules a new passcode must meet (DESIGN.md, "passcode").
+/// The rules a new passcode must meet (docs/design.md, §3.1).
 ///
 /// A passcode is refused, checking in this order, when it:
 /// 1. contains anything but the ASCII digits 0–9 (``WeakPasscodeError/Reason/notDigits``);
@@ -25,7 +25,7 @@ public struct PasscodePolicy: Sendable {
     /// match since such passcodes are refused as not digits first).
     public var extraCommonPasscodes: Set<String> = []
 
-    /// Makes a policy; the defaults are DESIGN.md's.
+    /// Makes a policy; the defaults are docs/design.md's.
     public init(
         minimumLength: Int = 6, maximumLength: Int = 12, extraCommonPasscodes: Set<String> = []
     ) {
