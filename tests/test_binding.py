@@ -10,7 +10,6 @@ Unix accounts are made here with useradd (and removed after); su is run as su ru
 invoking user as real uid and root as effective uid (setpriv --ruid), so the daemon's peer is root.
 """
 
-import pwd
 import subprocess
 import uuid
 
@@ -19,26 +18,10 @@ import pytest
 from idp_testing import IdentityServer, login, ok
 from kioskauth_testing import ensure_group
 from pam_support import PAM_AUTH_ERR, PAM_PERM_DENIED, PAM_SUCCESS, Client
-from test_pam import PASSCODE, add_person, audit, call, module, pam, person, start  # noqa: F401 (fixtures)
+from test_pam import PASSCODE, add_person, audit, call, module, pam, person, start, unix_user  # noqa: F401 (fixtures)
 import test_pam_idp
 
 NOT_THIS_ACCOUNT = "Not allowed on this account."
-
-
-@pytest.fixture
-def unix_user():
-    """Makes Unix accounts (uids from UID_MIN, above SYS_UID_MAX); removes them afterwards."""
-    made = []
-
-    def make(name=None):
-        name = name or f"kb{uuid.uuid4().hex[:8]}"
-        subprocess.run(["useradd", "--no-create-home", "--shell", "/usr/sbin/nologin", name], check=True)
-        made.append(name)
-        return name, pwd.getpwnam(name).pw_uid
-
-    yield make
-    for name in made:
-        subprocess.run(["userdel", name], check=False)
 
 
 def error(reply):
