@@ -539,7 +539,8 @@ static void json_context(struct buffer *b, const struct login *l) {
         buffer_puts(b, ",\"logind\":");
         json_string(b, l->logind);
     }
-    /* The Unix account PAM_USER names, if it names one: the daemon refuses anyone not bound to it. */
+    /* The Unix account PAM_USER names, if it names one: the daemon refuses anyone not bound to it.
+     */
     const char *user = string_item(l->pamh, PAM_USER);
     const struct passwd *account =
         user && strlen(user) <= MAX_ITEM_LENGTH ? pam_modutil_getpwnam(l->pamh, user) : NULL;
