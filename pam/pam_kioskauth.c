@@ -33,6 +33,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <systemd/sd-login.h>
+
 #include <security/pam_ext.h>
 #include <security/pam_modules.h>
 #include <security/pam_modutil.h>
@@ -122,6 +124,7 @@
 #define MESSAGE_DEVICE_DENIED "The sign-in was declined."
 #define MESSAGE_DEVICE_EXPIRED "The sign-in code expired before it was used."
 #define MESSAGE_UNAVAILABLE "The login service is not available."
+#define MESSAGE_NOT_THIS_ACCOUNT "Not allowed on this account."
 #define MESSAGE_NOT_SET_UP                                                                         \
     "Your account is not set up yet. Enter the activation code you were given."
 #define MESSAGE_CODE_WRONG "That code is not right. Check it and try again."
@@ -238,6 +241,8 @@ static void parse_options(pam_handle_t *pamh, int argc, const char **argv, struc
 /* The person an auth step authenticated, as the environment will show them. */
 struct person_info {
     bool known;
+    bool bound; /* the person is bound to a Unix uid: `uid` */
+    uid_t uid;
     char role[MAX_ROLE_LENGTH + 1];
     char display_name[MAX_DISPLAY_NAME_LENGTH + 1];
 };
@@ -256,6 +261,7 @@ struct login {
     const char *remote_host; /* sent only when the session is remote */
     bool remote;
     uid_t ruid;
+    char logind[96]; /* what logind says of the caller's session: local, remote, unavailable: ... */
     struct person_info *person; /* auth only; NULL elsewhere */
     struct handover *handover;  /* auth only; NULL elsewhere */
 };
@@ -301,6 +307,29 @@ static bool host_is_local(const char *host) {
     return false;
 }
 
+/* PAM_RHOST is empty for su or sudo inside an SSH login: where logind runs, it knows whether the
+ * session of the process calling PAM is remote (sd_pid_get_session reads the session from the
+ * process's cgroup, sd_session_is_remote reads /run/systemd/sessions/ID). Where it does not run,
+ * the calls fail; the daemon is told so and audits it, and PAM_RHOST alone decides. */
+static void ask_logind(struct login *l) {
+    char *session = NULL;
+    int r = sd_pid_get_session(getpid(), &session);
+    if (r >= 0) {
+        r = sd_session_is_remote(session);
+        free(session);
+        if (r > 0) {
+            l->remote = true;
+            snprintf(l->logind, sizeof(l->logind), "remote");
+            return;
+        }
+        if (r == 0) {
+            snprintf(l->logind, sizeof(l->logind), "local");
+            return;
+        }
+    }
+    snprintf(l->logind, sizeof(l->logind), "unavailable: %s", strerror(-r));
+}
+
 static void login_init(struct login *l, pam_handle_t *pamh, int flags, int argc,
                        const char **argv) {
     *l = (struct login){.pamh = pamh, .flags = flags, .ruid = getuid()};
@@ -313,6 +342,7 @@ static void login_init(struct login *l, pam_handle_t *pamh, int flags, int argc,
     l->tty = tty && strlen(tty) <= MAX_ITEM_LENGTH ? tty : NULL;
     l->remote = host && !host_is_local(host);
     l->remote_host = l->remote && strlen(host) <= MAX_ITEM_LENGTH ? host : NULL;
+    ask_logind(l);
 }
 
 /* Text from the daemon is shown to the person: control characters (terminal escapes) become '?'. */
@@ -504,6 +534,19 @@ static void json_context(struct buffer *b, const struct login *l) {
     if (l->remote_host) {
         buffer_puts(b, ",\"remoteHost\":");
         json_string(b, l->remote_host);
+    }
+    if (l->logind[0]) {
+        buffer_puts(b, ",\"logind\":");
+        json_string(b, l->logind);
+    }
+    /* The Unix account PAM_USER names, if it names one: the daemon refuses anyone not bound to it.
+     */
+    const char *user = string_item(l->pamh, PAM_USER);
+    const struct passwd *account =
+        user && strlen(user) <= MAX_ITEM_LENGTH ? pam_modutil_getpwnam(l->pamh, user) : NULL;
+    if (account) {
+        buffer_puts(b, ",\"targetUid\":");
+        json_unsigned(b, account->pw_uid);
     }
     buffer_puts(b, "}");
 }
@@ -905,6 +948,11 @@ static void note_person(const struct login *l, const struct json *person) {
     if (!who)
         return;
     *who = (struct person_info){.known = true};
+    long long uid;
+    if (json_get_integer(person, "uid", &uid) && uid >= 0 && uid < (long long)UINT32_MAX) {
+        who->bound = true;
+        who->uid = (uid_t)uid;
+    }
     const char *role = json_get_string(person, "primaryRole");
     const char *display_name = json_get_string(person, "displayName");
     const char *name = json_get_string(person, "name");
@@ -1381,6 +1429,12 @@ static struct step unexpected(const struct login *l, const char *method,
                               const struct reply *reply) {
     const struct json *p = reply->parameters;
     const char *reason = json_get_string(p, "reason");
+    /* The person is not bound to the Unix account PAM_USER names (the daemon audited it). */
+    if (is_error(reply, "AccountNotAllowed")) {
+        complain(l, MESSAGE_NOT_THIS_ACCOUNT);
+        pam_syslog(l->pamh, LOG_NOTICE, "%s refused: %s", method, reason ? reason : "-");
+        return (struct step){PAM_AUTH_ERR, NEXT_NONE};
+    }
     pam_syslog(l->pamh, LOG_WARNING, "%s failed: %s%s%s", method, reply->error, reason ? ": " : "",
                reason ? reason : "");
     return (struct step){PAM_AUTHINFO_UNAVAIL, NEXT_NONE};
@@ -2707,6 +2761,28 @@ static void forget_authentication(pam_handle_t *pamh) {
         (void)pam_set_data(pamh, DATA_AUTHENTICATED, NULL, NULL);
 }
 
+/* A person becomes a Unix account only by binding: when PAM_USER names a Unix account, the
+ * person authenticated must be bound to exactly its uid. A PAM_USER that is no Unix account (an
+ * application's own identity) is not a Unix login. The daemon refuses the same (and audits it);
+ * this is the module's own check before it returns success. */
+static int check_binding(const struct login *l, const struct person_info *who) {
+    const char *user = string_item(l->pamh, PAM_USER);
+    if (!user)
+        return log_ret(l, PAM_AUTH_ERR, LOG_ERR, "Authenticated, but PAM_USER is not set");
+    const struct passwd *account = pam_modutil_getpwnam(l->pamh, user);
+    if (!account)
+        return PAM_SUCCESS;
+    if (who && who->known && who->bound && who->uid == account->pw_uid)
+        return PAM_SUCCESS;
+    complain(l, MESSAGE_NOT_THIS_ACCOUNT);
+    if (who && who->known && who->bound)
+        return log_ret(l, PAM_AUTH_ERR, LOG_NOTICE,
+                       "%s: the person is bound to uid %u, the account is uid %u; refusing", user,
+                       (unsigned)who->uid, (unsigned)account->pw_uid);
+    return log_ret(l, PAM_AUTH_ERR, LOG_NOTICE,
+                   "%s: the person is bound to no Unix account; refusing", user);
+}
+
 _public_ PAM_EXTERN int pam_sm_authenticate(pam_handle_t *pamh, int flags, int argc,
                                             const char **argv) {
     struct login l;
@@ -2721,6 +2797,8 @@ _public_ PAM_EXTERN int pam_sm_authenticate(pam_handle_t *pamh, int flags, int a
     forget_handover(pamh);
     forget_authentication(pamh);
     int r = authenticate(&l);
+    if (r == PAM_SUCCESS)
+        r = check_binding(&l, &person);
     if (r == PAM_SUCCESS)
         r = remember_authentication(&l);
     if (r == PAM_SUCCESS)
@@ -2780,8 +2858,13 @@ static int check_account(const struct login *l, bool authenticated_here) {
     }
     if (!reply.error) {
         const struct json *p = reply.parameters;
-        if (json_get_bool(p, "allowed"))
-            return PAM_SUCCESS;
+        if (json_get_bool(p, "allowed")) {
+            struct person_info who = {0};
+            struct login copy = *l;
+            copy.person = &who;
+            note_person(&copy, json_get(p, "person"));
+            return check_binding(l, &who) == PAM_SUCCESS ? PAM_SUCCESS : PAM_PERM_DENIED;
+        }
         const char *reason = json_get_string(p, "reason");
         const char *state = json_get_string(json_get(p, "person"), "state");
         complain(l, reason ? reason : not_active_message(state));

@@ -6,6 +6,7 @@ drivers' overheating model never trips. The tests run as root, so the daemon's p
 """
 
 import os
+import pwd
 import re
 import signal
 import socket
@@ -14,6 +15,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import uuid
 from pathlib import Path
 
 import pytest
@@ -42,6 +44,22 @@ def module():
 @pytest.fixture
 def pam(tmp_path, module):
     return PamConfig(tmp_path)
+
+
+@pytest.fixture
+def unix_user():
+    """Makes Unix accounts (uids from UID_MIN, above SYS_UID_MAX); removes them afterwards."""
+    made = []
+
+    def make(name=None):
+        name = name or f"kb{uuid.uuid4().hex[:8]}"
+        subprocess.run(["useradd", "--no-create-home", "--shell", "/usr/sbin/nologin", name], check=True)
+        made.append(name)
+        return name, pwd.getpwnam(name).pw_uid
+
+    yield make
+    for name in made:
+        subprocess.run(["userdel", name], check=False)
 
 
 def start(make_daemon, kind=None, config=""):
@@ -394,17 +412,20 @@ def test_a_service_not_on_the_allow_list_gets_no_passcode(make_daemon, pam):
     assert person(d, "sarah")["passcodeFailures"] == 0
 
 
-def test_su_accepts_only_the_invoking_users_own_passcode(make_daemon, pam):
+def test_su_accepts_only_the_invoking_users_own_passcode(make_daemon, pam, unix_user):
     d, _ = start(make_daemon)
     add_person(d, "sarah", uid=4242)  # someone else: the tests run as root (ruid 0)
-    add_person(d, "admin", uid=0)
+    account, uid = unix_user()
+    add_person(d, account, uid=uid)
     for service in ("su", "sudo"):
         pam.kioskauth(service, d.socket, "mode=passcode")
         p = run_pamtester(pam, service, "sarah", "authenticate", answers=[("Passcode: ", PASSCODE)])
         assert p.result() == PAM_AUTHINFO_UNAVAIL
         assert f"Passcode not accepted: {service} accepts a passcode only for the invoking user.\n" in p.err
-        p = run_pamtester(pam, service, "admin", "authenticate", answers=[("Passcode: ", PASSCODE)])
-        assert p.result() == PAM_SUCCESS
+        # The invoking user (real uid theirs, effective uid root, as under su) to their own account.
+        c = Client(pam, service, account, "authenticate", run_as=["setpriv", f"--ruid={uid}", "--"])
+        c.send(PASSCODE)
+        assert [r["rc"] for r in c.results()] == [PAM_SUCCESS]
     refused = [e for e in audit(d, "passcode.verify") if e["result"] == "refused"]
     assert [(e["person"], e["service"]) for e in refused] == [("sarah", "su"), ("sarah", "sudo")]
     assert person(d, "sarah")["passcodeFailures"] == 0
@@ -601,21 +622,23 @@ def debian_common(profile: Path, socket_path: str) -> str:
     return "\n".join(auth + account) + "\n"
 
 
-def test_every_shipped_stack_refuses_when_the_daemon_is_down(make_daemon, pam, tmp_path):
+def test_every_shipped_stack_refuses_when_the_daemon_is_down(make_daemon, pam, tmp_path, unix_user):
     d, _ = start(make_daemon)
-    # Desktop-login stacks need a Unix account too: the person "root" is bound to uid 0.
-    add_person(d, "root", uid=0)
+    # Desktop-login stacks need a Unix account too: the person is bound to the account's uid.
+    account, uid = unix_user()
+    add_person(d, account, uid=uid)
     services = {name: pam.shipped(name, path, d.socket) for name, path in SHIPPED_STACKS.items()}
     services["login"] = pam.add("login", debian_common(REPO / "pam" / "pam-configs" / "kioskauth", d.socket))
-    # With the daemon up, each stack lets root in with the passcode.
+    # With the daemon up, each stack lets the account's person in with the passcode (sudo: as
+    # sudo runs, the invoking user's real uid, effective uid root).
     for service in services:
-        c = Client(pam, service, "root", "authenticate", "acct_mgmt")
+        c = Client(pam, service, account, "authenticate", "acct_mgmt", run_as=["setpriv", f"--ruid={uid}", "--"])
         c.send(PASSCODE)
         assert [r["rc"] for r in c.results()] == [PAM_SUCCESS, PAM_SUCCESS], (service, c.transcript)
     d.stop()
     # Down: nobody gets in, whoever they claim to be (root's Unix password is locked here).
     for service in services:
-        for user in ("root", None, "sarah"):
+        for user in (account, "root", None, "sarah"):
             c = Client(pam, service, user, "authenticate", "acct_mgmt")
             for answer in ("sarah", PASSCODE, "wrong-password"):
                 c.send(answer)

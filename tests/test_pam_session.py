@@ -19,7 +19,7 @@ from idp_testing import SARAH, IdentityServer, have_identity_server, login, make
 from kioskauth_testing import as_user, ensure_group
 from pam_support import (MODULE, PAM_PERM_DENIED, PAM_SESSION_ERR, PAM_SUCCESS, REPO, Client, PamConfig,
                          run_pamtester, security_dir)
-from test_pam import PASSCODE, add_person, audit, call, module, pam, start  # noqa: F401 (fixtures)
+from test_pam import PASSCODE, add_person, audit, call, module, pam, start, unix_user  # noqa: F401 (fixtures)
 
 UNAVAILABLE = "The login service is not available."
 
@@ -306,22 +306,23 @@ def common_session(profile: Path, socket_path: str) -> str:
             f"session {ours}\nsession required pam_unix.so\n")
 
 
-def test_the_greeter_stack_and_the_debian_profile_register_sessions_and_fail_closed(make_daemon, pam):
+def test_the_greeter_stack_and_the_debian_profile_register_sessions_and_fail_closed(make_daemon, pam, unix_user):
     from test_pam import debian_common
 
     d, _ = start(make_daemon)
-    # Desktop-login stacks need a Unix account too: the person "root" is bound to uid 0.
-    add_person(d, "root", uid=0)
+    # Desktop-login stacks need a Unix account too: the person is bound to the account's uid.
+    root, uid = unix_user()
+    add_person(d, root, uid=uid)
     profile = REPO / "pam" / "pam-configs" / "kioskauth"
     services = {"lightdm": pam.shipped("lightdm", REPO / "pam" / "examples" / "greeter", d.socket),
                 "login": pam.add("login", debian_common(profile, d.socket) + common_session(profile, d.socket))}
     for service in services:
-        c = Client(pam, service, "root", "authenticate", "acct_mgmt", "open_session", "pause", "close_session",
+        c = Client(pam, service, root, "authenticate", "acct_mgmt", "open_session", "pause", "close_session",
                    items={"tty": "tty1"})
         c.send(PASSCODE)
         c.expect('"paused"')
         [s] = sessions(d)
-        assert (s["name"], s["service"], s["tty"]) == ("root", service, "tty1"), service
+        assert (s["name"], s["service"], s["tty"]) == (root, service, "tty1"), service
         c.send("")
         results = c.results()
         assert [r["rc"] for r in results] == [PAM_SUCCESS] * 4, (service, c.transcript)
@@ -329,7 +330,7 @@ def test_the_greeter_stack_and_the_debian_profile_register_sessions_and_fail_clo
         assert sessions(d) == []
     # The daemon gone between this module's auth and the session: no session.
     for service in services:
-        c = Client(pam, service, "root", "authenticate", "pause", "open_session")
+        c = Client(pam, service, root, "authenticate", "pause", "open_session")
         c.send(PASSCODE)
         c.expect('"paused"')
         d.stop()

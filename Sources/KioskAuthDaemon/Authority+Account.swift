@@ -22,11 +22,11 @@ extension Authority {
                 detail: "caller may only ask about themself")
             throw APIError.permissionDenied("you may only ask about your own account")
         }
-        let reason = accountRefusal(for: person)
+        let reason = accountLoginRefusal(person, input.context) ?? accountRefusal(for: person)
         if let reason {
             audit(
                 caller, action: "account.check", result: "refused", person: name.rawValue,
-                service: input.context?.service, detail: reason)
+                service: input.context?.service, detail: reason + Self.logindNote(input.context))
         }
         return Message.AccountStatus(allowed: reason == nil, reason: reason, person: record(person))
     }

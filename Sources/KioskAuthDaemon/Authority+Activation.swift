@@ -93,7 +93,7 @@ extension Authority {
                 detail: "service not allowed")
             throw APIError.own("PasscodeNotAllowed", ["reason": .string("the PAM service \(service) cannot activate accounts")])
         }
-        if input.context?.remote == true || (input.context?.remoteHost.map { !$0.isEmpty } ?? false) {
+        if input.context?.isRemote == true {
             audit(
                 caller, action: "activation.check", result: "refused", method: "activation-code", service: service,
                 detail: "remote session")

@@ -57,7 +57,7 @@ extension Authority {
 
     func fingerprintRefusal(_ context: CallerContext?) -> String? {
         guard let context else { return nil }
-        if context.remote == true || (context.remoteHost.map { !$0.isEmpty } ?? false) {
+        if context.isRemote {
             return "fingerprints are not accepted over remote sessions"
         }
         return nil
@@ -358,6 +358,8 @@ extension Authority {
         }
         throttle.record(identified: true, in: &throttleState, now: scanned)
         try? store.setTerminalValue(throttleState, forKey: Self.identifyThrottleKey)
+        try requireAccountAllowed(
+            caller, person, context: input.context, action: "finger.identify", method: "fingerprint")
         try checkOfflineUnlock(caller, person, action: "finger.identify", method: "fingerprint", service: service)
         var failures = person.failures
         credentialGuard.recordFingerprint(matched: true, in: &failures)

@@ -1,3 +1,4 @@
+import Crypto
 import Foundation
 import KioskAuthCore
 import KioskAuthIdentity
@@ -196,7 +197,9 @@ extension Authority {
         let refreshToken = result.tokens.refreshToken.map { Array($0.rawValue.utf8) }
         let login = OnlineLogin(
             subject: identity.subject, email: identity.email,
-            candidateNames: Self.candidateNames(email: identity.email, subject: identity.subject),
+            candidateNames: Self.candidateNames(email: identity.email, subject: identity.subject).filter {
+                accounts.uidOfAccount($0.rawValue) == nil
+            },
             displayName: Self.displayName(email: identity.email, subject: identity.subject), roles: roleSet,
             contact: contact, refreshToken: refreshToken,
             refresh: refreshToken.map { _ in RefreshRecord(token: lifetime) })
@@ -240,19 +243,13 @@ extension Authority {
         return AccessTokenLifetime(obtainedAt: now, expiresAt: now.addingTimeInterval(remaining))
     }
 
-    /// Login names for a new IdP person: the email address when it is a valid login name, else
-    /// its local part, then numbered variants. A name held by someone else is never shared.
+    /// Login names for a new IdP person: the email address when it is a valid login name as it is,
+    /// else `idp-` and a digest of the subject (see ``IdentityProviderLoginName``). The caller drops
+    /// names that are Unix accounts; the store skips names held by someone else.
     static func candidateNames(email: String?, subject: String) -> [LoginName] {
-        var bases: [String] = []
-        if let email { bases.append(email.lowercased()) }
-        let local = email.map { String($0.prefix { $0 != "@" }) } ?? "idp-\(subject)"
-        let cleaned = String(
-            local.lowercased().map { $0.isASCII && ($0.isLetter || $0.isNumber || "._-+".contains($0)) ? $0 : "-" }
-                .drop { !($0.isLetter || $0.isNumber) }.prefix(56))
-        let base = cleaned.isEmpty ? "idp-user" : cleaned
-        bases.append(base)
-        bases += (2...50).map { "\(base)-\($0)" }
-        return bases.compactMap { try? LoginName($0) }
+        let digest = SHA256.hash(data: Data("kioskauth-login-name\0\(subject)".utf8))
+        return IdentityProviderLoginName.candidates(
+            email: email, digestHex: digest.map { String(format: "%02x", $0) }.joined())
     }
 
     /// "sarah.jones@clinic.example" → "Sarah Jones".

@@ -29,7 +29,7 @@ extension Authority {
         _ context: CallerContext?, name: LoginName?
     ) throws(APIError) -> (reason: String?, invoking: StoredPerson?) {
         guard let context else { return (nil, nil) }
-        if context.remote == true || (context.remoteHost.map { !$0.isEmpty } ?? false) {
+        if context.isRemote {
             return ("online logins are not accepted over remote sessions", nil)
         }
         guard let service = context.service else { return (nil, nil) }

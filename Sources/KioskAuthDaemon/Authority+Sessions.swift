@@ -168,6 +168,7 @@ extension Authority {
                 detail: "caller may only open their own sessions")
             throw APIError.permissionDenied("you may only open your own sessions")
         }
+        try requireAccountAllowed(caller, person, context: input.context, action: "session.open", method: nil)
         try checkOfflineUnlock(caller, person, action: "session.open", method: nil, service: service)
         guard person.state == .active else {
             throw APIError.own(

@@ -24,6 +24,8 @@ public actor Authority {
     let usesDevelopmentKey: Bool
     /// The fingerprint reader service; nil when fingerprints are disabled.
     let reader: FingerprintReader?
+    /// The system's Unix accounts, for the binding rules.
+    let accounts: SystemAccounts
 
     /// What a ticket may be used for.
     enum TicketPurpose: Equatable {
@@ -52,8 +54,10 @@ public actor Authority {
     public init(
         store: Store, configuration: DaemonConfiguration, groups: AccessGroups, hashingPool: NIOThreadPool,
         isSocketActivated: Bool, usesDevelopmentKey: Bool, reader: FingerprintReader?, logger: Logger,
-        services: OnlineServices = OnlineServices(), now: @escaping @Sendable () -> Date = { Date() }
+        services: OnlineServices = OnlineServices(), accounts: SystemAccounts = .system(),
+        now: @escaping @Sendable () -> Date = { Date() }
     ) {
+        self.accounts = accounts
         self.services = services
         self.online = OnlineState(configuration: configuration)
         self.store = store
@@ -259,6 +263,14 @@ public actor Authority {
         if let uid = input.uid, !(0...Int(UInt32.max - 1)).contains(uid) {
             throw APIError.invalidInput("uid", "not a valid uid")
         }
+        if let reason =
+            name.rawValue.hasPrefix(IdentityProviderLoginName.digestPrefix)
+            ? "names beginning with \(IdentityProviderLoginName.digestPrefix) are kept for identity-provider people"
+            : bindingRefusal(name, uid: input.uid)
+        {
+            audit(caller, action: "person.add", result: "refused", person: name.rawValue, detail: reason)
+            throw Self.bindingRefused(name, reason)
+        }
         let person: StoredPerson
         do {
             person = try store.addPerson(
@@ -384,7 +396,7 @@ public actor Authority {
     /// Why a passcode may not be used for this login, if it may not.
     func passcodeRefusal(_ caller: Caller, _ person: StoredPerson, _ context: CallerContext?) -> String? {
         guard let context else { return nil }
-        if context.remote == true || (context.remoteHost.map { !$0.isEmpty } ?? false) {
+        if context.isRemote {
             return "passcodes are not accepted over remote sessions"
         }
         if let service = context.service {
@@ -411,7 +423,7 @@ public actor Authority {
         func refuse(_ result: String, _ detail: String) {
             audit(
                 caller, action: action, result: result, person: name.rawValue, method: method, service: service,
-                detail: detail)
+                detail: detail + Self.logindNote(context))
         }
         guard
             let person = try withStore(
@@ -424,6 +436,7 @@ public actor Authority {
             refuse("refused", "caller may only authenticate as themself")
             throw APIError.permissionDenied("you may only authenticate as yourself")
         }
+        try requireAccountAllowed(caller, person, context: context, action: action, method: method)
         if let reason = refusal(person) {
             refuse("refused", reason)
             throw APIError.own(refusalError, ["reason": .string(reason)])
@@ -486,7 +499,8 @@ public actor Authority {
             _ = credentialGuard.recordPasscode(matched: true, in: &cleared, now: now())
             let current = try recordAuthentication(
                 caller, person: person, failures: cleared, unlocked: true, action: "passcode.verify", result: "success",
-                method: "passcode", service: service)
+                method: "passcode", service: service,
+                detail: input.context?.logind.map { "logind: \($0.prefix(80))" })
             let ticket = issueTicket(for: person, caller: caller)
             return Message.Verified(
                 person: record(current), ticket: ticket,

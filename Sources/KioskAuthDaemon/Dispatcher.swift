@@ -115,6 +115,9 @@ public struct Dispatcher: Sendable {
         register(prefix + "VerifyPasscode") { (input: Message.VerifyPasscode, caller, _) in
             try await authority.verifyPasscode(caller, input)
         }
+        register(prefix + "BindAccount") { (input: Message.BindAccount, caller, _) in
+            Message.PersonReply(person: try await authority.bindAccount(caller, input))
+        }
         register(prefix + "ResetLockout") { (input: Message.Name, caller, _) in
             Message.PersonReply(person: try await authority.resetLockout(caller, input.name))
         }

@@ -110,8 +110,15 @@ type CallerContext (
   tty: ?string,
   # Remote host (PAM_RHOST), when the session is remote.
   remoteHost: ?string,
-  # Whether the session is remote (SSH and the like).
-  remote: ?bool
+  # Whether the session is remote (SSH and the like): PAM_RHOST names a remote host, or logind
+  # says the calling process's session is remote.
+  remote: ?bool,
+  # The uid of the Unix account PAM_USER names, when it names one. Only the person bound to
+  # exactly that uid may log in to it (AccountNotAllowed otherwise).
+  targetUid: ?int,
+  # What logind says about the calling process's session: "local", "remote", or
+  # "unavailable: <why>" where logind does not run (then PAM_RHOST alone decides). Audited.
+  logind: ?string
 )
 
 # One entry of the audit trail.
@@ -191,7 +198,10 @@ method GetStatus() -> (
 )
 
 # Create a local person pending activation (admin). The reply carries their one-time
-# activation code, shown once: the store keeps only its HMAC.
+# activation code, shown once: the store keeps only its HMAC. A name that is a Unix account
+# needs uid set to that account's uid; uid 0 and system uids (at or below SYS_UID_MAX in
+# login.defs) are never bound; names beginning with "idp-" are kept for identity-provider
+# people. Refusals are BindingRefused.
 method AddPerson(
   # Login name.
   name: string,
@@ -212,6 +222,17 @@ method AddPerson(
 
 # List every person on this terminal (admin).
 method ListPeople() -> (people: []Person)
+
+# Bind a person, local or from the identity provider, to a Unix uid, or unbind them (uid absent)
+# (admin; audited). The AddPerson rules apply: BindingRefused for uid 0, a system uid, or a uid
+# other than that of the Unix account the person's name is; PersonExists when the uid is
+# bound to someone else.
+method BindAccount(
+  # Login name.
+  name: string,
+  # The uid to bind to; absent to unbind.
+  uid: ?int
+) -> (person: Person)
 
 # Show one person (admin, or the person bound to the caller's uid).
 method GetPerson(name: string) -> (person: Person)
@@ -441,6 +462,14 @@ error NoSuchPerson (name: string)
 
 # A person by that name, or bound to that uid, already exists.
 error PersonExists (name: string)
+
+# The person cannot be bound to that uid, or the name cannot be used: uid 0 or a system uid, or
+# the name is a Unix account whose uid is not the one given. reason says which.
+error BindingRefused (name: string, reason: string)
+
+# The login is for a Unix account (PAM_USER names it) and the person is not bound to exactly its
+# uid; or, from a switch-user service, the account is not the invoking user's. Audited.
+error AccountNotAllowed (name: string, reason: string)
 
 # The caller may not do this. The reason says why, in one line.
 error PermissionDenied (reason: string)

@@ -58,15 +58,22 @@ public struct CallerContext: Codable, Sendable, Equatable {
     public var tty: String?
     public var remoteHost: String?
     public var remote: Bool?
+    /// The uid of the Unix account PAM_USER names, when it names one.
+    public var targetUid: Int?
+    /// What logind said about the caller's session: "local", "remote", or "unavailable" and why.
+    public var logind: String?
 
     public init(
-        service: String? = nil, ruid: Int? = nil, tty: String? = nil, remoteHost: String? = nil, remote: Bool? = nil
+        service: String? = nil, ruid: Int? = nil, tty: String? = nil, remoteHost: String? = nil, remote: Bool? = nil,
+        targetUid: Int? = nil, logind: String? = nil
     ) {
         self.service = service
         self.ruid = ruid
         self.tty = tty
         self.remoteHost = remoteHost
         self.remote = remote
+        self.targetUid = targetUid
+        self.logind = logind
     }
 }
 
@@ -147,6 +154,15 @@ public enum Message {
             self.name = name
             self.displayName = displayName
             self.roles = roles
+            self.uid = uid
+        }
+    }
+
+    public struct BindAccount: Codable, Sendable {
+        public var name: String
+        public var uid: Int?
+        public init(name: String, uid: Int?) {
+            self.name = name
             self.uid = uid
         }
     }

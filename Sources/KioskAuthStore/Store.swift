@@ -426,6 +426,21 @@ public final class Store: @unchecked Sendable {
         }
     }
 
+    /// Binds a person to a Unix uid, or unbinds them (nil). A uid is bound to one person at most.
+    public func setUID(_ uid: Int?, for person: StoredPerson, now: Date) throws(StoreError) {
+        try transaction { db in
+            if let uid,
+                try !db.query("SELECT id FROM people WHERE uid = ? AND id != ?", [.integer(Int64(uid)), .integer(person.id)])
+                    .isEmpty
+            {
+                throw StoreError(.personExists("uid \(uid)"))
+            }
+            try db.query(
+                "UPDATE people SET uid = ?, updated_at = ? WHERE id = ?",
+                [uid.map { .integer(Int64($0)) } ?? .null, .real(now.timeIntervalSince1970), .integer(person.id)])
+        }
+    }
+
     /// Records a successful unlock (orders the walk-up identify roster).
     public func recordUnlock(of person: StoredPerson, now: Date) throws(StoreError) {
         try transaction { db in

@@ -135,6 +135,8 @@ struct KioskAuthCtl: ParsableCommand {
         case "NoSuchPerson": return "no person named \(string("name") ?? "that")"
         case "PersonExists": return "\(string("name") ?? "that person") already exists"
         case "PermissionDenied": return "permission denied: \(string("reason") ?? "")"
+        case "BindingRefused": return "cannot bind \(string("name") ?? "the person"): \(string("reason") ?? "")"
+        case "AccountNotAllowed": return "not allowed on this account: \(string("reason") ?? "")"
         case "InvalidInput": return "invalid \(string("field") ?? "input"): \(string("message") ?? "")"
         case "InvalidParameter": return "invalid parameter \(string("parameter") ?? "")"
         case "WeakPasscode": return string("message") ?? "passcode refused"
@@ -269,16 +271,32 @@ struct User: ParsableCommand {
         @Argument(help: "Login name.") var name: String
         @Option(help: "Offer fingerprint enrolment after online logins: on, or off (as if declined).")
         var biometricOffer: String?
+        @Option(help: "Bind the person (local or from the identity provider) to this Unix uid.") var uid: Int?
+        @Flag(help: "Unbind the person from their Unix uid.") var unbind = false
 
         func validate() throws {
-            guard let biometricOffer else { throw ValidationError("nothing to change: give --biometric-offer on|off") }
-            guard ["on", "off"].contains(biometricOffer) else { throw ValidationError("--biometric-offer takes on or off") }
+            guard biometricOffer != nil || uid != nil || unbind else {
+                throw ValidationError("nothing to change: give --biometric-offer on|off, --uid UID or --unbind")
+            }
+            if let biometricOffer, !["on", "off"].contains(biometricOffer) {
+                throw ValidationError("--biometric-offer takes on or off")
+            }
+            if uid != nil && unbind { throw ValidationError("--uid and --unbind exclude each other") }
         }
 
         func run() throws {
-            let enabled = biometricOffer == "on"
-            try global.call("SetBiometricOffer", Message.SetBiometricOffer(name: name, enabled: enabled), as: Message.PersonReply.self)
-            if !global.json { print("fingerprint enrolment offer for \(name): \(enabled ? "on" : "off")") }
+            if uid != nil || unbind {
+                let reply = try global.call(
+                    "BindAccount", Message.BindAccount(name: name, uid: uid), as: Message.PersonReply.self)
+                if !global.json {
+                    print(reply.person.uid.map { "\(name) is bound to uid \($0)" } ?? "\(name) is bound to no uid")
+                }
+            }
+            if let biometricOffer {
+                let enabled = biometricOffer == "on"
+                try global.call("SetBiometricOffer", Message.SetBiometricOffer(name: name, enabled: enabled), as: Message.PersonReply.self)
+                if !global.json { print("fingerprint enrolment offer for \(name): \(enabled ? "on" : "off")") }
+            }
         }
     }
 

@@ -1,0 +1,68 @@
+/// The rules that tie a person to a Unix account. A person becomes a Unix account only by being
+/// bound to its uid; a name alone never makes anyone a Unix user.
+public enum AccountBinding {
+    /// `SYS_UID_MAX` when login.defs does not set it.
+    public static let defaultSystemUIDMax = 999
+
+    /// The highest system uid that `text` (the contents of login.defs) sets with `SYS_UID_MAX`,
+    /// or ``defaultSystemUIDMax`` when it sets none (or an unreadable one). The last setting wins,
+    /// as in shadow's own reader.
+    public static func systemUIDMax(loginDefs text: String) -> Int {
+        var result = defaultSystemUIDMax
+        for line in text.split(whereSeparator: \.isNewline) {
+            let fields = line.split(whereSeparator: { $0 == " " || $0 == "\t" })
+            guard fields.count >= 2, fields[0] == "SYS_UID_MAX" else { continue }
+            if let value = Int(fields[1]), value >= 0 { result = value }
+        }
+        return result
+    }
+
+    /// Why a person may not be bound to `uid`, or nil when they may: uid 0 and system uids (at or
+    /// below `systemUIDMax`) are never bound, nor anything that is not a uid.
+    public static func uidRefusal(_ uid: Int, systemUIDMax: Int) -> String? {
+        if uid == 0 { return "uid 0 (root) cannot be bound to a person" }
+        if uid < 0 || uid > Int(UInt32.max - 1) { return "\(uid) is not a valid uid" }
+        if uid <= systemUIDMax { return "uid \(uid) is a system uid (SYS_UID_MAX is \(systemUIDMax))" }
+        return nil
+    }
+
+    /// Why a person named `name` may not be bound to `uid` (nil: unbound), or nil when they may,
+    /// given the uid of the Unix account of that name (`accountUID`, nil when there is none): a
+    /// name that is a Unix account belongs to that account's uid only.
+    public static func nameRefusal(_ name: LoginName, uid: Int?, accountUID: Int?) -> String? {
+        guard let accountUID, accountUID != uid else { return nil }
+        return "\(name) is a Unix account (uid \(accountUID)); a person of that name must be bound to it"
+    }
+
+    /// Why a person bound to `boundUID` may not log in to the Unix account whose uid is
+    /// `accountUID` (nil when the login is for no Unix account), or nil when they may.
+    public static func loginRefusal(boundUID: Int?, accountUID: Int?) -> String? {
+        guard let accountUID else { return nil }
+        guard let boundUID else { return "not allowed on this account: the person is bound to no Unix account" }
+        guard boundUID == accountUID else {
+            return "not allowed on this account: the person is bound to uid \(boundUID), the account is uid \(accountUID)"
+        }
+        return nil
+    }
+}
+
+/// Login names for a person the identity provider introduces.
+public enum IdentityProviderLoginName {
+    /// The prefix of names made from a digest; local people cannot take names with it.
+    public static let digestPrefix = "idp-"
+
+    /// The names to try, in order, for a new identity-provider person: their email address when
+    /// it is a valid login name as it is (only ASCII letters fold to lowercase), else
+    /// `idp-` and the start of `digestHex` (a hex digest of their subject), longer on each try.
+    /// No name is ever formed by dropping or replacing characters, so an address such as
+    /// `!root@clinic.example` can never turn into `root`.
+    public static func candidates(email: String?, digestHex: String) -> [LoginName] {
+        var names: [LoginName] = []
+        if let email, let name = try? LoginName(email) { names.append(name) }
+        let hex = digestHex.lowercased().filter { $0.isHexDigit }
+        for length in [12, 16, 20, 24, 32, 40, 48, 56] where length <= hex.count {
+            if let name = try? LoginName(digestPrefix + hex.prefix(length)) { names.append(name) }
+        }
+        return names
+    }
+}
