@@ -98,3 +98,13 @@ def test_moving_the_wall_clock_skips_no_lockout_delay_and_setting_it_back_extend
     # The wall clock a day behind, the boot clock 61 s on: the delay is over.
     clock.set(-86400, 61)
     assert "error" not in d.call("io.kioskauth.VerifyPasscode", {"name": "sarah", "passcode": "482913"})
+
+
+def test_concurrent_wrong_activation_codes_check_exactly_the_terminal_limit(make_daemon):
+    d = make_daemon(config=FAST_HASH_CONFIG + "\n[Fingerprint]\nEnabled=no\n[Activation]\nTerminalMaxFailures=5\n")
+    d.start()
+    assert d.ctl("user", "add", "sarah").returncode == 0
+    results = concurrently(12, lambda: Connection(d.socket), lambda c: c.call("CheckActivationCode", {"code": "7KQ2-M9XD"}))
+    assert sorted(results) == ["ActivationCodeWrong"] * 5 + ["ActivationPaused"] * 7, results
+    checked = [e for e in audit_events(d) if e["action"] == "activation.check" and e["result"] == "failure"]
+    assert len(checked) == 5

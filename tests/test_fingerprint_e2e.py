@@ -164,6 +164,12 @@ def test_three_failed_matches_switch_to_the_passcode(make_daemon):
     # On this connection the finger is no longer asked for: the passcode is.
     r = verify_on(attempt, sensor, "sarah-finger")
     assert r["error"] == "io.kioskauth.FallbackRequired" and r["parameters"]["fallback"] == "passcode"
+    # The count is sarah's on this connection: a kiosk app's connection still verifies omar.
+    assert d.ctl("user", "add", "omar").returncode == 0
+    reply, _ = enroll(d, sensor, "omar", "omar-finger")
+    assert reply["parameters"]["finger"] == "right-index", reply
+    r = verify_on(attempt, sensor, "omar-finger", name="omar")
+    assert r["parameters"]["person"]["name"] == "omar", r
     attempt.close()
     # Nothing durable is left for the person: a new attempt matches her finger.
     fresh = connect(d.socket, timeout=30)

@@ -237,7 +237,7 @@ extension Authority {
         let person = try authenticationSubject(
             caller, name: name, context: input.context, action: "finger.verify", method: "fingerprint",
             refusalError: "FingerprintNotAllowed", refusal: { _ in fingerprintRefusal(input.context) })
-        let failedHere = fingerFailures[caller.connectionID, default: 0]
+        let failedHere = fingerFailures[caller.connectionID]?[person.id] ?? 0
         guard failedHere < configuration.fingerprint.failuresBeforeFallback else {
             audit(
                 caller, action: "finger.verify", result: "refused", person: name.rawValue, method: "fingerprint",
@@ -253,7 +253,7 @@ extension Authority {
         // Both counts are taken before the scan and settled after it, so that concurrent touches
         // never share a slot.
         try await admitFingerTouch(caller, action: "finger.verify", person: name.rawValue, service: service, sink: sink)
-        fingerFailures[caller.connectionID, default: 0] += 1
+        fingerFailures[caller.connectionID, default: [:]][person.id, default: 0] += 1
         let scanStarted = services.clock.reading()
         let matched: Bool
         do {
@@ -269,7 +269,7 @@ extension Authority {
             }
         } catch {
             recordFingerTouch(nil)
-            fingerFailures[caller.connectionID, default: 1] -= 1
+            fingerFailures[caller.connectionID, default: [:]][person.id, default: 1] -= 1
             let apiError = Self.apiError(error, scanTimeout: configuration.fingerprint.scanTimeout)
             audit(
                 caller, action: "finger.verify", result: "failure", person: name.rawValue, method: "fingerprint",
@@ -277,8 +277,8 @@ extension Authority {
             throw apiError
         }
         let inARow = recordFingerTouch(matched)
-        if matched { fingerFailures[caller.connectionID] = nil }
-        let failuresHere = fingerFailures[caller.connectionID, default: 0]
+        if matched { fingerFailures[caller.connectionID]?[person.id] = nil }
+        let failuresHere = fingerFailures[caller.connectionID]?[person.id] ?? 0
         let fallbackRequired = failuresHere >= configuration.fingerprint.failuresBeforeFallback
         // A match unlocks her whatever her passcode's state, and clears any finger count an
         // older store kept for her.
@@ -363,9 +363,9 @@ extension Authority {
                     try? await sink.progress(touch)
                 }
                 // Re-checked after the prompt went out: a touch may have been recorded meanwhile.
-                guard case .wait = fingerThrottle.admission(
+                let recheck = fingerThrottle.admission(
                     loadFingerThrottleState(), inFlight: fingerTouchesInFlight, now: steadyNow())
-                else { continue }
+                guard case .wait = recheck else { continue }
                 await withCheckedContinuation { continuation in
                     // One that waited already keeps its place at the front.
                     if waited {
@@ -453,7 +453,7 @@ extension Authority {
         }
         recordFingerTouch(true)
         // A walk-up identification clears whatever finger state exists.
-        fingerFailures[caller.connectionID] = nil
+        fingerFailures[caller.connectionID]?[person.id] = nil
         try checkOfflineUnlock(caller, person, action: "finger.identify", method: "fingerprint", service: service)
         var failures = person.failures
         failures.fingerprintFailures = 0

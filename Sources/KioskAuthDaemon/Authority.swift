@@ -45,10 +45,10 @@ public actor Authority {
         var issuedAt: ClockReading
     }
     var tickets: [String: Ticket] = [:]
-    /// Failed 1:1 fingerprint matches per connection (one authentication attempt): after
-    /// FailuresBeforeFallback of them that connection gets `FallbackRequired`. Never durable and
-    /// never per person, so nobody can drive a colleague into the fallback.
-    var fingerFailures: [UInt64: Int] = [:]
+    /// Failed 1:1 fingerprint matches per connection (one authentication attempt) and person:
+    /// after FailuresBeforeFallback of them that connection gets `FallbackRequired` for that
+    /// person. Never durable, so nobody can drive a colleague into the fallback elsewhere.
+    var fingerFailures: [UInt64: [Int64: Int]] = [:]
     /// The terminal-wide fingerprint throttle, as persisted (loaded at first use).
     var fingerThrottleState: IdentifyThrottleState?
     /// Touches admitted by the throttle and not yet recorded.

@@ -491,11 +491,13 @@ error IdleTimeout (seconds: int)
 # No fingerprint reader is present. Offer the passcode; this is not a failure to show.
 error NoReader ()
 
-# The finger did not match. At the limit, fallbackRequired is true and the person must use
+# The finger did not match. failures counts this person's failed matches on this connection
+# (one authentication attempt); at the limit, fallbackRequired is true and the person must use
 # their fallback (passcode, or the identity provider login for people without one).
 error FingerprintNotRecognized (failures: int, fallbackRequired: bool, fallback: string)
 
-# Too many failed matches in a row: fingerprint is refused until the fallback succeeds.
+# Too many failed matches for this person on this connection: fingerprint is refused on it (a new
+# authentication attempt starts afresh; the terminal-wide pause bounds strangers).
 error FallbackRequired (name: string, fallback: string)
 
 # Walk-up identify found nobody. askForName is true when the roster was larger than the cap:
