@@ -1573,10 +1573,11 @@ static struct step verify_finger(const struct login *l, const char *name) {
         }
         if (is_error(&reply, "FingerprintNotRecognized")) {
             complain(l, MESSAGE_NOT_RECOGNISED);
-            if (json_get_bool(reply.parameters, "fallbackRequired"))
+            /* The daemon counts failed matches per connection, and every touch has its own: the
+             * conversation's count is this loop's. */
+            if (json_get_bool(reply.parameters, "fallbackRequired") ||
+                attempt >= l->options.max_tries)
                 return fallback(l, &reply);
-            if (attempt >= l->options.max_tries)
-                return (struct step){PAM_MAXTRIES, NEXT_PASSCODE};
             continue;
         }
         if (is_error(&reply, "ScanRetry")) {
@@ -1588,8 +1589,10 @@ static struct step verify_finger(const struct login *l, const char *name) {
         }
         if (is_error(&reply, "FallbackRequired"))
             return fallback(l, &reply);
-        /* No reader, or no finger enrolled: no error text, only the passcode prompt. */
-        if (is_error(&reply, "NoFingers") || is_reader_trouble(&reply)) {
+        /* No reader, no finger enrolled, or matching paused on the terminal: no error text, only
+         * the passcode prompt. */
+        if (is_error(&reply, "NoFingers") || is_error(&reply, "FingerprintPaused") ||
+            is_reader_trouble(&reply)) {
             log_debug(l, "VerifyFinger: %s", reply.error);
             return (struct step){PAM_AUTHINFO_UNAVAIL, NEXT_PASSCODE};
         }

@@ -133,38 +133,99 @@ def test_a_finger_enrolled_to_someone_else_is_refused(make_daemon):
     assert json.loads(d.ctl("user", "show", "mallory", "--json").stdout)["person"]["fingers"] == []
 
 
+def verify_on(s, sensor, finger, name="sarah"):
+    """One VerifyFinger on the open connection `s`, touching `finger` when asked."""
+    send_message(s, {"method": "io.kioskauth.VerifyFinger", "parameters": {"name": name}, "more": True})
+    first = read_message(s)
+    if "error" in first:
+        return first
+    assert first["parameters"]["progress"] == {"state": "touch", "hint": "Touch the fingerprint reader"}
+    assert first["continues"] is True
+    scan(sensor, finger)
+    return read_message(s)
+
+
 def test_three_failed_matches_switch_to_the_passcode(make_daemon):
-    d, sensor = start(make_daemon, "virtual_device")
+    """Three failed matches in one authentication attempt (one connection) require the fallback
+    there; the count belongs to that attempt, not to the person."""
+    d, sensor = start(make_daemon, "virtual_device_storage")
     assert d.ctl("user", "add", "sarah").returncode == 0
     assert d.ctl("passcode", "set", "sarah", input="482913\n482913\n").returncode == 0
     reply, _ = enroll(d, sensor, "sarah", "sarah-finger")
     assert reply["parameters"]["finger"] == "right-index", reply
 
-    def verify_with(finger):
-        s = connect(d.socket, timeout=30)
-        send_message(s, {"method": "io.kioskauth.VerifyFinger", "parameters": {"name": "sarah"}, "more": True})
-        first = read_message(s)
-        assert first["parameters"]["progress"] == {"state": "touch", "hint": "Touch the fingerprint reader"}
-        assert first["continues"] is True
-        scan(sensor, finger)
-        return read_message(s)
-
-    for attempt in (1, 2):
-        r = verify_with("someone-else")
+    attempt = connect(d.socket, timeout=30)
+    for n in (1, 2):
+        r = verify_on(attempt, sensor, "someone-else")
         assert r["error"] == "io.kioskauth.FingerprintNotRecognized"
-        assert r["parameters"] == {"failures": attempt, "fallbackRequired": False, "fallback": "passcode"}
-    r = verify_with("someone-else")
+        assert r["parameters"] == {"failures": n, "fallbackRequired": False, "fallback": "passcode"}
+    r = verify_on(attempt, sensor, "someone-else")
     assert r["parameters"] == {"failures": 3, "fallbackRequired": True, "fallback": "passcode"}
-    # The right finger is no longer asked for: the passcode is.
-    r = d.call("io.kioskauth.VerifyFinger", {"name": "sarah"})
+    # On this connection the finger is no longer asked for: the passcode is.
+    r = verify_on(attempt, sensor, "sarah-finger")
     assert r["error"] == "io.kioskauth.FallbackRequired" and r["parameters"]["fallback"] == "passcode"
-    # The count survives a restart.
-    d.restart()
-    assert d.call("io.kioskauth.VerifyFinger", {"name": "sarah"})["error"] == "io.kioskauth.FallbackRequired"
-    # A passcode success clears it, and the finger works again.
-    assert d.ctl("passcode", "verify", "sarah", input="482913\n").returncode == 0
-    r = verify_with("sarah-finger")
-    assert r["parameters"]["person"]["name"] == "sarah"
+    # The count is sarah's on this connection: a kiosk app's connection still verifies omar.
+    assert d.ctl("user", "add", "omar").returncode == 0
+    reply, _ = enroll(d, sensor, "omar", "omar-finger")
+    assert reply["parameters"]["finger"] == "right-index", reply
+    r = verify_on(attempt, sensor, "omar-finger", name="omar")
+    assert r["parameters"]["person"]["name"] == "omar", r
+    attempt.close()
+    # Nothing durable is left for the person: a new attempt matches her finger.
+    fresh = connect(d.socket, timeout=30)
+    r = verify_on(fresh, sensor, "sarah-finger")
+    assert r["parameters"]["person"]["name"] == "sarah", r
+    assert r["parameters"]["person"]["fingerprintFailures"] == 0
+    fresh.close()
+
+
+def test_a_colleague_cannot_lock_someone_out_of_every_path(make_daemon):
+    """Issue #11 item 6, the exact sequence: three of a stranger's touches as alice, then ten
+    wrong passcodes. Her passcode is hard-locked, her own finger still unlocks her; a stranger who
+    opens new connections does not get unlimited tries: the terminal pauses fingerprint matching."""
+    d, sensor = start(make_daemon, "virtual_device_storage",
+                      config="\n[Passcode]\nLockoutDelaysSec=0\n[Fingerprint]\nIdentifyPauseAfter=5\nIdentifyPauseSec=4\n")
+    assert d.ctl("user", "add", "alice").returncode == 0
+    assert d.ctl("passcode", "set", "alice", input="482913\n482913\n").returncode == 0
+    reply, _ = enroll(d, sensor, "alice", "alice-finger")
+    assert reply["parameters"]["finger"] == "right-index", reply
+
+    # Three stranger touches as alice, each on a new connection (as the PAM module makes them).
+    for n in (1, 2, 3):
+        s = connect(d.socket, timeout=30)
+        r = verify_on(s, sensor, "stranger", name="alice")
+        s.close()
+        assert r["error"] == "io.kioskauth.FingerprintNotRecognized", r
+        assert r["parameters"]["failures"] == 1 and r["parameters"]["fallbackRequired"] is False
+    # Ten wrong passcodes hard-lock her passcode.
+    for _ in range(10):
+        wrong = d.call("io.kioskauth.VerifyPasscode", {"name": "alice", "passcode": "111111"})
+        assert wrong["error"] in ("io.kioskauth.WrongPasscode", "io.kioskauth.PasscodeLocked")
+    locked = d.call("io.kioskauth.VerifyPasscode", {"name": "alice", "passcode": "482913"})
+    assert locked["error"] == "io.kioskauth.PasscodeLocked" and locked["parameters"]["hardLocked"] is True
+    # Her own finger unlocks her all the same.
+    s = connect(d.socket, timeout=30)
+    r = verify_on(s, sensor, "alice-finger", name="alice")
+    s.close()
+    assert "error" not in r and r["parameters"]["person"]["name"] == "alice", r
+    assert r["parameters"]["ticket"]
+
+    # A stranger opening a new connection for every touch: the 5th unknown finger in a row on the
+    # terminal pauses fingerprint matching, whichever connection asks.
+    results = []
+    for _ in range(6):
+        s = connect(d.socket, timeout=30)
+        results.append(verify_on(s, sensor, "stranger", name="alice")["error"].rsplit(".", 1)[-1])
+        s.close()
+    assert results == ["FingerprintNotRecognized"] * 5 + ["FingerprintPaused"], results
+    paused = d.call("io.kioskauth.VerifyFinger", {"name": "alice"})
+    assert paused["error"] == "io.kioskauth.FingerprintPaused" and 1 <= paused["parameters"]["retryAfterSeconds"] <= 4
+    # After the pause her own finger works again.
+    time.sleep(4.5)
+    s = connect(d.socket, timeout=30)
+    r = verify_on(s, sensor, "alice-finger", name="alice")
+    s.close()
+    assert r["parameters"]["person"]["name"] == "alice", r
 
 
 def test_client_disconnect_cancels_the_scan(make_daemon):
@@ -225,6 +286,55 @@ def test_unknown_fingers_pause_identify(make_daemon):
     assert identify_with("stranger")["parameters"]["unknownInARow"] == 2
     paused = d.call("io.kioskauth.Identify", {})
     assert paused["error"] == "io.kioskauth.IdentifyPaused" and 55 <= paused["parameters"]["retryAfterSeconds"] <= 60
+
+
+def test_ten_concurrent_unknown_fingers_scan_exactly_the_pause_count(make_daemon):
+    """Issue #11 item 7: ten concurrent walk-up identifies on separate connections, every touch a
+    stranger's. Exactly IdentifyPauseAfter (5) are scanned, each with its own place in the run;
+    the other five are refused with IdentifyPaused and never scanned."""
+    d, sensor = start(make_daemon, "virtual_device_storage", config="\n[Fingerprint]\nIdentifyPauseAfter=5\nIdentifyPauseSec=60\n")
+    assert d.ctl("user", "add", "sarah").returncode == 0
+    reply, _ = enroll(d, sensor, "sarah", "sarah-finger")
+    assert reply["parameters"]["finger"] == "right-index", reply
+
+    finals = []
+    lock = threading.Lock()
+    barrier = threading.Barrier(10)
+
+    def identify():
+        s = connect(d.socket, timeout=60)
+        barrier.wait()
+        send_message(s, {"method": "io.kioskauth.Identify", "parameters": {}, "more": True})
+        while True:
+            r = read_message(s)
+            if not r.get("continues"):
+                break
+        with lock:
+            finals.append(r)
+        s.close()
+
+    threads = [threading.Thread(target=identify) for _ in range(10)]
+    for t in threads:
+        t.start()
+    # One stranger's touch at a time, each once the previous one was answered.
+    for n in range(1, 6):
+        time.sleep(0.5)
+        scan(sensor, "stranger")
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            with lock:
+                if sum(1 for r in finals if r.get("error") == "io.kioskauth.NotIdentified") >= n:
+                    break
+            time.sleep(0.05)
+    for t in threads:
+        t.join(60)
+    errors = sorted(r["error"].rsplit(".", 1)[-1] for r in finals)
+    assert errors == ["IdentifyPaused"] * 5 + ["NotIdentified"] * 5, finals
+    runs = sorted(r["parameters"]["unknownInARow"] for r in finals if r["error"].endswith("NotIdentified"))
+    assert runs == [1, 2, 3, 4, 5]
+    scanned = [e for e in json.loads(d.ctl("audit", "--json").stdout)["events"]
+               if e["action"] == "finger.identify" and e["result"] == "failure"]
+    assert len(scanned) == 5
 
 
 @pytest.mark.skipif(not have_nist_prints(), reason="NIST prints not found (set KIOSKAUTH_TESTDATA)")

@@ -255,6 +255,8 @@ public struct RefreshSchedule<Person: Hashable & Sendable>: Sendable {
     public private(set) var consecutiveUnavailable = 0
     /// How many times in a row the breaker has opened without closing; sets the cool-down.
     private var openings = 0
+    /// When the breaker last opened (wall clock), to notice the wall clock set back since.
+    private var openedAt: Date?
 
     /// An empty schedule; add people with `track` (after an online login) or `restore` (after a
     /// restart).
@@ -378,7 +380,7 @@ public struct RefreshSchedule<Person: Hashable & Sendable>: Sendable {
         switch circuit {
         case .closed, .halfOpen(probe: .some):
             return []
-        case .open(let until) where now < until:
+        case .open(let until) where now < until && !coolDownOutlived(until: until, at: now):
             return [.wakeCircuitBreaker(at: until)]
         case .open, .halfOpen(probe: .none):
             guard !waiting.isEmpty else {
@@ -501,6 +503,14 @@ public struct RefreshSchedule<Person: Hashable & Sendable>: Sendable {
         return actions
     }
 
+    /// Whether an open breaker's cool-down is over whatever `until` says: the wall clock was set
+    /// back since it opened (before `openedAt`, or further from `until` than the longest
+    /// cool-down). Setting the clock back never keeps the breaker open and all refreshes stopped.
+    private func coolDownOutlived(until: Date, at now: Date) -> Bool {
+        if let openedAt, now < openedAt { return true }
+        return until > ClockMath.date(now, plus: policy.maximumCircuitCoolDown)
+    }
+
     /// Counts an "IdP unavailable" outcome; opens the breaker at the threshold, or re-opens it with
     /// a longer cool-down when the probe failed.
     private mutating func countUnavailable(wasProbe: Bool, at now: Date) -> [Action] {
@@ -518,6 +528,7 @@ public struct RefreshSchedule<Person: Hashable & Sendable>: Sendable {
             policy.circuitCoolDown * (1 << min(openings - 1, 30)), policy.maximumCircuitCoolDown)
         let until = ClockMath.date(now, plus: coolDown)
         circuit = .open(until: until)
+        openedAt = now
         return [
             .audit(.circuitOpened(until: until, consecutiveFailures: consecutiveUnavailable)),
             .wakeCircuitBreaker(at: until),

@@ -15,13 +15,9 @@ extension Authority {
 
     func checkAccount(_ caller: Caller, _ input: Message.CheckAccount) throws(APIError) -> Message.AccountStatus {
         let name = try loginName(input.name)
-        let person = try existingPerson(name, caller: caller, action: "account.check")
-        guard groups.isAuthenticator(caller) || isSelf(caller, person) else {
-            audit(
-                caller, action: "account.check", result: "refused", person: name.rawValue,
-                detail: "caller may only ask about themself")
-            throw APIError.permissionDenied("you may only ask about your own account")
-        }
+        let person = try authorisedPerson(
+            name, caller: caller, action: "account.check", privileged: groups.isAuthenticator(caller),
+            refusal: "you may only ask about your own account")
         let reason = accountLoginRefusal(person, input.context) ?? accountRefusal(for: person)
         if let reason {
             audit(

@@ -63,7 +63,7 @@ extension Authority {
         _ caller: Caller, _ error: APIError, person: String?, service: String?, limiter: inout ActivationRateLimiter,
         detail: String
     ) -> APIError {
-        limiter.recordFailure(now: now())
+        limiter.recordFailure(now: steadyNow())
         try? store.setTerminalValue(limiter, forKey: Self.activationLimiterKey)
         audit(
             caller, action: "activation.check", result: "failure", person: person, method: "activation-code",
@@ -105,7 +105,8 @@ extension Authority {
             ?? ActivationRateLimiter(
                 maxFailures: configuration.activation.terminalMaxFailures,
                 window: configuration.activation.terminalWindow)
-        if let until = limiter.pausedUntil(now: started) {
+        let steady = steadyNow()
+        if let until = limiter.pausedUntil(now: steady) {
             audit(
                 caller, action: "activation.check", result: "refused", method: "activation-code", service: service,
                 detail: "paused")
@@ -114,7 +115,7 @@ extension Authority {
                 [
                     "message": .string(
                         "Too many wrong codes on this terminal. Wait a few minutes, or ask your coordinator."),
-                    "retryAfterSeconds": .number(until.timeIntervalSince(started).rounded(.up)),
+                    "retryAfterSeconds": .number(until.timeIntervalSince(steady).rounded(.up)),
                 ])
         }
         let named: StoredPerson?

@@ -69,7 +69,11 @@ extension Authority {
         _ caller: Caller, _ input: Message.EnrollFinger, sink: ReplySink
     ) async throws(APIError) -> Message.ScanReply {
         let name = try loginName(input.name)
-        let person = try existingPerson(name, caller: caller, action: "finger.enroll")
+        let person = try authorisedPerson(
+            name, caller: caller, action: "finger.enroll",
+            privileged: groups.isAdmin(caller)
+                || (configuration.fingerprint.selfEnrollment && groups.isAuthenticator(caller)),
+            refusal: "only admins enrol other people's fingers")
         if !groups.isAdmin(caller) {
             // Self-service: the person bound to the caller's uid, or a kiosk app enrolling the
             // person it just authenticated (or activated) on this connection.
@@ -184,13 +188,14 @@ extension Authority {
         }
         return Message.ScanReply(
             person: record(updated), finger: finger.rawValue, duplicateChecked: duplicateChecked, ticket: handedOn,
-            ticketExpiresIn: spentTicket.map { max(0, Int($0.expires.timeIntervalSince(now()))) })
+            ticketExpiresIn: spentTicket.map { max(0, Int($0.expires.timeIntervalSince(steadyNow()))) })
     }
 
     func listFingers(_ caller: Caller, _ name: String) throws(APIError) -> [String] {
         let name = try loginName(name)
-        let person = try existingPerson(name, caller: caller, action: "finger.list")
-        if !isSelf(caller, person) { try requireAdmin(caller, action: "finger.list", person: name.rawValue) }
+        let person = try authorisedPerson(
+            name, caller: caller, action: "finger.list", privileged: groups.isAdmin(caller),
+            refusal: "finger.list needs root or membership in \(configuration.access.adminGroup)")
         return person.fingers
     }
 
@@ -232,10 +237,11 @@ extension Authority {
         let person = try authenticationSubject(
             caller, name: name, context: input.context, action: "finger.verify", method: "fingerprint",
             refusalError: "FingerprintNotAllowed", refusal: { _ in fingerprintRefusal(input.context) })
-        if credentialGuard.fingerprintRequiresFallback(person.failures) {
+        let failedHere = fingerFailures[caller.connectionID]?[person.id] ?? 0
+        guard failedHere < configuration.fingerprint.failuresBeforeFallback else {
             audit(
                 caller, action: "finger.verify", result: "refused", person: name.rawValue, method: "fingerprint",
-                service: service, detail: "fallback required")
+                service: service, detail: "fallback required on this connection")
             throw APIError.own(
                 "FallbackRequired", ["name": .string(name.rawValue), "fallback": .string(fallback(for: person))])
         }
@@ -244,8 +250,11 @@ extension Authority {
         }
         guard !fingers.isEmpty else { throw APIError.own("NoFingers", ["name": .string(name.rawValue)]) }
         let reader = try requireReader()
+        // Both counts are taken before the scan and settled after it, so that concurrent touches
+        // never share a slot.
+        try await admitFingerTouch(caller, action: "finger.verify", person: name.rawValue, service: service, sink: sink)
+        fingerFailures[caller.connectionID, default: [:]][person.id, default: 0] += 1
         let scanStarted = services.clock.reading()
-        try? await sink.progress(Message.ScanReply(progress: ScanProgress(state: "touch", hint: Self.touchPrompt)))
         let matched: Bool
         do {
             if fingers.count == 1 {
@@ -259,25 +268,33 @@ extension Authority {
                 matched = try await reader.verify(template: fingers[0].template)
             }
         } catch {
+            recordFingerTouch(nil)
+            fingerFailures[caller.connectionID, default: [:]][person.id, default: 1] -= 1
             let apiError = Self.apiError(error, scanTimeout: configuration.fingerprint.scanTimeout)
             audit(
                 caller, action: "finger.verify", result: "failure", person: name.rawValue, method: "fingerprint",
                 service: service, detail: apiError.name)
             throw apiError
         }
-        // Counters may have moved while the scan ran: record against the current state.
+        let inARow = recordFingerTouch(matched)
+        if matched { fingerFailures[caller.connectionID]?[person.id] = nil }
+        let failuresHere = fingerFailures[caller.connectionID]?[person.id] ?? 0
+        let fallbackRequired = failuresHere >= configuration.fingerprint.failuresBeforeFallback
+        // A match unlocks her whatever her passcode's state, and clears any finger count an
+        // older store kept for her.
         let current = try existingPerson(name, caller: caller, action: "finger.verify")
         var failures = current.failures
-        let fallbackRequired = credentialGuard.recordFingerprint(matched: matched, in: &failures)
+        if matched { failures.fingerprintFailures = 0 }
         let updated = try recordAuthentication(
             caller, person: current, failures: failures, unlocked: matched, action: "finger.verify",
             result: matched ? "success" : "failure", method: "fingerprint", service: service,
-            detail: matched ? nil : "no match; failures=\(failures.fingerprintFailures)")
+            detail: matched
+                ? nil : "no match; \(failuresHere) on this connection; \(inARow) in a row")
         guard matched else {
             throw APIError.own(
                 "FingerprintNotRecognized",
                 [
-                    "failures": .number(Double(failures.fingerprintFailures)),
+                    "failures": .number(Double(failuresHere)),
                     "fallbackRequired": .bool(fallbackRequired),
                     "fallback": .string(fallback(for: current)),
                 ])
@@ -285,6 +302,97 @@ extension Authority {
         return Message.ScanReply(
             person: record(updated), ticket: issueTicket(for: updated, caller: caller, startedAt: scanStarted),
             ticketExpiresIn: Int(configuration.access.ticketLifetime))
+    }
+
+    // MARK: Terminal-wide finger throttle
+
+    var fingerThrottle: IdentifyThrottle {
+        IdentifyThrottle(
+            unknownFingersBeforePause: configuration.fingerprint.identifyPauseAfter,
+            pause: configuration.fingerprint.identifyPause)
+    }
+
+    func loadFingerThrottleState() -> IdentifyThrottleState {
+        if let state = fingerThrottleState { return state }
+        let state =
+            ((try? store.terminalValue(IdentifyThrottleState.self, forKey: Self.identifyThrottleKey)) ?? nil)
+            ?? IdentifyThrottleState()
+        fingerThrottleState = state
+        return state
+    }
+
+    func saveFingerThrottleState(_ state: IdentifyThrottleState) {
+        fingerThrottleState = state
+        try? store.setTerminalValue(state, forKey: Self.identifyThrottleKey)
+    }
+
+    /// Admits one touch against the terminal-wide throttle, or refuses it while fingerprint
+    /// matching is paused: `IdentifyPaused` for walk-up identify, `FingerprintPaused` for a 1:1
+    /// match. A touch that could, with those in flight, pass the limit waits its turn (in arrival
+    /// order, as the reader serves them) until one is recorded. The touch prompt goes out once the
+    /// touch is admitted or waiting (the reader takes touches in that order), never when refused.
+    func admitFingerTouch(
+        _ caller: Caller, action: String, person: String?, service: String?, sink: ReplySink
+    ) async throws(APIError) {
+        var waited = false
+        var prompted = false
+        let touch = Message.ScanReply(progress: ScanProgress(state: "touch", hint: Self.touchPrompt))
+        while true {
+            let state = loadFingerThrottleState()
+            let at = steadyNow()
+            switch fingerThrottle.admission(state, inFlight: fingerTouchesInFlight, now: at) {
+            case .admit:
+                fingerTouchesInFlight += 1
+                // The next in line may fit too.
+                if waited, !fingerTouchWaiters.isEmpty { fingerTouchWaiters.removeFirst().resume() }
+                if !prompted { try? await sink.progress(touch) }
+                return
+            case .paused(let until):
+                // Everyone waiting is refused the same way, in order.
+                if !fingerTouchWaiters.isEmpty { fingerTouchWaiters.removeFirst().resume() }
+                audit(
+                    caller, action: action, result: "refused", person: person, method: "fingerprint",
+                    service: service, detail: "paused after unknown fingers")
+                let retry = JSONValue.number(max(1, until.timeIntervalSince(at).rounded(.up)))
+                throw action == "finger.identify"
+                    ? APIError.own("IdentifyPaused", ["retryAfterSeconds": retry])
+                    : APIError.own("FingerprintPaused", ["retryAfterSeconds": retry])
+            case .wait:
+                if !prompted {
+                    prompted = true
+                    try? await sink.progress(touch)
+                }
+                // Re-checked after the prompt went out: a touch may have been recorded meanwhile.
+                let recheck = fingerThrottle.admission(
+                    loadFingerThrottleState(), inFlight: fingerTouchesInFlight, now: steadyNow())
+                guard case .wait = recheck else { continue }
+                await withCheckedContinuation { continuation in
+                    // One that waited already keeps its place at the front.
+                    if waited {
+                        fingerTouchWaiters.insert(continuation, at: 0)
+                    } else {
+                        fingerTouchWaiters.append(continuation)
+                    }
+                }
+                waited = true
+            }
+        }
+    }
+
+    /// Records an admitted touch: matched, unknown, or (nil) never matched (a reader failure);
+    /// returns the run of unknown fingers it leaves (the pause's start when it reached the limit).
+    @discardableResult
+    func recordFingerTouch(_ outcome: Bool?) -> Int {
+        fingerTouchesInFlight = max(0, fingerTouchesInFlight - 1)
+        var state = loadFingerThrottleState()
+        var position = state.unknownInARow
+        if let outcome {
+            position = outcome ? 0 : state.unknownInARow + 1
+            fingerThrottle.record(identified: outcome, in: &state, now: steadyNow())
+            saveFingerThrottleState(state)
+        }
+        if !fingerTouchWaiters.isEmpty { fingerTouchWaiters.removeFirst().resume() }
+        return position
     }
 
     // MARK: Identify
@@ -306,16 +414,6 @@ extension Authority {
                 detail: reason)
             throw APIError.own("FingerprintNotAllowed", ["reason": .string(reason)])
         }
-        let throttle = IdentifyThrottle(
-            unknownFingersBeforePause: configuration.fingerprint.identifyPauseAfter,
-            pause: configuration.fingerprint.identifyPause)
-        var throttleState =
-            (try? store.terminalValue(IdentifyThrottleState.self, forKey: Self.identifyThrottleKey)) ?? nil
-            ?? IdentifyThrottleState()
-        if let until = throttle.isPaused(throttleState, now: now()) {
-            throw APIError.own(
-                "IdentifyPaused", ["retryAfterSeconds": .number(until.timeIntervalSince(now()).rounded(.up))])
-        }
         let reader = try requireReader()
         let roster = try withStore(caller, action: "finger.identify") { () throws(StoreError) in
             try store.roster(cap: configuration.fingerprint.identifyRosterCap)
@@ -323,31 +421,28 @@ extension Authority {
         guard !roster.fingers.isEmpty else {
             throw APIError.own("NotIdentified", ["unknownInARow": .number(0), "askForName": .bool(false)])
         }
+        try await admitFingerTouch(caller, action: "finger.identify", person: nil, service: service, sink: sink)
         let scanStarted = services.clock.reading()
-        try? await sink.progress(Message.ScanReply(progress: ScanProgress(state: "touch", hint: Self.touchPrompt)))
         let result: MatchResult
         do {
             result = try await reader.identify(
                 gallery: roster.fingers.map { GalleryEntry(id: "\($0.personID)", template: $0.template) },
                 layout: configuration.fingerprint.identifyLayout)
         } catch {
+            recordFingerTouch(nil)
             let apiError = Self.apiError(error, scanTimeout: configuration.fingerprint.scanTimeout)
             audit(
                 caller, action: "finger.identify", result: "failure", method: "fingerprint", service: service,
                 detail: apiError.name)
             throw apiError
         }
-        let scanned = now()
         guard case .match(let id) = result, let match = roster.fingers.first(where: { "\($0.personID)" == id }),
             let person = try withStore(
                 caller, action: "finger.identify",
                 { () throws(StoreError) in try store.person(named: match.personName) }),
             person.id == match.personID, person.state == .active
         else {
-            // Counted before recording: the throttle restarts its count when it pauses.
-            let unknownInARow = throttleState.unknownInARow + 1
-            throttle.record(identified: false, in: &throttleState, now: scanned)
-            try? store.setTerminalValue(throttleState, forKey: Self.identifyThrottleKey)
+            let unknownInARow = recordFingerTouch(false)
             audit(
                 caller, action: "finger.identify", result: "failure", method: "fingerprint", service: service,
                 detail:
@@ -356,13 +451,14 @@ extension Authority {
                 "NotIdentified",
                 ["unknownInARow": .number(Double(unknownInARow)), "askForName": .bool(roster.isTruncated)])
         }
-        throttle.record(identified: true, in: &throttleState, now: scanned)
-        try? store.setTerminalValue(throttleState, forKey: Self.identifyThrottleKey)
+        recordFingerTouch(true)
+        // A walk-up identification clears whatever finger state exists.
+        fingerFailures[caller.connectionID]?[person.id] = nil
         try requireAccountAllowed(
             caller, person, context: input.context, action: "finger.identify", method: "fingerprint")
         try checkOfflineUnlock(caller, person, action: "finger.identify", method: "fingerprint", service: service)
         var failures = person.failures
-        credentialGuard.recordFingerprint(matched: true, in: &failures)
+        failures.fingerprintFailures = 0
         let updated = try recordAuthentication(
             caller, person: person, failures: failures, unlocked: true, action: "finger.identify", result: "success",
             method: "fingerprint", service: service, detail: "roster \(roster.fingers.count)")

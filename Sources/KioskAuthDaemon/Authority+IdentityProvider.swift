@@ -71,7 +71,7 @@ extension Authority {
         -> Message.OnlineLogin
     {
         let service = input.context?.service
-        var gate = try openOnlineLoginGate(caller, context: input.context, name: nil, method: "idp-password")
+        let gate = try openOnlineLoginGate(caller, context: input.context, name: nil, method: "idp-password")
         guard let provider = services.provider else { throw Self.notConfigured }
         let email = input.email.trimmingCharacters(in: .whitespaces)
         guard (3...Self.maximumEmailLength).contains(email.utf8.count), email.contains("@"),
@@ -92,12 +92,14 @@ extension Authority {
                     ["reason": .string("\(service ?? "-") accepts an online login only for the invoking user")])
             }
         }
+        let slot = reserveOnlineLoginSlot()
         let started = services.clock.reading()
         let result: LoginResult
         do {
             result = try await provider.passwordLogin(email: email, password: input.password)
+            settleOnlineLoginSlot(reservedAt: slot, error: nil)
         } catch {
-            recordOnlineLoginFailure(&gate, error)
+            settleOnlineLoginSlot(reservedAt: slot, error: error)
             noteProvider(error)
             audit(
                 caller, action: "idp.login", result: "failure", method: "idp-password", service: service,
@@ -274,7 +276,10 @@ extension Authority {
 
     func setBiometricOffer(_ caller: Caller, _ input: Message.SetBiometricOffer) throws(APIError) -> PersonRecord {
         let name = try loginName(input.name)
-        let person = try existingPerson(name, caller: caller, action: "person.biometric-offer")
+        let person = try authorisedPerson(
+            name, caller: caller, action: "person.biometric-offer",
+            privileged: groups.isAdmin(caller) || groups.isAuthenticator(caller),
+            refusal: "you may only change your own biometric offer")
         if !groups.isAdmin(caller) && !isSelf(caller, person) {
             guard groups.isAuthenticator(caller), let ticket = input.ticket,
                 consumeTicket(ticket, person: person, caller: caller)
@@ -379,6 +384,7 @@ extension Authority {
         let reading = services.clock.reading()
         online.lastObservation = reading
         applyWindowActions(online.offlineWindow.observe(reading))
+        checkpointSteadyClock(reading)
     }
 
     // MARK: Reachability

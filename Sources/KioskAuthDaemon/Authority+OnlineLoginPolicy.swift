@@ -72,7 +72,7 @@ extension Authority {
             throw APIError.own("OnlineLoginNotAllowed", ["reason": .string(reason)])
         }
         let limiter = onlineLoginLimiter()
-        let at = now()
+        let at = steadyNow()
         if let until = limiter.pausedUntil(now: at) {
             audit(
                 caller, action: "idp.login", result: "refused", person: name?.rawValue, method: method,
@@ -94,11 +94,23 @@ extension Authority {
                 window: configuration.identityProvider.loginFailureWindow)
     }
 
-    /// Counts a wrong password against the terminal.
-    func recordOnlineLoginFailure(_ gate: inout OnlineLoginGate, _ error: any Error) {
-        guard (error as? IdentityError)?.code == .invalidCredentials else { return }
-        gate.limiter.recordFailure(now: now())
-        try? store.setTerminalValue(gate.limiter, forKey: Self.onlineLoginLimiterKey)
+    /// Takes a wrong-password slot on the terminal before the provider is asked (the gate checked
+    /// it is not paused, with no await since): each concurrent attempt takes its own, so at most
+    /// LoginMaxFailures passwords reach the provider per window. Returns when it was taken.
+    func reserveOnlineLoginSlot() -> Date {
+        var limiter = onlineLoginLimiter()
+        let at = steadyNow()
+        _ = limiter.reserve(now: at)
+        try? store.setTerminalValue(limiter, forKey: Self.onlineLoginLimiterKey)
+        return at
+    }
+
+    /// Settles a slot: a wrong password keeps it; anything else gives it back.
+    func settleOnlineLoginSlot(reservedAt: Date, error: (any Error)?) {
+        if let error, (error as? IdentityError)?.code == .invalidCredentials { return }
+        var limiter = onlineLoginLimiter()
+        limiter.release(reservedAt: reservedAt)
+        try? store.setTerminalValue(limiter, forKey: Self.onlineLoginLimiterKey)
     }
 
     /// CheckOnlineLogin: may an online login happen here, for `name`? Never contacts the provider;

@@ -55,7 +55,9 @@ extension Authority {
             case .cancelRefresh(let person):
                 online.refreshTimers[person] = nil
             case .wakeCircuitBreaker(let at):
-                online.breakerWake = at
+                // Kept on steady time: setting the wall clock back does not keep the breaker
+                // asleep (nor does setting it forward wake it early).
+                online.breakerWake = steadyNow().addingTimeInterval(at.timeIntervalSince(now()))
                 services.refreshWakeup.signal()
             case .persist(let personID, let record):
                 guard let person = trackedPerson(personID) else { continue }
@@ -161,7 +163,8 @@ extension Authority {
             online.refreshTimers[person] = nil
             performRefreshActions(online.schedule.requestRefresh(for: person, at: now))
         }
-        if let wake = online.breakerWake, wake <= now {
+        let steady = steadyNow()
+        if let wake = online.breakerWake, wake <= steady {
             online.breakerWake = nil
             performRefreshActions(online.schedule.circuitTimerFired(at: now))
         }
@@ -193,7 +196,9 @@ extension Authority {
             }
         }
         var next = online.refreshTimers.values.min()
-        if let wake = online.breakerWake { next = min(next ?? wake, wake) }
+        if let wake = online.breakerWake.map({ now.addingTimeInterval($0.timeIntervalSince(steady)) }) {
+            next = min(next ?? wake, wake)
+        }
         if let outbox = try? store.nextOutboxAttempt(), online.deliveriesInFlight.isEmpty || outbox > now {
             next = min(next ?? outbox, outbox)
         }

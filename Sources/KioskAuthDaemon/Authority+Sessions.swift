@@ -161,12 +161,20 @@ extension Authority {
     func openSession(_ caller: Caller, _ input: Message.OpenSession) throws(APIError) -> SessionRecord {
         let name = try loginName(input.name)
         let service = input.context?.service
-        let person = try existingPerson(name, caller: caller, action: "session.open")
-        guard groups.isAuthenticator(caller) || isSelf(caller, person) else {
+        // Authorised before the person is looked up: an unprivileged caller learns nothing about
+        // who exists.
+        let person = try authorisedPerson(
+            name, caller: caller, action: "session.open", privileged: groups.isAuthenticator(caller),
+            refusal: "you may only open your own sessions")
+        // A session opens on the strength of a fresh authentication of its person on this
+        // connection. Only root (the PAM module in a login or greeter process, after another
+        // module authenticated) may register one without: it opens unauthenticated and its
+        // token is released to nobody until AuthenticateSession.
+        guard input.ticket != nil || caller.isRoot else {
             audit(
                 caller, action: "session.open", result: "refused", person: name.rawValue, service: service,
-                detail: "caller may only open their own sessions")
-            throw APIError.permissionDenied("you may only open your own sessions")
+                detail: "no ticket")
+            throw APIError.ticketInvalid
         }
         try requireAccountAllowed(caller, person, context: input.context, action: "session.open", method: nil)
         try checkOfflineUnlock(caller, person, action: "session.open", method: nil, service: service)
@@ -180,7 +188,12 @@ extension Authority {
         }
         var authenticatedAt: ClockReading?
         if let ticket = input.ticket {
-            guard let entry = takeTicket(ticket, person: person, caller: caller) else { throw APIError.ticketInvalid }
+            guard let entry = takeTicket(ticket, person: person, caller: caller) else {
+                audit(
+                    caller, action: "session.open", result: "refused", person: name.rawValue, service: service,
+                    detail: "no valid ticket for this person on this connection")
+                throw APIError.ticketInvalid
+            }
             authenticatedAt = entry.issuedAt
         }
         guard online.sessions.count < Self.maximumOpenSessions,
@@ -198,7 +211,8 @@ extension Authority {
         let entry = SessionEntry(
             id: id, personID: person.id, name: person.name, service: service,
             tty: input.context?.tty.map { String($0.prefix(64)) },
-            state: PersistedSession(machine: machine, lastLockedAt: nil))
+            state: PersistedSession(machine: machine, lastLockedAt: nil),
+            tokenConnection: authenticatedAt == nil ? nil : caller.connectionID)
         do {
             try store.insertSession(
                 StoredSession(
@@ -263,6 +277,7 @@ extension Authority {
         let wasLocked = entry.state.machine.isLocked
         let actions = entry.state.machine.lock(at: reading)
         if !wasLocked, entry.state.machine.isLocked { entry.state.lastLockedAt = reading }
+        if entry.state.machine.isLocked { entry.tokenConnection = nil }
         online.sessions[id] = entry
         applySession(id, actions, at: reading)
         return sessionRecord(online.sessions[id] ?? entry)
@@ -301,6 +316,7 @@ extension Authority {
         applySession(input.id, actions, at: reading)
         switch result {
         case .accepted:
+            online.sessions[input.id]?.tokenConnection = caller.connectionID
             audit(
                 caller, action: "session.authenticate", result: "success", person: entry.name.rawValue,
                 service: entry.service, detail: String(input.id.prefix(8)))
@@ -349,10 +365,9 @@ extension Authority {
 
     func endSessions(_ caller: Caller, _ name: String) throws(APIError) -> Int {
         let name = try loginName(name)
-        let person = try existingPerson(name, caller: caller, action: "session.security-logout")
-        if !isSelf(caller, person) {
-            try requireAdmin(caller, action: "session.security-logout", person: name.rawValue)
-        }
+        let person = try authorisedPerson(
+            name, caller: caller, action: "session.security-logout", privileged: groups.isAdmin(caller),
+            refusal: "session.security-logout needs root or membership in \(configuration.access.adminGroup)")
         let ended = endSessions(of: person.id, reason: .securityLogout)
         audit(
             caller, action: "session.security-logout", result: "success", person: name.rawValue,
@@ -367,7 +382,7 @@ extension Authority {
         else {
             throw APIError.permissionDenied("only the kioskauth group or the person may read a session's token")
         }
-        guard !entry.state.machine.isLocked else { throw APIError.own("SessionLocked", ["id": .string(id)]) }
+        try requireTokenRelease(caller, entry)
         let person = try existingPerson(entry.name, caller: caller, action: "session.token")
         guard person.origin == .idp else {
             throw APIError.own(
@@ -376,12 +391,37 @@ extension Authority {
         }
         try checkOfflineUnlock(caller, person, action: "session.token", method: nil, service: entry.service)
         let token = try await accessToken(for: person)
-        // The session may have ended or been locked while the token was refreshed.
+        // The session may have ended, been locked or re-authenticated elsewhere while the token
+        // was refreshed.
         let current = try session(caller, id, action: "session.token")
-        guard !current.state.machine.isLocked else { throw APIError.own("SessionLocked", ["id": .string(id)]) }
+        try requireTokenRelease(caller, current)
+        audit(
+            caller, action: "session.token", result: "success", person: entry.name.rawValue, service: entry.service,
+            detail: String(id.prefix(8)))
         return Message.SessionToken(
             accessToken: token.token.rawValue, expiresAt: Self.timestamp(token.expiresAt),
             expiresIn: max(0, Int(token.expiresAt.timeIntervalSince(now()))))
+    }
+
+    /// A session's token goes only to the connection that presented its latest authentication,
+    /// only while that authentication stands: not locked since, not from before the last lock.
+    /// Idleness and the other end rules were re-checked by `session(_:_:action:)`.
+    private func requireTokenRelease(_ caller: Caller, _ entry: SessionEntry) throws(APIError) {
+        let id = entry.id
+        guard !entry.state.machine.isLocked else {
+            audit(
+                caller, action: "session.token", result: "refused", person: entry.name.rawValue,
+                service: entry.service, detail: "\(id.prefix(8)): locked")
+            throw APIError.own("SessionLocked", ["id": .string(id)])
+        }
+        guard let authentication = entry.state.machine.lastAuthentication,
+            authentication.lockEpoch == entry.state.machine.lockEpoch, entry.tokenConnection == caller.connectionID
+        else {
+            audit(
+                caller, action: "session.token", result: "refused", person: entry.name.rawValue,
+                service: entry.service, detail: "\(id.prefix(8)): not authenticated on this connection")
+            throw APIError.own("SessionNotAuthenticated", ["id": .string(id)])
+        }
     }
 
     // MARK: Events

@@ -38,6 +38,7 @@ public actor Authority {
     struct Ticket {
         var personID: Int64
         var connectionID: UInt64
+        /// On steady time (`steadyNow()`).
         var expires: Date
         var purpose: TicketPurpose
         /// When the authentication that earned it began (a session lock after this voids it).
@@ -46,6 +47,16 @@ public actor Authority {
         var issuedAt: ClockReading
     }
     var tickets: [String: Ticket] = [:]
+    /// Failed 1:1 fingerprint matches per connection (one authentication attempt) and person:
+    /// after FailuresBeforeFallback of them that connection gets `FallbackRequired` for that
+    /// person. Never durable, so nobody can drive a colleague into the fallback elsewhere.
+    var fingerFailures: [UInt64: [Int64: Int]] = [:]
+    /// The terminal-wide fingerprint throttle, as persisted (loaded at first use).
+    var fingerThrottleState: IdentifyThrottleState?
+    /// Touches admitted by the throttle and not yet recorded.
+    var fingerTouchesInFlight = 0
+    /// Touches waiting for admission, first come first served.
+    var fingerTouchWaiters: [CheckedContinuation<Void, Never>] = []
     /// The clock, the identity provider and the event hub (see Authority+IdentityProvider.swift).
     let services: OnlineServices
     /// Offline window, refresh schedule, sessions and connectivity; isolated to this actor.
@@ -83,6 +94,40 @@ public actor Authority {
     }
 
     // MARK: Helpers
+
+    static let steadyClockKey = "steady-clock"
+
+    /// Terminal steady time (see `SteadyClock`): what lockout delays, pauses, limiter windows and
+    /// ticket lifetimes are measured on, so that moving the wall clock skips or extends none.
+    func steadyNow(_ given: ClockReading? = nil) -> Date {
+        let reading = given ?? services.clock.reading()
+        let loaded = online.steadyClock
+        var clock =
+            loaded ?? ((try? store.terminalValue(SteadyClock.self, forKey: Self.steadyClockKey)) ?? nil)
+            ?? SteadyClock(first: reading)
+        let bootBefore = clock.anchor.bootID
+        let time = clock.time(at: reading)
+        online.steadyClock = clock
+        if loaded == nil || clock.anchor.bootID != bootBefore {
+            try? store.setTerminalValue(clock, forKey: Self.steadyClockKey)
+        }
+        return time
+    }
+
+    /// Persists a recent steady time: the high-water mark the next boot resumes from.
+    func checkpointSteadyClock(_ reading: ClockReading) {
+        _ = steadyNow(reading)
+        guard var clock = online.steadyClock else { return }
+        clock.checkpoint(reading)
+        online.steadyClock = clock
+        try? store.setTerminalValue(clock, forKey: Self.steadyClockKey)
+    }
+
+    /// The wall-clock instant a steady-time instant corresponds to now, for display.
+    func wallTime(ofSteady time: Date) -> Date {
+        let reading = services.clock.reading()
+        return reading.wall.addingTimeInterval(time.timeIntervalSince(steadyNow(reading)))
+    }
 
     /// Runs a store call, turning its failures into API errors; integrity failures are audited.
     func withStore<T>(
@@ -180,6 +225,24 @@ public actor Authority {
         return person
     }
 
+    /// The person `name` for a caller about to act on them. A `privileged` caller (for this
+    /// action) learns whether the person exists (`NoSuchPerson`); anyone else may act only on the
+    /// person bound to their own uid, and gets the same `PermissionDenied` whether `name` is
+    /// somebody else or nobody, so that names cannot be enumerated. Refusals are audited.
+    func authorisedPerson(
+        _ name: LoginName, caller: Caller, action: String, privileged: Bool, refusal: String
+    ) throws(APIError) -> StoredPerson {
+        if privileged { return try existingPerson(name, caller: caller, action: action) }
+        let person = try withStore(caller, action: action, person: name.rawValue) { () throws(StoreError) in
+            try store.person(named: name)
+        }
+        guard let person, isSelf(caller, person) else {
+            audit(caller, action: action, result: "refused", person: name.rawValue, detail: "not the caller's person")
+            throw APIError.permissionDenied(refusal)
+        }
+        return person
+    }
+
     /// The caller acts on `person`: an admin, or the person bound to the caller's own uid.
     func isSelf(_ caller: Caller, _ person: StoredPerson) -> Bool {
         person.uid != nil && person.uid == caller.uid
@@ -196,7 +259,9 @@ public actor Authority {
             state: person.state.rawValue.replacingOccurrences(of: "-", with: "_"), uid: person.uid,
             hasPasscode: person.hasPasscode, fingers: person.fingers,
             passcodeFailures: person.failures.passcodeFailures,
-            passcodeLockedUntil: person.failures.passcodeLockedUntil.flatMap { $0 > now() ? Self.timestamp($0) : nil },
+            passcodeLockedUntil: person.failures.passcodeLockedUntil.flatMap {
+                $0 > steadyNow() ? Self.timestamp(wallTime(ofSteady: $0)) : nil
+            },
             passcodeHardLocked: person.failures.passcodeHardLocked,
             fingerprintFailures: person.failures.fingerprintFailures,
             createdAt: Self.timestamp(person.createdAt), lastUnlockAt: person.lastUnlockAt.map(Self.timestamp))
@@ -339,14 +404,10 @@ public actor Authority {
 
     func setPasscode(_ caller: Caller, _ input: Message.SetPasscode) async throws(APIError) -> PersonRecord {
         let name = try loginName(input.name)
-        let person = try existingPerson(name, caller: caller, action: "passcode.set")
+        let person = try authorisedPerson(
+            name, caller: caller, action: "passcode.set", privileged: groups.isAdmin(caller),
+            refusal: "only admins set other people's passcodes")
         if !groups.isAdmin(caller) {
-            guard isSelf(caller, person) else {
-                audit(
-                    caller, action: "passcode.set", result: "refused", person: name.rawValue,
-                    detail: "not an admin and not self")
-                throw APIError.permissionDenied("only admins set other people's passcodes")
-            }
             // Checked now, used up only once the new code is accepted: a weak code does not cost
             // the person their fresh authentication.
             guard let ticket = input.ticket, isValidTicket(ticket, person: person, caller: caller) else {
@@ -425,16 +486,16 @@ public actor Authority {
                 caller, action: action, result: result, person: name.rawValue, method: method, service: service,
                 detail: detail + Self.logindNote(context))
         }
-        guard
-            let person = try withStore(
-                caller, action: action, { () throws(StoreError) in try store.person(named: name) })
-        else {
-            refuse("failure", "no such person")
-            throw APIError.noSuchPerson(name.rawValue)
-        }
-        guard groups.isAuthenticator(caller) || isSelf(caller, person) else {
+        let found = try withStore(caller, action: action) { () throws(StoreError) in try store.person(named: name) }
+        // Authorised before existence is told: others than authenticators get one answer for
+        // somebody else and for nobody.
+        guard groups.isAuthenticator(caller) || found.map({ isSelf(caller, $0) }) == true else {
             refuse("refused", "caller may only authenticate as themself")
             throw APIError.permissionDenied("you may only authenticate as yourself")
+        }
+        guard let person = found else {
+            refuse("failure", "no such person")
+            throw APIError.noSuchPerson(name.rawValue)
         }
         try requireAccountAllowed(caller, person, context: context, action: action, method: method)
         if let reason = refusal(person) {
@@ -460,14 +521,15 @@ public actor Authority {
         let person = try authenticationSubject(
             caller, name: name, context: input.context, action: "passcode.verify", method: "passcode",
             refusalError: "PasscodeNotAllowed", refusal: { passcodeRefusal(caller, $0, input.context) })
-        let started = now()
+        // Delays run on steady time: moving the wall clock forward skips none.
+        let started = steadyNow()
         switch credentialGuard.passcodeGate(person.failures, now: started) {
         case .allowed: break
         case .delayed(let until):
             audit(
                 caller, action: "passcode.verify", result: "refused", person: name.rawValue, method: "passcode",
                 service: service, detail: "delayed")
-            throw Self.locked(until: until, now: started)
+            throw Self.locked(until: until, now: started, shownAs: wallTime(ofSteady: until))
         case .hardLocked:
             audit(
                 caller, action: "passcode.verify", result: "refused", person: name.rawValue, method: "passcode",
@@ -496,7 +558,7 @@ public actor Authority {
         let matched = try await hash { () throws(StoreError) in try verifier.matches(passcode) }
         if matched {
             var cleared = before
-            _ = credentialGuard.recordPasscode(matched: true, in: &cleared, now: now())
+            _ = credentialGuard.recordPasscode(matched: true, in: &cleared, now: started)
             let current = try recordAuthentication(
                 caller, person: person, failures: cleared, unlocked: true, action: "passcode.verify", result: "success",
                 method: "passcode", service: service,
@@ -512,7 +574,7 @@ public actor Authority {
         var parameters: [String: JSONValue] = ["failures": .number(Double(pessimistic.passcodeFailures))]
         switch outcome {
         case .rejected(next: .delayed(let until)):
-            parameters["until"] = .string(Self.timestamp(until))
+            parameters["until"] = .string(Self.timestamp(wallTime(ofSteady: until)))
             parameters["retryAfterSeconds"] = .number(max(0, until.timeIntervalSince(started)).rounded(.up))
         case .rejected(next: .hardLocked):
             throw Self.locked(until: nil, now: started)
@@ -521,10 +583,10 @@ public actor Authority {
         throw APIError.own("WrongPasscode", parameters)
     }
 
-    static func locked(until: Date?, now: Date) -> APIError {
+    static func locked(until: Date?, now: Date, shownAs wall: Date? = nil) -> APIError {
         var parameters: [String: JSONValue] = ["hardLocked": .bool(until == nil)]
         if let until {
-            parameters["until"] = .string(timestamp(until))
+            parameters["until"] = .string(timestamp(wall ?? until))
             parameters["retryAfterSeconds"] = .number(max(0, until.timeIntervalSince(now)).rounded(.up))
         }
         return APIError.own("PasscodeLocked", parameters)
@@ -551,7 +613,7 @@ public actor Authority {
         issuedAt: ClockReading? = nil, expires: Date? = nil
     ) -> String {
         let reading = services.clock.reading()
-        let current = now()
+        let current = steadyNow(reading)
         tickets = tickets.filter { $0.value.expires > current }
         var bytes = [UInt8](repeating: 0, count: 24)
         var generator = SystemRandomNumberGenerator()
@@ -581,12 +643,12 @@ public actor Authority {
     func isValidTicket(_ ticket: String, person: StoredPerson, caller: Caller) -> Bool {
         guard let entry = tickets[ticket] else { return false }
         return entry.purpose == .selfService && entry.personID == person.id && entry.connectionID == caller.connectionID
-            && entry.expires > now()
+            && entry.expires > steadyNow()
     }
 
     /// The person and code an activation ticket is for, without using it up.
     func peekActivationTicket(_ ticket: String, caller: Caller) -> (personID: Int64, codeID: Int64)? {
-        guard let entry = tickets[ticket], entry.connectionID == caller.connectionID, entry.expires > now(),
+        guard let entry = tickets[ticket], entry.connectionID == caller.connectionID, entry.expires > steadyNow(),
             case .activation(let codeID) = entry.purpose
         else { return nil }
         return (entry.personID, codeID)
@@ -602,6 +664,7 @@ public actor Authority {
     /// Forgets every ticket of a closed connection.
     func connectionClosed(_ connectionID: UInt64) {
         tickets = tickets.filter { $0.value.connectionID != connectionID }
+        fingerFailures[connectionID] = nil
     }
 
     // MARK: Audit

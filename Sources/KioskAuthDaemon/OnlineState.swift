@@ -91,6 +91,10 @@ struct SessionEntry {
     var service: String?
     var tty: String?
     var state: PersistedSession
+    /// The connection that presented the session's latest authentication (OpenSession's ticket
+    /// or AuthenticateSession): the only one the access token is released to. Cleared by a lock;
+    /// never persisted (a restart closes every connection).
+    var tokenConnection: UInt64? = nil
 }
 
 /// The mutable state of the online features. It belongs to the `Authority` actor: only the
@@ -104,7 +108,7 @@ final class OnlineState {
     var names: [Int64: LoginName] = [:]
     /// Armed refresh timers (wall clock).
     var refreshTimers: [Int64: Date] = [:]
-    /// The circuit breaker's timer.
+    /// The circuit breaker's timer (steady time, `Authority.steadyNow()`).
     var breakerWake: Date?
     /// Refreshes to hand to the refresh service.
     var pendingJobs: [RefreshJob] = []
@@ -122,6 +126,8 @@ final class OnlineState {
     var outboxRetryNow = false
     /// Open sessions by id.
     var sessions: [String: SessionEntry] = [:]
+    /// Terminal steady time (boot clock with a wall-clock high-water mark), loaded at first use.
+    var steadyClock: SteadyClock?
     /// When the offline window last took an observation (boot clock).
     var lastObservation: ClockReading?
 

@@ -520,11 +520,13 @@ error IdleTimeout (seconds: int)
 # No fingerprint reader is present. Offer the passcode; this is not a failure to show.
 error NoReader ()
 
-# The finger did not match. At the limit, fallbackRequired is true and the person must use
+# The finger did not match. failures counts this person's failed matches on this connection
+# (one authentication attempt); at the limit, fallbackRequired is true and the person must use
 # their fallback (passcode, or the identity provider login for people without one).
 error FingerprintNotRecognized (failures: int, fallbackRequired: bool, fallback: string)
 
-# Too many failed matches in a row: fingerprint is refused until the fallback succeeds.
+# Too many failed matches for this person on this connection: fingerprint is refused on it (a new
+# authentication attempt starts afresh; the terminal-wide pause bounds strangers).
 error FallbackRequired (name: string, fallback: string)
 
 # Walk-up identify found nobody. askForName is true when the roster was larger than the cap:
@@ -533,6 +535,11 @@ error NotIdentified (unknownInARow: int, askForName: bool)
 
 # Walk-up identify is paused after too many unknown fingers in a row.
 error IdentifyPaused (retryAfterSeconds: int)
+
+# 1:1 fingerprint matching (VerifyFinger) is paused on this terminal after too many unknown or
+# failed fingers in a row (the walk-up identify pause, shared): use the passcode, or try again
+# after retryAfterSeconds.
+error FingerprintPaused (retryAfterSeconds: int)
 
 # The person has no enrolled finger.
 error NoFingers (name: string)
@@ -776,8 +783,12 @@ method GetConnectivity() -> (
 )
 
 # Open a session for a person (PAM open_session, or a kiosk app after authenticating them).
-# Root and the kioskauth group, or the person themself. Refused for an identity-provider
-# person outside the offline window or suspended.
+# Root and the kioskauth group, or the person themself, with the ticket of a fresh
+# authentication of that person on this connection (TicketInvalid without one); only root may
+# open a session without a ticket, which opens unauthenticated. Refused for an
+# identity-provider person outside the offline window or suspended. Callers other than root
+# and the kioskauth group get PermissionDenied for anyone but themself, whether or not the
+# name exists.
 method OpenSession(
   # Login name.
   name: string,
@@ -850,7 +861,10 @@ method EndSessions(
 
 # The current access token of an active session's identity-provider person, for the kiosk
 # app's calls to its backend; refreshed behind the scenes when close to expiry. Root and the
-# kioskauth group, or the person themself. Never logged.
+# kioskauth group, or the person themself, and only on the connection that presented the
+# session's latest authentication (OpenSession's ticket or AuthenticateSession), while the
+# session is unlocked and that authentication is from its current lock epoch
+# (SessionNotAuthenticated otherwise). Each release is audited; the token is never logged.
 method GetSessionToken(
   # Session id.
   id: string
@@ -911,6 +925,12 @@ error SessionEnded (id: string, reason: string)
 
 # The session is locked: authenticate the person (AuthenticateSession) first.
 error SessionLocked (id: string)
+
+# GetSessionToken on a connection that did not authenticate the session: its token goes only to
+# the connection that presented its latest authentication (OpenSession's ticket, or
+# AuthenticateSession since), while that authentication stands. Authenticate the person on this
+# connection (AuthenticateSession) first.
+error SessionNotAuthenticated (id: string)
 
 # The authentication began before the session's last lock, so it does not count.
 error StaleAuthentication (id: string)

@@ -173,6 +173,8 @@ struct KioskAuthCtl: ParsableCommand {
         case "NotIdentified":
             if case .bool(true)? = p?["askForName"] { return "finger not recognised among the most recent users: give your name and verify instead" }
             return "finger not recognised"
+        case "FingerprintPaused":
+            return "fingerprint matching is paused after unrecognised fingers; try again in \(number("retryAfterSeconds") ?? 0) s or use the passcode"
         case "IdentifyPaused": return "walk-up identify is paused after unknown fingers; try again in \(number("retryAfterSeconds") ?? 0) s or give your name"
         case "NoFingers": return "\(string("name") ?? "that person") has no enrolled finger"
         case "FingerAlreadyEnrolled": return "that finger is already enrolled\(string("finger").map { $0.isEmpty ? "" : " (\($0))" } ?? "")"
@@ -196,6 +198,8 @@ struct KioskAuthCtl: ParsableCommand {
         case "NoSuchSession": return "no open session \(string("id") ?? "")"
         case "SessionEnded": return "the session has ended (\(string("reason") ?? "ended"))"
         case "SessionLocked": return "the session is locked: authenticate first"
+        case "SessionNotAuthenticated":
+            return "the session was not authenticated on this connection: authenticate the person here first"
         case "StaleAuthentication": return "that authentication began before the session was locked; authenticate again"
         case "NoAccessToken": return "no access token: \(string("reason") ?? "")"
         default: return error.description

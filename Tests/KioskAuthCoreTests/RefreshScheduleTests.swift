@@ -307,6 +307,14 @@ struct RefreshScheduleTests {
         #expect(schedule.phase(of: "a") == .waitingForCircuit)
     }
 
+    @Test func breakerTimer_withTheWallClockSetBack_probesInsteadOfStayingOpen() {
+        var (schedule, _) = openBreaker()
+        // The breaker opened at 2700 until 2730; the wall clock is then set back two hours.
+        let probe = schedule.circuitTimerFired(at: at(2730 - 7200))
+        #expect(probe.contains(.startRefresh("c")))
+        #expect(schedule.circuit == .halfOpen(probe: "c"))
+    }
+
     @Test func breakerTimer_firingEarly_isRearmed() {
         var (schedule, _) = openBreaker()
         #expect(schedule.circuitTimerFired(at: at(2720)) == [.wakeCircuitBreaker(at: at(2730))])

@@ -32,6 +32,21 @@ public struct ActivationRateLimiter: Sendable, Codable, Equatable {
         return until > now ? until : nil
     }
 
+    /// Takes a failure slot at `now` before an attempt whose check awaits (the identity
+    /// provider): counted as a failure from now on, so concurrent attempts never share a slot.
+    /// Returns `false`, taking nothing, while paused. Settle with ``release(reservedAt:)`` when the
+    /// attempt turns out not to be a failure.
+    public mutating func reserve(now: Date) -> Bool {
+        guard pausedUntil(now: now) == nil else { return false }
+        recordFailure(now: now)
+        return true
+    }
+
+    /// Gives back a slot taken by ``reserve(now:)`` at `reservedAt`.
+    public mutating func release(reservedAt: Date) {
+        if let index = failures.lastIndex(of: reservedAt) { failures.remove(at: index) }
+    }
+
     /// Records a wrong code checked at `now`.
     public mutating func recordFailure(now: Date) {
         failures.append(now)

@@ -11,8 +11,19 @@ public struct IdentifyThrottleState: Codable, Sendable, Equatable {
     public init() {}
 }
 
-/// Walk-up identify throttle (terminal-wide): N unknown fingers in a row pause identify for a
-/// while.
+/// Whether one more touch may be scanned now.
+public enum IdentifyAdmission: Sendable, Equatable {
+    /// Scan it.
+    case admit
+    /// Wait: the touches already being scanned could, if all unknown, reach the pause; one may
+    /// be scanned once one of them is recorded.
+    case wait
+    /// Fingerprint matching is paused until this instant.
+    case paused(until: Date)
+}
+
+/// Fingerprint throttle (terminal-wide): N unknown or failed fingers in a row — walk-up identify
+/// misses and failed 1:1 matches alike — pause fingerprint matching on the terminal for a while.
 ///
 /// The pause bounds how fast anyone can try fingers against the whole roster (a false-match
 /// attack). Verify, passcode and the other sign-in ways are not paused. Use per touch:
@@ -35,6 +46,15 @@ public struct IdentifyThrottle: Sendable {
     public func isPaused(_ s: IdentifyThrottleState, now: Date) -> Date? {
         guard let until = s.pausedUntil, now < until else { return nil }
         return until
+    }
+
+    /// May one more touch be scanned, with `inFlight` touches admitted and not yet recorded?
+    /// Only while every touch in flight could turn out unknown without passing the limit, so that
+    /// concurrent touches never outrun the count: N concurrent unknown fingers are exactly N
+    /// scans before the pause, each with its own place in the run.
+    public func admission(_ s: IdentifyThrottleState, inFlight: Int, now: Date) -> IdentifyAdmission {
+        if let until = isPaused(s, now: now) { return .paused(until: until) }
+        return s.unknownInARow + max(inFlight, 0) < unknownFingersBeforePause ? .admit : .wait
     }
 
     /// Records the result of one identify touch.
