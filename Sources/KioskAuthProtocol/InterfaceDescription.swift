@@ -262,8 +262,13 @@ method GetAudit(
   limit: ?int
 ) -> (events: []AuditEvent)
 
-# Check the audit trail's HMAC chain (admin).
-method VerifyAudit() -> (
+# Check the audit trail's HMAC chain (admin), and that it still reaches the head recorded in the
+# anchor file beside the database and, when given, a head from a trusted copy.
+method VerifyAudit(
+  # A trusted head as "SEQ:MAC" (MAC in hex), e.g. the journal's audit_seq and audit_head: the
+  # chain's entry SEQ must carry MAC. A malformed value is InvalidInput (field "head").
+  head: ?string
+) -> (
   # Whether every event and the recorded head check out.
   valid: bool,
   # Number of events checked.

@@ -42,8 +42,13 @@ public final class Store: @unchecked Sendable {
     let sealer: Sealer
     let auditKey: SymmetricKey
     let activationKey: SymmetricKey
-    private let logger: Logger
+    let logger: Logger
     private let walSync: WALSync
+    /// The durable copy of the audit head beside the database (see `AuditAnchor`).
+    let anchor: AuditAnchor
+    /// The head appended by the transaction in progress, recorded in the anchor once it commits.
+    /// Guarded by the store's lock.
+    var pendingHead: AuditHeadMark?
 
     /// Opens (creating if needed) the store at `path` with `key`. Refuses a store from a newer
     /// schema and a key that does not open it, without writing anything.
@@ -53,6 +58,8 @@ public final class Store: @unchecked Sendable {
         self.auditKey = key.derived(for: "audit")
         self.activationKey = key.derived(for: "activation-code")
         self.walSync = WALSync(databasePath: path)
+        self.anchor = AuditAnchor(
+            directory: (path as NSString).deletingLastPathComponent, key: key.derived(for: "audit-head"))
         do {
             connection = try SQLiteConnection(path: path)
         } catch {
@@ -64,11 +71,40 @@ public final class Store: @unchecked Sendable {
             connection.close()
             throw error
         }
+        anchor.storeID = storeID
+        walSync.anchor = anchor
+        do {
+            try startAnchor()
+        } catch {
+            connection.close()
+            throw error
+        }
+    }
+
+    /// Creates the anchor for a new store, or for one from before anchors existed (recorded in
+    /// `meta`, so a store that had one never silently gets a fresh one: a missing anchor is then
+    /// a finding of `verifyAudit`).
+    private func startAnchor() throws(StoreError) {
+        try locked {
+            guard try connection.query("SELECT value FROM meta WHERE key = 'audit_anchor'").isEmpty else {
+                anchor.load()
+                return
+            }
+            let row = try connection.query("SELECT seq, mac FROM audit ORDER BY seq DESC LIMIT 1").first
+            let head = AuditHeadMark(sequence: row?["seq"].int ?? 0, mac: row?["mac"].bytes ?? [])
+            guard anchor.write(head) else {
+                throw StoreError(.integrity("cannot write the audit head anchor \(anchor.path)"))
+            }
+            try connection.transaction {
+                try connection.query("INSERT INTO meta (key, value) VALUES ('audit_anchor', X'01')")
+            }
+        }
     }
 
     /// Closes the database after a final checkpoint.
     public func close() {
         walSync.close()
+        anchor.close()
         lock.withLock {
             _ = try? connection.query("PRAGMA wal_checkpoint(TRUNCATE)")
             connection.close()
@@ -265,7 +301,21 @@ public final class Store: @unchecked Sendable {
     /// Runs `body` in one durable transaction under the store lock.
     @discardableResult
     func transaction<T>(_ body: (SQLiteConnection) throws -> T) throws(StoreError) -> T {
-        try locked { try connection.transaction { try body(connection) } }
+        let (result, head) = try locked { () throws -> (T, AuditHeadMark?) in
+            pendingHead = nil
+            let result = try connection.transaction { try body(connection) }
+            defer { pendingHead = nil }
+            return (result, pendingHead)
+        }
+        if let head { writeAnchor(head) }
+        return result
+    }
+
+    /// Records a committed, durable head in the anchor.
+    private func writeAnchor(_ head: AuditHeadMark) {
+        if !anchor.write(head) {
+            logger.error("cannot write the audit head anchor", metadata: ["path": "\(anchor.path)"])
+        }
     }
 
     /// Like `transaction`, but the commit does not wait for `fsync`: the WAL file is synced in
@@ -273,12 +323,14 @@ public final class Store: @unchecked Sendable {
     /// back to a durable commit when the WAL file cannot be synced from here.
     func deferredSyncTransaction<T>(_ body: (SQLiteConnection) throws -> T) throws(StoreError) -> T {
         guard walSync.available() else { return try transaction(body) }
-        let result = try locked {
+        let (result, head) = try locked { () throws -> (T, AuditHeadMark?) in
+            pendingHead = nil
             let result = try connection.transaction(synchronous: false) { try body(connection) }
             deferredSyncCommits += 1
-            return result
+            defer { pendingHead = nil }
+            return (result, pendingHead)
         }
-        walSync.request()
+        walSync.request(head: head)
         return result
     }
 
