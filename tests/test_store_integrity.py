@@ -4,7 +4,7 @@ unnoticed (issue #11 items 3, 8 and 13)."""
 import json
 import sqlite3
 
-from test_core_e2e import add, set_passcode, verify
+from test_core_e2e import add, set_passcode
 
 NUL = "\u0000"
 
@@ -97,3 +97,29 @@ def test_verify_against_a_trusted_head(daemon):
     assert ahead.returncode == 1 and "truncated" in ahead.stdout
     r = daemon.call("io.kioskauth.VerifyAudit", {"head": "seven"})
     assert r["error"] == "io.kioskauth.InvalidInput" and r["parameters"]["field"] == "head"
+
+
+def test_a_uid_rebound_in_the_database_is_refused_as_store_integrity_and_audited(daemon):
+    add(daemon, "sarah", "--uid", "4242")
+    add(daemon, "omar")
+    assert set_passcode(daemon, "omar", "593024").returncode == 0
+    # nobody (65534) is bound to nobody; binding Omar to it behind the daemon's back must not
+    # let nobody authenticate as Omar.
+    with sqlite3.connect(daemon.state / "kioskauth.sqlite") as conn:
+        conn.execute("UPDATE people SET uid = 65534 WHERE name = 'omar'")
+    r = daemon.call("io.kioskauth.VerifyPasscode", {"name": "omar", "passcode": "593024"}, user="nobody")
+    assert r.get("error") == "io.kioskauth.StoreIntegrity", r
+    assert "parameters" not in r or "matched" not in r.get("parameters", {})
+    events = audit_events(daemon)
+    assert any(e["action"] == "store.integrity" for e in events), events[-3:]
+
+
+def test_a_sealed_passcode_rewritten_as_text_is_store_integrity_not_no_passcode(daemon):
+    add(daemon, "sarah")
+    assert set_passcode(daemon, "sarah", "482913").returncode == 0
+    with sqlite3.connect(daemon.state / "kioskauth.sqlite") as conn:
+        conn.execute("UPDATE secrets SET sealed = CAST(sealed AS TEXT)")
+        assert conn.execute("SELECT typeof(sealed) FROM secrets").fetchone() == ("text",)
+    r = daemon.call("io.kioskauth.VerifyPasscode", {"name": "sarah", "passcode": "482913"})
+    assert r.get("error") == "io.kioskauth.StoreIntegrity", r
+    assert any(e["action"] == "store.integrity" and e.get("person") == "sarah" for e in audit_events(daemon))

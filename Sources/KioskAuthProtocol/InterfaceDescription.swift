@@ -477,8 +477,9 @@ error PasscodeNotAllowed (reason: string)
 # The ticket is missing, expired, or bound to another person or connection.
 error TicketInvalid ()
 
-# A stored secret failed its integrity check (wrong key, edited or swapped ciphertext). The
-# event is audited; nothing is unlocked.
+# A stored secret or a person's row failed its integrity check (wrong key, edited or swapped
+# ciphertext, a sealed value of another type, a uid, role, state, counter or window column
+# changed behind the daemon's back). The event is audited; nothing is unlocked.
 error StoreIntegrity (reason: string)
 
 # The request exceeded the maximum message size; the connection is closed.

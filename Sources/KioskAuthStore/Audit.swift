@@ -139,6 +139,7 @@ extension Store {
         now: Date
     ) throws(StoreError) -> AuditEntry {
         let write = { (db: SQLiteConnection) throws -> AuditEntry in
+            try self.checkPersonRow(person.id, in: db)
             try db.query(
                 "UPDATE people SET passcode_failures = ?, passcode_locked_until = ?, passcode_hard_locked = ?, fingerprint_failures = ?, last_unlock_at = COALESCE(?, last_unlock_at), updated_at = ? WHERE id = ?",
                 [
@@ -149,6 +150,7 @@ extension Store {
                     .integer(person.id),
                 ])
             guard db.changes == 1 else { throw StoreError(.noSuchPerson(person.name.rawValue)) }
+            try self.resealPersonRow(person.id, in: db)
             return try self.appendAudit(record, now: now, in: db)
         }
         // Only a success that tightens nothing may skip the wait.

@@ -33,7 +33,7 @@ public struct StoredPerson: Sendable, Equatable {
 /// connection, serialised by a lock; calls are short.
 public final class Store: @unchecked Sendable {
     /// The schema version this code writes.
-    public static let schemaVersion = 2
+    public static let schemaVersion = 3
     /// File name of the database in the state directory.
     public static let databaseFileName = "kioskauth.sqlite"
 
@@ -42,6 +42,8 @@ public final class Store: @unchecked Sendable {
     let sealer: Sealer
     let auditKey: SymmetricKey
     let activationKey: SymmetricKey
+    /// Key of the MACs that bind each row's security-relevant columns to it.
+    let rowKey: SymmetricKey
     let logger: Logger
     private let walSync: WALSync
     /// The durable copy of the audit head beside the database (see `AuditAnchor`).
@@ -57,6 +59,7 @@ public final class Store: @unchecked Sendable {
         self.sealer = Sealer(storeKey: key)
         self.auditKey = key.derived(for: "audit")
         self.activationKey = key.derived(for: "activation-code")
+        self.rowKey = key.derived(for: "row-mac")
         self.walSync = WALSync(databasePath: path)
         self.anchor = AuditAnchor(
             directory: (path as NSString).deletingLastPathComponent, key: key.derived(for: "audit-head"))
@@ -209,6 +212,11 @@ public final class Store: @unchecked Sendable {
         CREATE INDEX activation_codes_mac ON activation_codes (code_mac);
         CREATE INDEX activation_codes_person ON activation_codes (person_id);
         """,
+        // 3: a MAC over each person's security-relevant columns (computed for existing rows at
+        // the upgrade; see `peopleMACColumns`).
+        """
+        ALTER TABLE people ADD COLUMN mac BLOB;
+        """,
     ]
 
     private func openSchema(now: Date) throws(StoreError) {
@@ -232,6 +240,11 @@ public final class Store: @unchecked Sendable {
                     }
                     if version == 0 {
                         try initialiseMeta()
+                    }
+                    if version < 3 {
+                        for row in try connection.query("SELECT id FROM people") {
+                            try resealPersonRow(Int64(row["id"].int ?? 0), in: connection)
+                        }
                     }
                     try connection.execute("PRAGMA user_version=\(Self.migrations.count)")
                 }
@@ -339,10 +352,86 @@ public final class Store: @unchecked Sendable {
 
     // MARK: People
 
+    /// The columns a person's row MAC covers, in order: everything that decides who may
+    /// authenticate as whom and how (uid binding, roles, state, failure counters and lock times,
+    /// the identity-provider link, offline window and refresh state, the biometric offer).
+    static let peopleMACColumnNames = [
+        "name", "roles", "origin", "state", "uid", "passcode_failures", "passcode_locked_until",
+        "passcode_hard_locked", "fingerprint_failures", "idp_subject", "idp_contact", "suspended_reason",
+        "refresh_state", "biometric_offer",
+    ]
+    static let peopleMACColumns = peopleMACColumnNames.joined(separator: ", ")
+
+    /// The MAC over a person's row: table, row id, and each covered column with its type, in a
+    /// canonical length-prefixed encoding.
+    func personRowMAC(id: Int64, _ row: SQLRow) -> [UInt8] {
+        var input: [UInt8] = Array("people".utf8)
+        input.append(0)
+        withUnsafeBytes(of: id.bigEndian) { input += $0 }
+        for column in Self.peopleMACColumnNames {
+            switch row[column] {
+            case .null: input.append(0)
+            case .integer(let v):
+                input.append(1)
+                withUnsafeBytes(of: v.bigEndian) { input += $0 }
+            case .real(let v):
+                input.append(2)
+                withUnsafeBytes(of: v.bitPattern.bigEndian) { input += $0 }
+            case .text(let v):
+                input.append(3)
+                let bytes = Array(v.utf8)
+                withUnsafeBytes(of: UInt32(bytes.count).bigEndian) { input += $0 }
+                input += bytes
+            case .blob(let v):
+                input.append(4)
+                withUnsafeBytes(of: UInt32(v.count).bigEndian) { input += $0 }
+                input += v
+            }
+        }
+        return Array(HMAC<SHA256>.authenticationCode(for: input, using: rowKey))
+    }
+
+    /// Checks a people row read with `id`, the covered columns and `mac`.
+    func checkPersonRow(_ row: SQLRow) throws(StoreError) {
+        let id = Int64(row["id"].int ?? 0)
+        guard let mac = row["mac"].bytes, mac == personRowMAC(id: id, row) else {
+            throw StoreError(
+                .integrity(
+                    "people row \(id) does not match its MAC (a uid, role, state, counter or window was changed)"))
+        }
+    }
+
+    /// Checks a person's row before a write, so a write never launders a change made behind the
+    /// store's back into a valid MAC.
+    func checkPersonRow(_ id: Int64, in db: SQLiteConnection) throws {
+        guard
+            let row = try db.query("SELECT id, \(Self.peopleMACColumns), mac FROM people WHERE id = ?", [.integer(id)])
+                .first
+        else { return }
+        try checkPersonRow(row)
+    }
+
+    /// Recomputes a person's row MAC after a write, in the same transaction.
+    func resealPersonRow(_ id: Int64, in db: SQLiteConnection) throws {
+        guard
+            let row = try db.query("SELECT id, \(Self.peopleMACColumns) FROM people WHERE id = ?", [.integer(id)]).first
+        else { return }
+        try db.query("UPDATE people SET mac = ? WHERE id = ?", [.blob(personRowMAC(id: id, row)), .integer(id)])
+    }
+
+    /// Runs a write to a person's row: checks the row first, recomputes its MAC after.
+    func updatingPerson<T>(_ id: Int64, in db: SQLiteConnection, _ body: () throws -> T) throws -> T {
+        try checkPersonRow(id, in: db)
+        let result = try body()
+        try resealPersonRow(id, in: db)
+        return result
+    }
+
     static let personColumns =
-        "id, name, display_name, roles, origin, state, uid, created_at, last_unlock_at, passcode_failures, passcode_locked_until, passcode_hard_locked, fingerprint_failures, (SELECT COUNT(*) FROM secrets s WHERE s.person_id = people.id AND s.kind = 'passcode') AS has_passcode, (SELECT group_concat(finger) FROM (SELECT finger FROM fingers f WHERE f.person_id = people.id ORDER BY f.id)) AS fingers"
+        "id, name, display_name, roles, origin, state, uid, created_at, last_unlock_at, passcode_failures, passcode_locked_until, passcode_hard_locked, fingerprint_failures, idp_subject, idp_contact, suspended_reason, refresh_state, biometric_offer, mac, (SELECT COUNT(*) FROM secrets s WHERE s.person_id = people.id AND s.kind = 'passcode') AS has_passcode, (SELECT group_concat(finger) FROM (SELECT finger FROM fingers f WHERE f.person_id = people.id ORDER BY f.id)) AS fingers"
 
     func decodePerson(_ row: SQLRow) throws -> StoredPerson {
+        try checkPersonRow(row)
         let roleNames = (row["roles"].string ?? "").split(separator: ",").map(String.init)
         let roles = try RoleSet(
             roleNames.map { name in
@@ -393,6 +482,7 @@ public final class Store: @unchecked Sendable {
                     .real(now.timeIntervalSince1970), .real(now.timeIntervalSince1970),
                 ])
             let id = db.lastInsertRowID
+            try resealPersonRow(id, in: db)
             return try decodePerson(
                 db.query("SELECT \(Self.personColumns) FROM people WHERE id = ?", [.integer(id)])[0])
         }
@@ -457,24 +547,28 @@ public final class Store: @unchecked Sendable {
     public func saveFailures(_ failures: CredentialFailureState, for person: StoredPerson, now: Date) throws(StoreError)
     {
         try transaction { db in
-            try db.query(
-                "UPDATE people SET passcode_failures = ?, passcode_locked_until = ?, passcode_hard_locked = ?, fingerprint_failures = ?, updated_at = ? WHERE id = ?",
-                [
-                    .integer(Int64(failures.passcodeFailures)),
-                    failures.passcodeLockedUntil.map { .real($0.timeIntervalSince1970) } ?? .null,
-                    .integer(failures.passcodeHardLocked ? 1 : 0), .integer(Int64(failures.fingerprintFailures)),
-                    .real(now.timeIntervalSince1970), .integer(person.id),
-                ])
-            guard db.changes == 1 else { throw StoreError(.noSuchPerson(person.name.rawValue)) }
+            try updatingPerson(person.id, in: db) {
+                try db.query(
+                    "UPDATE people SET passcode_failures = ?, passcode_locked_until = ?, passcode_hard_locked = ?, fingerprint_failures = ?, updated_at = ? WHERE id = ?",
+                    [
+                        .integer(Int64(failures.passcodeFailures)),
+                        failures.passcodeLockedUntil.map { .real($0.timeIntervalSince1970) } ?? .null,
+                        .integer(failures.passcodeHardLocked ? 1 : 0), .integer(Int64(failures.fingerprintFailures)),
+                        .real(now.timeIntervalSince1970), .integer(person.id),
+                    ])
+                guard db.changes == 1 else { throw StoreError(.noSuchPerson(person.name.rawValue)) }
+            }
         }
     }
 
     /// Changes a person's state.
     public func setState(_ state: PersonState, for person: StoredPerson, now: Date) throws(StoreError) {
         try transaction { db in
-            try db.query(
-                "UPDATE people SET state = ?, updated_at = ? WHERE id = ?",
-                [.text(state.rawValue), .real(now.timeIntervalSince1970), .integer(person.id)])
+            try updatingPerson(person.id, in: db) {
+                try db.query(
+                    "UPDATE people SET state = ?, updated_at = ? WHERE id = ?",
+                    [.text(state.rawValue), .real(now.timeIntervalSince1970), .integer(person.id)])
+            }
         }
     }
 
@@ -531,13 +625,21 @@ public final class Store: @unchecked Sendable {
 
     /// Opens a stored secret of `kind`; nil when absent.
     public func secret(kind: String, for person: StoredPerson) throws(StoreError) -> [UInt8]? {
-        let sealed = try locked {
+        let stored = try locked {
             try connection.query(
                 "SELECT sealed FROM secrets WHERE person_id = ? AND kind = ?", [.integer(person.id), .text(kind)]
             )
-            .first?["sealed"].bytes
+            .first?["sealed"]
         }
-        guard let sealed else { return nil }
+        guard let stored else { return nil }
+        // A row that is there but holds no blob (rewritten as TEXT, say) was tampered with; it is
+        // not "no secret".
+        guard let sealed = stored.bytes else {
+            throw StoreError(
+                .integrity(
+                    "\(Self.secretBinding(personID: person.id, name: person.name, kind: kind)): the sealed value is not a blob"
+                ))
+        }
         return try sealer.open(sealed, binding: Self.secretBinding(personID: person.id, name: person.name, kind: kind))
     }
 
