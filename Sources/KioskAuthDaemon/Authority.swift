@@ -685,9 +685,20 @@ public actor Authority {
         }
     }
 
-    func verifyAudit(_ caller: Caller) throws(APIError) -> Message.AuditVerification {
+    func verifyAudit(_ caller: Caller, _ input: Message.VerifyAudit = .init()) throws(APIError)
+        -> Message.AuditVerification
+    {
         try requireAdmin(caller, action: "audit.verify")
-        let result = try withStore(caller, action: "audit.verify") { () throws(StoreError) in try store.verifyAudit() }
+        var trusted: AuditHeadMark?
+        if let text = input.head {
+            guard let head = AuditHeadMark(parsing: text) else {
+                throw .invalidInput("head", "expected SEQ:MAC, the sequence and the head MAC in hex")
+            }
+            trusted = head
+        }
+        let result = try withStore(caller, action: "audit.verify") { () throws(StoreError) in
+            try store.verifyAudit(trustedHead: trusted)
+        }
         if !result.isValid {
             logger.critical(
                 "audit chain broken", metadata: ["at": "\(result.brokenAt ?? 0)", "reason": "\(result.reason ?? "")"])

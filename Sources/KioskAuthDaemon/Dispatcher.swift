@@ -142,8 +142,8 @@ public struct Dispatcher: Sendable {
         register(prefix + "GetAudit") { (input: Message.GetAudit, caller, _) in
             Message.AuditEvents(events: try await authority.auditEvents(caller, input))
         }
-        register(prefix + "VerifyAudit") { (_: Message.Empty, caller, _) in
-            try await authority.verifyAudit(caller)
+        register(prefix + "VerifyAudit") { (input: Message.VerifyAudit, caller, _) in
+            try await authority.verifyAudit(caller, input)
         }
         registerOnlineMethods(authority: authority)
     }

@@ -283,8 +283,13 @@ method GetAudit(
   limit: ?int
 ) -> (events: []AuditEvent)
 
-# Check the audit trail's HMAC chain (admin).
-method VerifyAudit() -> (
+# Check the audit trail's HMAC chain (admin), and that it still reaches the head recorded in the
+# anchor file beside the database and, when given, a head from a trusted copy.
+method VerifyAudit(
+  # A trusted head as "SEQ:MAC" (MAC in hex), e.g. the journal's audit_seq and audit_head: the
+  # chain's entry SEQ must carry MAC. A malformed value is InvalidInput (field "head").
+  head: ?string
+) -> (
   # Whether every event and the recorded head check out.
   valid: bool,
   # Number of events checked.
@@ -501,8 +506,9 @@ error PasscodeNotAllowed (reason: string)
 # The ticket is missing, expired, or bound to another person or connection.
 error TicketInvalid ()
 
-# A stored secret failed its integrity check (wrong key, edited or swapped ciphertext). The
-# event is audited; nothing is unlocked.
+# A stored secret or a person's row failed its integrity check (wrong key, edited or swapped
+# ciphertext, a sealed value of another type, a uid, role, state, counter or window column
+# changed behind the daemon's back). The event is audited; nothing is unlocked.
 error StoreIntegrity (reason: string)
 
 # The request exceeded the maximum message size; the connection is closed.

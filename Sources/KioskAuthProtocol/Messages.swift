@@ -226,6 +226,12 @@ public enum Message {
         public init(events: [AuditEventRecord]) { self.events = events }
     }
 
+    public struct VerifyAudit: Codable, Sendable {
+        /// A trusted head, `SEQ:MAC`.
+        public var head: String?
+        public init(head: String? = nil) { self.head = head }
+    }
+
     public struct AuditVerification: Codable, Sendable {
         public var valid: Bool
         public var events: Int

@@ -120,9 +120,11 @@ extension Store {
             try db.query(
                 "INSERT INTO secrets (person_id, kind, sealed, updated_at) VALUES (?, 'passcode', ?, ?) ON CONFLICT (person_id, kind) DO UPDATE SET sealed = excluded.sealed, updated_at = excluded.updated_at",
                 [.integer(person.id), .blob(sealed), .real(now.timeIntervalSince1970)])
-            try db.query(
-                "UPDATE people SET state = 'active', passcode_failures = 0, passcode_locked_until = NULL, passcode_hard_locked = 0, updated_at = ? WHERE id = ?",
-                [.real(now.timeIntervalSince1970), .integer(person.id)])
+            try updatingPerson(person.id, in: db) {
+                try db.query(
+                    "UPDATE people SET state = 'active', passcode_failures = 0, passcode_locked_until = NULL, passcode_hard_locked = 0, updated_at = ? WHERE id = ?",
+                    [.real(now.timeIntervalSince1970), .integer(person.id)])
+            }
         }
     }
 

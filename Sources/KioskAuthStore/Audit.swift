@@ -92,6 +92,19 @@ extension Store {
     /// together (or not at all).
     func appendAudit(_ record: AuditRecord, now: Date, in db: SQLiteConnection) throws -> AuditEntry {
         let last = try db.query("SELECT seq, mac FROM audit ORDER BY seq DESC LIMIT 1").first
+        // The anchor moves only forward along the chain it anchors: once the chain has lost the
+        // anchored head (rows deleted or replaced), it keeps that head as evidence.
+        if let anchored = anchor.lastHead, anchored.sequence > 0, !anchor.isFrozen {
+            let mac = try db.query("SELECT mac FROM audit WHERE seq = ?", [.integer(Int64(anchored.sequence))]).first?[
+                "mac"
+            ].bytes
+            if mac != anchored.mac {
+                anchor.freeze()
+                logger.critical(
+                    "the audit chain no longer contains the anchored head: truncated or rolled back",
+                    metadata: ["anchored_seq": "\(anchored.sequence)"])
+            }
+        }
         let previous = last?["mac"].bytes ?? genesis
         let sequence = (last?["seq"].int ?? 0) + 1
         let time = Int64((now.timeIntervalSince1970 * 1_000_000).rounded())
@@ -108,6 +121,7 @@ extension Store {
         try db.query(
             "INSERT INTO meta (key, value) VALUES ('audit_head', ?) ON CONFLICT (key) DO UPDATE SET value = excluded.value",
             [.blob(Array(String(sequence).utf8) + [0] + mac)])
+        pendingHead = AuditHeadMark(sequence: sequence, mac: mac)
         return AuditEntry(sequence: sequence, timeMicroseconds: time, record: record, mac: mac)
     }
 
@@ -125,6 +139,7 @@ extension Store {
         now: Date
     ) throws(StoreError) -> AuditEntry {
         let write = { (db: SQLiteConnection) throws -> AuditEntry in
+            try self.checkPersonRow(person.id, in: db)
             try db.query(
                 "UPDATE people SET passcode_failures = ?, passcode_locked_until = ?, passcode_hard_locked = ?, fingerprint_failures = ?, last_unlock_at = COALESCE(?, last_unlock_at), updated_at = ? WHERE id = ?",
                 [
@@ -135,6 +150,7 @@ extension Store {
                     .integer(person.id),
                 ])
             guard db.changes == 1 else { throw StoreError(.noSuchPerson(person.name.rawValue)) }
+            try self.resealPersonRow(person.id, in: db)
             return try self.appendAudit(record, now: now, in: db)
         }
         // Only a success that tightens nothing may skip the wait.
@@ -184,8 +200,29 @@ extension Store {
     public func verifyAudit(
         expectedHead: (sequence: Int, macHex: String)? = nil
     ) throws(StoreError) -> AuditChainVerification {
+        try verifyAudit(
+            trustedHead: expectedHead.map { AuditHeadMark(sequence: $0.sequence, mac: hexBytes($0.macHex) ?? []) })
+    }
+
+    /// Recomputes the chain from its genesis and compares its end with the head anchor beside
+    /// the database and, when given, a head from a trusted copy (the journal's `audit_seq` and
+    /// `audit_head`). Either may be behind the chain's end (the chain grew since), but the
+    /// chain's entry at their sequence must carry their MAC; a head beyond the chain's end, or
+    /// whose entry has another MAC, means the chain was truncated or rolled back.
+    public func verifyAudit(trustedHead: AuditHeadMark?) throws(StoreError) -> AuditChainVerification {
         let genesis = self.genesis
+        let anchorReading = anchor.read()
         return try locked {
+            var anchored: AuditHeadMark?
+            var watched: [Int: [UInt8]] = [:]
+            switch anchorReading {
+            case .head(let head):
+                anchored = head
+                watched[head.sequence] = []
+            case .missing, .invalid:
+                break
+            }
+            if let trustedHead { watched[trustedHead.sequence] = [] }
             var previous = genesis
             var expectedSequence = 1
             var count = 0
@@ -208,6 +245,7 @@ extension Store {
                     )
                 }
                 previous = entry.mac
+                if watched[entry.sequence] != nil { watched[entry.sequence] = entry.mac }
                 headHex = entry.macHex
                 count += 1
                 expectedSequence += 1
@@ -229,14 +267,40 @@ extension Store {
                     isValid: false, events: count, headHex: headHex, brokenAt: 1, reason: "the recorded head is missing"
                 )
             }
-            if let expectedHead,
-                expectedHead.sequence > count || (expectedHead.sequence == count && expectedHead.macHex != headHex)
-            {
+            switch anchorReading {
+            case .missing:
+                return AuditChainVerification(
+                    isValid: false, events: count, headHex: headHex, brokenAt: count + 1,
+                    reason: "the head anchor (\(AuditAnchor.fileName)) is missing: the chain may have been truncated")
+            case .invalid:
                 return AuditChainVerification(
                     isValid: false, events: count, headHex: headHex, brokenAt: count + 1,
                     reason:
-                        "the journal recorded head entry \(expectedHead.sequence), the store ends at \(count): truncated"
-                )
+                        "the head anchor (\(AuditAnchor.fileName)) does not check out (edited, or another store's)")
+            case .head: break
+            }
+            func check(_ head: AuditHeadMark, against what: String) -> AuditChainVerification? {
+                if head.sequence > count {
+                    return AuditChainVerification(
+                        isValid: false, events: count, headHex: headHex, brokenAt: count + 1,
+                        reason:
+                            "\(what) is entry \(head.sequence) but the chain ends at entry \(count): truncated or rolled back"
+                    )
+                }
+                if head.sequence > 0, watched[head.sequence] != head.mac {
+                    return AuditChainVerification(
+                        isValid: false, events: count, headHex: headHex, brokenAt: head.sequence,
+                        reason:
+                            "entry \(head.sequence) has another MAC than \(what) records: the chain was rolled back or replaced"
+                    )
+                }
+                return nil
+            }
+            if let anchored, let failure = check(anchored, against: "the head anchor (\(AuditAnchor.fileName))") {
+                return failure
+            }
+            if let trustedHead, let failure = check(trustedHead, against: "the trusted head") {
+                return failure
             }
             return AuditChainVerification(isValid: true, events: count, headHex: headHex, brokenAt: nil, reason: nil)
         }

@@ -70,11 +70,11 @@ extension Store {
     public func identityProviderProfile(of person: StoredPerson) throws(StoreError) -> IdentityProviderProfile {
         let row = try locked {
             try connection.query(
-                "SELECT email, idp_subject, idp_contact, biometric_offer, suspended_reason, refresh_state FROM people WHERE id = ?",
-                [.integer(person.id)]
+                "SELECT id, email, \(Self.peopleMACColumns), mac FROM people WHERE id = ?", [.integer(person.id)]
             ).first
         }
         guard let row else { throw StoreError(.noSuchPerson(person.name.rawValue)) }
+        try checkPersonRow(row)
         return IdentityProviderProfile(
             email: row["email"].string, subject: row["idp_subject"].string,
             contact: Self.decodeJSON(OfflineWindow.Contact.self, row["idp_contact"].string),
@@ -140,7 +140,9 @@ extension Store {
                 personID = db.lastInsertRowID
                 name = chosen
                 created = true
+                try resealPersonRow(personID, in: db)
             }
+            try checkPersonRow(personID, in: db)
             try db.query(
                 """
                 UPDATE people SET roles = ?, email = ?, state = 'active', suspended_reason = NULL, idp_contact = ?,
@@ -155,6 +157,7 @@ extension Store {
                     try login.refresh.map { .text(try Self.encodeJSON($0)) } ?? .null,
                     .real(now.timeIntervalSince1970), .integer(personID),
                 ])
+            try resealPersonRow(personID, in: db)
             try writeRefreshToken(login.refreshToken, personID: personID, name: name, db: db, now: now)
             return (name, created)
         }
@@ -195,6 +198,8 @@ extension Store {
         for person: StoredPerson, now: Date
     ) throws(StoreError) {
         try transaction { db in
+            try checkPersonRow(person.id, in: db)
+            defer { _ = try? resealPersonRow(person.id, in: db) }
             try db.query(
                 "UPDATE people SET refresh_state = ?, updated_at = ? WHERE id = ?",
                 [.text(try Self.encodeJSON(record)), .real(now.timeIntervalSince1970), .integer(person.id)])
@@ -213,6 +218,8 @@ extension Store {
     /// Suspends a person's local unlock until their next online login, with the reason.
     public func suspend(_ person: StoredPerson, reason: String, refresh: RefreshRecord?, now: Date) throws(StoreError) {
         try transaction { db in
+            try checkPersonRow(person.id, in: db)
+            defer { _ = try? resealPersonRow(person.id, in: db) }
             try db.query(
                 "UPDATE people SET state = 'suspended', suspended_reason = ?, refresh_state = COALESCE(?, refresh_state), updated_at = ? WHERE id = ?",
                 [
@@ -227,6 +234,8 @@ extension Store {
     /// Turns the fingerprint-enrolment offer on or off (a decline is remembered until re-enabled).
     public func setBiometricOffer(_ enabled: Bool, for person: StoredPerson, now: Date) throws(StoreError) {
         try transaction { db in
+            try checkPersonRow(person.id, in: db)
+            defer { _ = try? resealPersonRow(person.id, in: db) }
             try db.query(
                 "UPDATE people SET biometric_offer = ?, updated_at = ? WHERE id = ?",
                 [.text(enabled ? "on" : "declined"), .real(now.timeIntervalSince1970), .integer(person.id)])
@@ -237,6 +246,8 @@ extension Store {
     /// Replaces a person's roles (the role claim changed at a refresh).
     public func setRoles(_ roles: RoleSet, for person: StoredPerson, now: Date) throws(StoreError) {
         try transaction { db in
+            try checkPersonRow(person.id, in: db)
+            defer { _ = try? resealPersonRow(person.id, in: db) }
             try db.query(
                 "UPDATE people SET roles = ?, updated_at = ? WHERE id = ?",
                 [

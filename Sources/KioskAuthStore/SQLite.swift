@@ -143,7 +143,18 @@ final class SQLiteConnection {
             case .null: rc = sqlite3_bind_null(statement, position)
             case .integer(let v): rc = sqlite3_bind_int64(statement, position, v)
             case .real(let v): rc = sqlite3_bind_double(statement, position, v)
-            case .text(let v): rc = sqlite3_bind_text(statement, position, v, -1, Self.transient)
+            case .text(let v):
+                // With its byte length: a NUL inside the string is stored, not cut off there.
+                // (A null pointer would bind SQL NULL, so the empty string gets a literal.)
+                var text = v
+                rc = text.withUTF8 { utf8 in
+                    guard let base = utf8.baseAddress, !utf8.isEmpty else {
+                        return sqlite3_bind_text(statement, position, "", 0, Self.transient)
+                    }
+                    return base.withMemoryRebound(to: CChar.self, capacity: utf8.count) {
+                        sqlite3_bind_text(statement, position, $0, Int32(utf8.count), Self.transient)
+                    }
+                }
             case .blob(let v):
                 rc = v.withUnsafeBytes {
                     sqlite3_bind_blob(statement, position, $0.baseAddress, Int32($0.count), Self.transient)
@@ -162,7 +173,15 @@ final class SQLiteConnection {
                 switch sqlite3_column_type(statement, column) {
                 case SQLITE_INTEGER: values[name] = .integer(sqlite3_column_int64(statement, column))
                 case SQLITE_FLOAT: values[name] = .real(sqlite3_column_double(statement, column))
-                case SQLITE_TEXT: values[name] = .text(String(cString: sqlite3_column_text(statement, column)))
+                case SQLITE_TEXT:
+                    // Read with its byte length, so an embedded NUL round-trips exactly.
+                    let count = Int(sqlite3_column_bytes(statement, column))
+                    if count == 0 {
+                        values[name] = .text("")
+                    } else {
+                        let pointer = sqlite3_column_text(statement, column)!
+                        values[name] = .text(String(decoding: UnsafeBufferPointer(start: pointer, count: count), as: UTF8.self))
+                    }
                 case SQLITE_BLOB:
                     let count = Int(sqlite3_column_bytes(statement, column))
                     if count == 0 {

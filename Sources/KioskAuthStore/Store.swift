@@ -33,7 +33,7 @@ public struct StoredPerson: Sendable, Equatable {
 /// connection, serialised by a lock; calls are short.
 public final class Store: @unchecked Sendable {
     /// The schema version this code writes.
-    public static let schemaVersion = 2
+    public static let schemaVersion = 3
     /// File name of the database in the state directory.
     public static let databaseFileName = "kioskauth.sqlite"
 
@@ -42,8 +42,15 @@ public final class Store: @unchecked Sendable {
     let sealer: Sealer
     let auditKey: SymmetricKey
     let activationKey: SymmetricKey
-    private let logger: Logger
+    /// Key of the MACs that bind each row's security-relevant columns to it.
+    let rowKey: SymmetricKey
+    let logger: Logger
     private let walSync: WALSync
+    /// The durable copy of the audit head beside the database (see `AuditAnchor`).
+    let anchor: AuditAnchor
+    /// The head appended by the transaction in progress, recorded in the anchor once it commits.
+    /// Guarded by the store's lock.
+    var pendingHead: AuditHeadMark?
 
     /// Opens (creating if needed) the store at `path` with `key`. Refuses a store from a newer
     /// schema and a key that does not open it, without writing anything.
@@ -52,7 +59,10 @@ public final class Store: @unchecked Sendable {
         self.sealer = Sealer(storeKey: key)
         self.auditKey = key.derived(for: "audit")
         self.activationKey = key.derived(for: "activation-code")
+        self.rowKey = key.derived(for: "row-mac")
         self.walSync = WALSync(databasePath: path)
+        self.anchor = AuditAnchor(
+            directory: (path as NSString).deletingLastPathComponent, key: key.derived(for: "audit-head"))
         do {
             connection = try SQLiteConnection(path: path)
         } catch {
@@ -64,11 +74,40 @@ public final class Store: @unchecked Sendable {
             connection.close()
             throw error
         }
+        anchor.storeID = storeID
+        walSync.anchor = anchor
+        do {
+            try startAnchor()
+        } catch {
+            connection.close()
+            throw error
+        }
+    }
+
+    /// Creates the anchor for a new store, or for one from before anchors existed (recorded in
+    /// `meta`, so a store that had one never silently gets a fresh one: a missing anchor is then
+    /// a finding of `verifyAudit`).
+    private func startAnchor() throws(StoreError) {
+        try locked {
+            guard try connection.query("SELECT value FROM meta WHERE key = 'audit_anchor'").isEmpty else {
+                anchor.load()
+                return
+            }
+            let row = try connection.query("SELECT seq, mac FROM audit ORDER BY seq DESC LIMIT 1").first
+            let head = AuditHeadMark(sequence: row?["seq"].int ?? 0, mac: row?["mac"].bytes ?? [])
+            guard anchor.write(head) else {
+                throw StoreError(.integrity("cannot write the audit head anchor \(anchor.path)"))
+            }
+            try connection.transaction {
+                try connection.query("INSERT INTO meta (key, value) VALUES ('audit_anchor', X'01')")
+            }
+        }
     }
 
     /// Closes the database after a final checkpoint.
     public func close() {
         walSync.close()
+        anchor.close()
         lock.withLock {
             _ = try? connection.query("PRAGMA wal_checkpoint(TRUNCATE)")
             connection.close()
@@ -173,6 +212,11 @@ public final class Store: @unchecked Sendable {
         CREATE INDEX activation_codes_mac ON activation_codes (code_mac);
         CREATE INDEX activation_codes_person ON activation_codes (person_id);
         """,
+        // 3: a MAC over each person's security-relevant columns (computed for existing rows at
+        // the upgrade; see `peopleMACColumns`).
+        """
+        ALTER TABLE people ADD COLUMN mac BLOB;
+        """,
     ]
 
     private func openSchema(now: Date) throws(StoreError) {
@@ -196,6 +240,11 @@ public final class Store: @unchecked Sendable {
                     }
                     if version == 0 {
                         try initialiseMeta()
+                    }
+                    if version < 3 {
+                        for row in try connection.query("SELECT id FROM people") {
+                            try resealPersonRow(Int64(row["id"].int ?? 0), in: connection)
+                        }
                     }
                     try connection.execute("PRAGMA user_version=\(Self.migrations.count)")
                 }
@@ -265,7 +314,21 @@ public final class Store: @unchecked Sendable {
     /// Runs `body` in one durable transaction under the store lock.
     @discardableResult
     func transaction<T>(_ body: (SQLiteConnection) throws -> T) throws(StoreError) -> T {
-        try locked { try connection.transaction { try body(connection) } }
+        let (result, head) = try locked { () throws -> (T, AuditHeadMark?) in
+            pendingHead = nil
+            let result = try connection.transaction { try body(connection) }
+            defer { pendingHead = nil }
+            return (result, pendingHead)
+        }
+        if let head { writeAnchor(head) }
+        return result
+    }
+
+    /// Records a committed, durable head in the anchor.
+    private func writeAnchor(_ head: AuditHeadMark) {
+        if !anchor.write(head) {
+            logger.error("cannot write the audit head anchor", metadata: ["path": "\(anchor.path)"])
+        }
     }
 
     /// Like `transaction`, but the commit does not wait for `fsync`: the WAL file is synced in
@@ -273,12 +336,14 @@ public final class Store: @unchecked Sendable {
     /// back to a durable commit when the WAL file cannot be synced from here.
     func deferredSyncTransaction<T>(_ body: (SQLiteConnection) throws -> T) throws(StoreError) -> T {
         guard walSync.available() else { return try transaction(body) }
-        let result = try locked {
+        let (result, head) = try locked { () throws -> (T, AuditHeadMark?) in
+            pendingHead = nil
             let result = try connection.transaction(synchronous: false) { try body(connection) }
             deferredSyncCommits += 1
-            return result
+            defer { pendingHead = nil }
+            return (result, pendingHead)
         }
-        walSync.request()
+        walSync.request(head: head)
         return result
     }
 
@@ -287,10 +352,86 @@ public final class Store: @unchecked Sendable {
 
     // MARK: People
 
+    /// The columns a person's row MAC covers, in order: everything that decides who may
+    /// authenticate as whom and how (uid binding, roles, state, failure counters and lock times,
+    /// the identity-provider link, offline window and refresh state, the biometric offer).
+    static let peopleMACColumnNames = [
+        "name", "roles", "origin", "state", "uid", "passcode_failures", "passcode_locked_until",
+        "passcode_hard_locked", "fingerprint_failures", "idp_subject", "idp_contact", "suspended_reason",
+        "refresh_state", "biometric_offer",
+    ]
+    static let peopleMACColumns = peopleMACColumnNames.joined(separator: ", ")
+
+    /// The MAC over a person's row: table, row id, and each covered column with its type, in a
+    /// canonical length-prefixed encoding.
+    func personRowMAC(id: Int64, _ row: SQLRow) -> [UInt8] {
+        var input: [UInt8] = Array("people".utf8)
+        input.append(0)
+        withUnsafeBytes(of: id.bigEndian) { input += $0 }
+        for column in Self.peopleMACColumnNames {
+            switch row[column] {
+            case .null: input.append(0)
+            case .integer(let v):
+                input.append(1)
+                withUnsafeBytes(of: v.bigEndian) { input += $0 }
+            case .real(let v):
+                input.append(2)
+                withUnsafeBytes(of: v.bitPattern.bigEndian) { input += $0 }
+            case .text(let v):
+                input.append(3)
+                let bytes = Array(v.utf8)
+                withUnsafeBytes(of: UInt32(bytes.count).bigEndian) { input += $0 }
+                input += bytes
+            case .blob(let v):
+                input.append(4)
+                withUnsafeBytes(of: UInt32(v.count).bigEndian) { input += $0 }
+                input += v
+            }
+        }
+        return Array(HMAC<SHA256>.authenticationCode(for: input, using: rowKey))
+    }
+
+    /// Checks a people row read with `id`, the covered columns and `mac`.
+    func checkPersonRow(_ row: SQLRow) throws(StoreError) {
+        let id = Int64(row["id"].int ?? 0)
+        guard let mac = row["mac"].bytes, mac == personRowMAC(id: id, row) else {
+            throw StoreError(
+                .integrity(
+                    "people row \(id) does not match its MAC (a uid, role, state, counter or window was changed)"))
+        }
+    }
+
+    /// Checks a person's row before a write, so a write never launders a change made behind the
+    /// store's back into a valid MAC.
+    func checkPersonRow(_ id: Int64, in db: SQLiteConnection) throws {
+        guard
+            let row = try db.query("SELECT id, \(Self.peopleMACColumns), mac FROM people WHERE id = ?", [.integer(id)])
+                .first
+        else { return }
+        try checkPersonRow(row)
+    }
+
+    /// Recomputes a person's row MAC after a write, in the same transaction.
+    func resealPersonRow(_ id: Int64, in db: SQLiteConnection) throws {
+        guard
+            let row = try db.query("SELECT id, \(Self.peopleMACColumns) FROM people WHERE id = ?", [.integer(id)]).first
+        else { return }
+        try db.query("UPDATE people SET mac = ? WHERE id = ?", [.blob(personRowMAC(id: id, row)), .integer(id)])
+    }
+
+    /// Runs a write to a person's row: checks the row first, recomputes its MAC after.
+    func updatingPerson<T>(_ id: Int64, in db: SQLiteConnection, _ body: () throws -> T) throws -> T {
+        try checkPersonRow(id, in: db)
+        let result = try body()
+        try resealPersonRow(id, in: db)
+        return result
+    }
+
     static let personColumns =
-        "id, name, display_name, roles, origin, state, uid, created_at, last_unlock_at, passcode_failures, passcode_locked_until, passcode_hard_locked, fingerprint_failures, (SELECT COUNT(*) FROM secrets s WHERE s.person_id = people.id AND s.kind = 'passcode') AS has_passcode, (SELECT group_concat(finger) FROM (SELECT finger FROM fingers f WHERE f.person_id = people.id ORDER BY f.id)) AS fingers"
+        "id, name, display_name, roles, origin, state, uid, created_at, last_unlock_at, passcode_failures, passcode_locked_until, passcode_hard_locked, fingerprint_failures, idp_subject, idp_contact, suspended_reason, refresh_state, biometric_offer, mac, (SELECT COUNT(*) FROM secrets s WHERE s.person_id = people.id AND s.kind = 'passcode') AS has_passcode, (SELECT group_concat(finger) FROM (SELECT finger FROM fingers f WHERE f.person_id = people.id ORDER BY f.id)) AS fingers"
 
     func decodePerson(_ row: SQLRow) throws -> StoredPerson {
+        try checkPersonRow(row)
         let roleNames = (row["roles"].string ?? "").split(separator: ",").map(String.init)
         let roles = try RoleSet(
             roleNames.map { name in
@@ -341,6 +482,7 @@ public final class Store: @unchecked Sendable {
                     .real(now.timeIntervalSince1970), .real(now.timeIntervalSince1970),
                 ])
             let id = db.lastInsertRowID
+            try resealPersonRow(id, in: db)
             return try decodePerson(
                 db.query("SELECT \(Self.personColumns) FROM people WHERE id = ?", [.integer(id)])[0])
         }
@@ -405,24 +547,28 @@ public final class Store: @unchecked Sendable {
     public func saveFailures(_ failures: CredentialFailureState, for person: StoredPerson, now: Date) throws(StoreError)
     {
         try transaction { db in
-            try db.query(
-                "UPDATE people SET passcode_failures = ?, passcode_locked_until = ?, passcode_hard_locked = ?, fingerprint_failures = ?, updated_at = ? WHERE id = ?",
-                [
-                    .integer(Int64(failures.passcodeFailures)),
-                    failures.passcodeLockedUntil.map { .real($0.timeIntervalSince1970) } ?? .null,
-                    .integer(failures.passcodeHardLocked ? 1 : 0), .integer(Int64(failures.fingerprintFailures)),
-                    .real(now.timeIntervalSince1970), .integer(person.id),
-                ])
-            guard db.changes == 1 else { throw StoreError(.noSuchPerson(person.name.rawValue)) }
+            try updatingPerson(person.id, in: db) {
+                try db.query(
+                    "UPDATE people SET passcode_failures = ?, passcode_locked_until = ?, passcode_hard_locked = ?, fingerprint_failures = ?, updated_at = ? WHERE id = ?",
+                    [
+                        .integer(Int64(failures.passcodeFailures)),
+                        failures.passcodeLockedUntil.map { .real($0.timeIntervalSince1970) } ?? .null,
+                        .integer(failures.passcodeHardLocked ? 1 : 0), .integer(Int64(failures.fingerprintFailures)),
+                        .real(now.timeIntervalSince1970), .integer(person.id),
+                    ])
+                guard db.changes == 1 else { throw StoreError(.noSuchPerson(person.name.rawValue)) }
+            }
         }
     }
 
     /// Changes a person's state.
     public func setState(_ state: PersonState, for person: StoredPerson, now: Date) throws(StoreError) {
         try transaction { db in
-            try db.query(
-                "UPDATE people SET state = ?, updated_at = ? WHERE id = ?",
-                [.text(state.rawValue), .real(now.timeIntervalSince1970), .integer(person.id)])
+            try updatingPerson(person.id, in: db) {
+                try db.query(
+                    "UPDATE people SET state = ?, updated_at = ? WHERE id = ?",
+                    [.text(state.rawValue), .real(now.timeIntervalSince1970), .integer(person.id)])
+            }
         }
     }
 
@@ -494,13 +640,21 @@ public final class Store: @unchecked Sendable {
 
     /// Opens a stored secret of `kind`; nil when absent.
     public func secret(kind: String, for person: StoredPerson) throws(StoreError) -> [UInt8]? {
-        let sealed = try locked {
+        let stored = try locked {
             try connection.query(
                 "SELECT sealed FROM secrets WHERE person_id = ? AND kind = ?", [.integer(person.id), .text(kind)]
             )
-            .first?["sealed"].bytes
+            .first?["sealed"]
         }
-        guard let sealed else { return nil }
+        guard let stored else { return nil }
+        // A row that is there but holds no blob (rewritten as TEXT, say) was tampered with; it is
+        // not "no secret".
+        guard let sealed = stored.bytes else {
+            throw StoreError(
+                .integrity(
+                    "\(Self.secretBinding(personID: person.id, name: person.name, kind: kind)): the sealed value is not a blob"
+                ))
+        }
         return try sealer.open(sealed, binding: Self.secretBinding(personID: person.id, name: person.name, kind: kind))
     }
 

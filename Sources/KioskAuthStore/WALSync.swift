@@ -22,6 +22,9 @@ final class WALSync: @unchecked Sendable {
     private var descriptor: Int32 = -1
     private var pending = false
     private var closed = false
+    /// Where a head made durable by the next sync is recorded, and that head.
+    var anchor: AuditAnchor?
+    private var pendingHead: AuditHeadMark?
 
     init(databasePath: String) {
         self.path = databasePath + "-wal"
@@ -38,17 +41,23 @@ final class WALSync: @unchecked Sendable {
         }
     }
 
-    /// Syncs the WAL file soon.
-    func request() {
+    /// Syncs the WAL file soon; with `head`, then writes that audit head to the anchor (only
+    /// once the commit that made it is durable, so the anchor never runs ahead of the store).
+    func request(head: AuditHeadMark? = nil) {
         let fd: Int32? = lock.withLock {
+            if let head, head.sequence > (pendingHead?.sequence ?? -1) { pendingHead = head }
             guard !pending, !closed, descriptor >= 0 else { return nil }
             pending = true
             return descriptor
         }
         guard let fd else { return }
         queue.async { [self] in
-            lock.withLock { pending = false }
-            _ = fdatasync(fd)
+            let head = lock.withLock {
+                pending = false
+                defer { pendingHead = nil }
+                return pendingHead
+            }
+            if fdatasync(fd) == 0, let head { anchor?.write(head) }
         }
     }
 
@@ -58,7 +67,8 @@ final class WALSync: @unchecked Sendable {
         lock.withLock {
             closed = true
             if descriptor >= 0 {
-                _ = fdatasync(descriptor)
+                if fdatasync(descriptor) == 0, let head = pendingHead { anchor?.write(head) }
+                pendingHead = nil
                 _ = Glibc.close(descriptor)
                 descriptor = -1
             }

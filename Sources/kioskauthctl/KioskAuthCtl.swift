@@ -488,9 +488,11 @@ struct Audit: ParsableCommand {
     struct Verify: ParsableCommand {
         static let configuration = CommandConfiguration(abstract: "Check the audit trail's HMAC chain; exits 1 when broken.")
         @OptionGroup var global: GlobalOptions
+        @Option(name: .long, help: "A trusted head SEQ:MAC (e.g. the journal's audit_seq:audit_head) the chain must reach.")
+        var head: String?
 
         func run() throws {
-            let result = try global.call("VerifyAudit", Message.Empty(), as: Message.AuditVerification.self)
+            let result = try global.call("VerifyAudit", Message.VerifyAudit(head: head), as: Message.AuditVerification.self)
             if !global.json {
                 if result.valid {
                     print("audit chain intact: \(result.events) events, head \(result.head)")

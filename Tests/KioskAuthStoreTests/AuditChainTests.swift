@@ -155,7 +155,7 @@ struct AuditChainTests {
         #expect(verification.brokenAt == 1)
     }
 
-    @Test func truncationWithARewrittenHead_passesAlone_butNotAgainstTheJournalHead() throws {
+    @Test func truncationWithARewrittenHead_isCaughtByTheAnchor_andByTheJournalHead() throws {
         let fixture = try StoreFixture()
         let entries = try fixture.withStore { try appendSamples(to: $0) }
         let journalHead = (sequence: 5, macHex: entries[4].macHex)
@@ -167,8 +167,11 @@ struct AuditChainTests {
         raw.close()
 
         try fixture.withStore { store throws in
-            // Inside the store the truncated chain is consistent: only the journal knows better.
-            #expect(try store.verifyAudit().isValid)
+            // Inside the database the truncated chain is consistent: the anchor knows better.
+            let anchored = try store.verifyAudit()
+            #expect(!anchored.isValid)
+            #expect(anchored.brokenAt == 4)
+            #expect(anchored.reason?.contains("anchor") == true)
             let verification = try store.verifyAudit(expectedHead: journalHead)
             #expect(!verification.isValid)
             #expect(verification.events == 3)
@@ -198,5 +201,100 @@ struct AuditChainTests {
         #expect(verification.isValid)
         #expect(verification.events == 6)
         #expect(verification.headHex == sixth.macHex)
+    }
+
+    /// A NUL inside an audited string is stored and read back whole: the MAC covers the same
+    /// bytes that are stored, so the chain stays intact (it was cut at the NUL once, and every
+    /// later verification reported the chain broken there).
+    @Test func nulBearingFields_roundTripExactly_andTheChainStaysIntact() throws {
+        let fixture = try StoreFixture()
+        let record = AuditRecord(
+            action: "passcode.verify", result: "fail\u{0}ure", person: "sa\u{0}rah", method: "pass\u{0}code",
+            callerUID: 65534, callerPID: 1, service: "login\u{0}evil", detail: "\u{0}x\u{0}")
+        let entry = try fixture.withStore { store throws in
+            try store.appendAudit(record, now: testNow)
+            return try store.appendAudit(AuditRecord(action: "after", result: "", detail: ""), now: testNow)
+        }
+        try fixture.withStore { store throws in
+            let entries = try store.auditEntries()
+            #expect(entries.first?.record == record)
+            #expect(entries.last?.record.result == "")
+            #expect(entries.last?.record.detail == "")
+            let verification = try store.verifyAudit()
+            #expect(verification.isValid, "\(verification.reason ?? "")")
+            #expect(verification.headHex == entry.macHex)
+        }
+        // Stored with every byte: the NUL and what follows it are in the row.
+        let service = try fixture.raw().scalar("SELECT hex(service) FROM audit WHERE seq = 1")
+        #expect(service == .text("6C6F67696E006576696C"))
+    }
+
+    /// Issue #11 item 8: deleting the newest entries and the recorded head was reported once,
+    /// and one new entry later the chain said "intact". The anchor outside the table keeps it
+    /// broken however many entries follow.
+    @Test func truncation_staysCaught_afterNewEntries() throws {
+        let fixture = try StoreFixture()
+        let entries = try fixture.withStore { try appendSamples(to: $0) }
+        let raw = try fixture.raw()
+        try raw.query("DELETE FROM audit WHERE seq > 2")
+        try raw.query(
+            "UPDATE meta SET value = ? WHERE key = 'audit_head'", [.blob(recordedHead(sequence: 2, mac: entries[1].mac))])
+        raw.close()
+        for round in 0..<4 {
+            try fixture.withStore { store throws in
+                try store.appendAudit(AuditRecord(action: "daemon.start", result: "success"), now: testNow)
+                let verification = try store.verifyAudit()
+                #expect(!verification.isValid, "round \(round)")
+                #expect(verification.reason?.contains("anchor") == true)
+            }
+        }
+    }
+
+    @Test func anchor_missingOrEdited_isAFinding_andAnOlderTrustedHeadOnTheChainIsAccepted() throws {
+        let fixture = try StoreFixture()
+        let entries = try fixture.withStore { try appendSamples(to: $0) }
+        let anchorPath = fixture.directory.file("audit-head")
+        try fixture.withStore { store throws in
+            #expect(try store.verifyAudit().isValid)
+            #expect(try store.verifyAudit(trustedHead: AuditHeadMark(sequence: 2, mac: entries[1].mac)).isValid)
+            #expect(try !store.verifyAudit(trustedHead: AuditHeadMark(sequence: 2, mac: entries[2].mac)).isValid)
+            #expect(try !store.verifyAudit(trustedHead: AuditHeadMark(sequence: 6, mac: entries[4].mac)).isValid)
+        }
+        #expect(AuditHeadMark(parsing: "5:\(entries[4].macHex)") == AuditHeadMark(sequence: 5, mac: entries[4].mac))
+        #expect(AuditHeadMark(parsing: "5:zz") == nil)
+        #expect(AuditHeadMark(parsing: "5") == nil)
+
+        // Edited: the head's sequence raised without the key.
+        let original = try Data(contentsOf: URL(fileURLWithPath: anchorPath))
+        var edited = [UInt8](original)
+        if let index = edited.firstIndex(of: UInt8(ascii: "5")) { edited[index] = UInt8(ascii: "4") }
+        try Data(edited).write(to: URL(fileURLWithPath: anchorPath))
+        try fixture.withStore { store throws in
+            // The other slot (entry 4) still checks out and is on the chain.
+            #expect(try store.verifyAudit().isValid)
+        }
+        try Data(repeating: 0x20, count: original.count).write(to: URL(fileURLWithPath: anchorPath))
+        try fixture.withStore { store throws in
+            let verification = try store.verifyAudit()
+            #expect(!verification.isValid)
+            #expect(verification.reason?.contains("does not check out") == true)
+        }
+        try FileManager.default.removeItem(atPath: anchorPath)
+        try fixture.withStore { store throws in
+            let verification = try store.verifyAudit()
+            #expect(!verification.isValid)
+            #expect(verification.reason?.contains("missing") == true)
+        }
+    }
+
+    @Test func anchor_followsTheHead_includingCommitsThatSkipTheFsyncWait() throws {
+        let fixture = try StoreFixture()
+        let anchorPath = fixture.directory.file("audit-head")
+        #expect(try fixture.withStore { try $0.verifyAudit().isValid })
+        #expect(FileManager.default.fileExists(atPath: anchorPath))
+        let entries = try fixture.withStore { try appendSamples(to: $0) }
+        let text = try String(contentsOfFile: anchorPath, encoding: .utf8)
+        #expect(text.contains(" 5 \(entries[4].macHex) "))
+        #expect(text.contains(" 4 \(entries[3].macHex) "))
     }
 }

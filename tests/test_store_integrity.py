@@ -1,0 +1,125 @@
+"""End to end: the audit chain and the store's security-relevant rows cannot be broken or altered
+unnoticed (issue #11 items 3, 8 and 13)."""
+
+import json
+import sqlite3
+
+from test_core_e2e import add, set_passcode
+
+NUL = "\u0000"
+
+
+def audit_events(daemon):
+    return json.loads(daemon.ctl("audit", "--json", "--limit", "10000").stdout)["events"]
+
+
+def test_nul_bearing_values_from_an_unprivileged_caller_leave_the_chain_intact(daemon):
+    add(daemon, "sarah")
+    assert set_passcode(daemon, "sarah", "482913").returncode == 0
+    context = {"service": f"login{NUL}evil", "tty": f"tty1{NUL}x", "remoteHost": f"h{NUL}ost", "ruid": 0}
+    evil = f"sa{NUL}rah"
+    calls = [
+        ("VerifyPasscode", {"name": "sarah", "passcode": f"48{NUL}2913", "context": context}),
+        ("VerifyPasscode", {"name": evil, "passcode": "482913", "context": context}),
+        ("AddPerson", {"name": evil, "displayName": f"Ev{NUL}il", "roles": [f"care{NUL}giver"]}),
+        ("GetPerson", {"name": evil}),
+        ("RemovePerson", {"name": evil}),
+        ("ResetLockout", {"name": evil}),
+        ("SetPasscode", {"name": evil, "passcode": f"1{NUL}2345678"}),
+        ("IssueActivationCode", {"name": evil}),
+        ("RevokeActivationCode", {"name": evil}),
+        ("CheckActivationCode", {"code": f"ABCD{NUL}EFGH", "context": context}),
+        ("CompleteActivation", {"code": f"ABCD{NUL}EFGH", "passcode": f"9{NUL}99999", "context": context}),
+        ("ExportPerson", {"name": evil}),
+        ("CheckAccount", {"name": evil, "context": context}),
+        ("CheckOnlineLogin", {"context": context}),
+        ("LoginWithPassword", {"username": evil, "password": f"p{NUL}w", "context": context}),
+        ("EnrollFinger", {"name": evil, "finger": f"right{NUL}index"}),
+        ("RemoveFinger", {"name": evil, "finger": f"right{NUL}index"}),
+        ("VerifyFinger", {"name": evil, "context": context}),
+        ("SetBiometricOffer", {"name": evil, "enabled": False}),
+        ("OpenSession", {"name": evil, "context": context}),
+        ("GetAudit", {}),
+        ("VerifyAudit", {"head": f"1{NUL}:00"}),
+    ]
+    before = len(audit_events(daemon))
+    for method, parameters in calls:
+        reply = daemon.call("io.kioskauth." + method, parameters, user="nobody")
+        assert "error" in reply, (method, reply)
+    # The refusals were audited, NUL-bearing values and all, and the chain still checks out.
+    assert len(audit_events(daemon)) > before
+    r = daemon.ctl("audit", "verify")
+    assert r.returncode == 0, r.stdout
+    assert "audit chain intact" in r.stdout
+    daemon.restart()
+    assert "does not verify" not in daemon.log_text()
+    assert daemon.ctl("audit", "verify").returncode == 0
+
+
+def test_truncated_audit_trail_stays_broken_after_a_restart_and_new_entries(daemon):
+    for name in ("sarah", "omar", "lena", "ivo"):
+        add(daemon, name)
+    events = audit_events(daemon)
+    head = events[-1]
+    daemon.stop()
+    with sqlite3.connect(daemon.state / "kioskauth.sqlite") as conn:
+        conn.execute("DELETE FROM audit WHERE seq > (SELECT MAX(seq) - 3 FROM audit)")
+        (seq, mac) = conn.execute("SELECT seq, mac FROM audit ORDER BY seq DESC LIMIT 1").fetchone()
+        # The recorded head inside the database is rewritten too, as a careful attacker would.
+        conn.execute("UPDATE meta SET value = ? WHERE key = 'audit_head'", (str(seq).encode() + b"\0" + mac,))
+    daemon.start()
+    for name in ("zoe", "yan", "xia", "wim", "val"):
+        add(daemon, name)
+    assert audit_events(daemon)[-1]["sequence"] > head["sequence"]
+    r = daemon.ctl("audit", "verify")
+    assert r.returncode == 1, r.stdout
+    assert "AUDIT CHAIN BROKEN" in r.stdout and "anchor" in r.stdout
+    # Against a trusted head from before (the journal's audit_seq:audit_head) it fails too,
+    # and the anchor file deleted as well is itself a finding.
+    trusted = f"{head['sequence']}:{head['mac']}"
+    assert daemon.ctl("audit", "verify", "--head", trusted).returncode == 1
+    (daemon.state / "audit-head").unlink()
+    daemon.restart()
+    add(daemon, "una")
+    r = daemon.ctl("audit", "verify")
+    assert r.returncode == 1 and "missing" in r.stdout
+    assert daemon.ctl("audit", "verify", "--head", trusted).returncode == 1
+
+
+def test_verify_against_a_trusted_head(daemon):
+    add(daemon, "sarah")
+    events = audit_events(daemon)
+    older = events[-2]
+    assert daemon.ctl("audit", "verify", "--head", f"{older['sequence']}:{older['mac']}").returncode == 0
+    wrong = daemon.ctl("audit", "verify", "--head", f"{older['sequence']}:{events[-1]['mac']}")
+    assert wrong.returncode == 1 and "another MAC" in wrong.stdout
+    ahead = daemon.ctl("audit", "verify", "--head", f"{events[-1]['sequence'] + 5}:{events[-1]['mac']}")
+    assert ahead.returncode == 1 and "truncated" in ahead.stdout
+    r = daemon.call("io.kioskauth.VerifyAudit", {"head": "seven"})
+    assert r["error"] == "io.kioskauth.InvalidInput" and r["parameters"]["field"] == "head"
+
+
+def test_a_uid_rebound_in_the_database_is_refused_as_store_integrity_and_audited(daemon):
+    add(daemon, "sarah", "--uid", "4242")
+    add(daemon, "omar")
+    assert set_passcode(daemon, "omar", "593024").returncode == 0
+    # nobody (65534) is bound to nobody; binding Omar to it behind the daemon's back must not
+    # let nobody authenticate as Omar.
+    with sqlite3.connect(daemon.state / "kioskauth.sqlite") as conn:
+        conn.execute("UPDATE people SET uid = 65534 WHERE name = 'omar'")
+    r = daemon.call("io.kioskauth.VerifyPasscode", {"name": "omar", "passcode": "593024"}, user="nobody")
+    assert r.get("error") == "io.kioskauth.StoreIntegrity", r
+    assert "parameters" not in r or "matched" not in r.get("parameters", {})
+    events = audit_events(daemon)
+    assert any(e["action"] == "store.integrity" for e in events), events[-3:]
+
+
+def test_a_sealed_passcode_rewritten_as_text_is_store_integrity_not_no_passcode(daemon):
+    add(daemon, "sarah")
+    assert set_passcode(daemon, "sarah", "482913").returncode == 0
+    with sqlite3.connect(daemon.state / "kioskauth.sqlite") as conn:
+        conn.execute("UPDATE secrets SET sealed = CAST(sealed AS TEXT)")
+        assert conn.execute("SELECT typeof(sealed) FROM secrets").fetchone() == ("text",)
+    r = daemon.call("io.kioskauth.VerifyPasscode", {"name": "sarah", "passcode": "482913"})
+    assert r.get("error") == "io.kioskauth.StoreIntegrity", r
+    assert any(e["action"] == "store.integrity" and e.get("person") == "sarah" for e in audit_events(daemon))
