@@ -251,3 +251,95 @@ def scan_call(conn: Connection, sensor, method: str, parameters: dict, finger_id
         if not reply.get("continues"):
             return reply
         VirtualDevice(sensor).scan(finger_id)
+
+
+PLAIN_SERVER = Path(__file__).resolve().parent / "idp" / "plain_server.py"
+
+
+def have_plain_provider(provider: str) -> bool:
+    try:
+        if provider == "dot":
+            import oauth2_provider  # noqa: F401
+        else:
+            import oidc_provider  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+class PlainProvider:
+    """An unmodified provider from PyPI (tests/idp/plain_server.py): `dot` or `oidc-provider`.
+
+    Users are `(email, password, groups)`; `admin()` does what the provider's administrator
+    would do through its admin site (revoke a user's tokens, disable a user, change groups)."""
+
+    def __init__(self, provider: str, *, users, access_seconds=300, refresh_seconds=3600, publish_groups=False):
+        self.provider = provider
+        self.state_dir = Path(tempfile.mkdtemp(prefix="kioskauth-plain-idp-"))
+        cmd = [sys.executable, str(PLAIN_SERVER), "--provider", provider, "--port", "0",
+               "--state-dir", str(self.state_dir), "--access-token-seconds", str(access_seconds),
+               "--refresh-token-seconds", str(refresh_seconds)]
+        if publish_groups:
+            cmd.append("--publish-groups")
+        for email, password, groups in users:
+            cmd += ["--user", f"{email}:{password}:{','.join(groups)}"]
+        self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                                     text=True)
+        line = self.proc.stdout.readline()
+        if not line:
+            raise RuntimeError(f"{provider} did not start (exit {self.proc.poll()})")
+        self.info = json.loads(line)
+
+    @property
+    def issuer(self) -> str:
+        return self.info["issuer"]
+
+    def admin(self, action: str, **fields) -> None:
+        self.proc.stdin.write(json.dumps({"action": action, **fields}) + "\n")
+        self.proc.stdin.flush()
+        answer = json.loads(self.proc.stdout.readline())
+        assert answer["ok"], answer
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.stdin.close()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        shutil.rmtree(self.state_dir, ignore_errors=True)
+
+
+def plain_config(idp: PlainProvider, extra: str = "", *, fingerprints: bool = False,
+                 domains: str = "example.com") -> str:
+    """kioskauthd.conf for an unmodified provider: a public client, discovery, and the
+    revocation endpoint where discovery lacks one (DOT's OIDC discovery does not list it)."""
+    revocation = idp.info.get("revocation_endpoint")
+    config = FAST_HASH_CONFIG + ("" if fingerprints else "\n[Fingerprint]\nEnabled=no\n") + f"""
+[IdentityProvider]
+Issuer={idp.issuer}
+ClientID={idp.info['client_id']}
+AllowedEmailDomains={domains}
+RequestTimeoutSec=5
+RefreshInitialBackoffSec=1
+RefreshMaximumBackoffSec=2
+CircuitBreakerThreshold=1000
+"""
+    if revocation:
+        config += f"RevocationEndpoint={revocation}\n"
+    return config + extra
+
+
+def make_plain_daemon(make_daemon, idp: PlainProvider, extra: str = "", *, fingerprints: bool = False,
+                      env: dict | None = None) -> tuple[Daemon, TestClock]:
+    d = make_daemon(config=plain_config(idp, extra, fingerprints=fingerprints))
+    clock = TestClock(d.root / "clock.json")
+    d.extra_env.update({"KIOSKAUTH_TEST_CLOCK_FILE": str(clock.path), "TZ": "UTC"})
+    d.extra_env.update(env or {})
+    return d, clock

@@ -228,14 +228,26 @@ extension Authority {
         audit(
             caller, action: "idp.login", result: "success", person: person.name.rawValue, method: method,
             service: service,
-            detail:
-                "\(created ? "created; " : "")roles=\(roleSet.all.map(\.rawValue).joined(separator: ","))\(refreshToken == nil ? "; no refresh token issued" : "")"
-        )
+            detail: Self.loginDetail(identity, roles: roleSet, created: created, refreshToken: refreshToken != nil))
         let offer = await shouldOfferFingerprint(person)
         return Message.OnlineLogin(
             person: record(person), created: created, offerFingerprint: offer,
             ticket: issueTicket(for: person, caller: caller, startedAt: startedAt),
             ticketExpiresIn: Int(configuration.access.ticketLifetime))
+    }
+
+    /// The audit detail of a successful online login: what was created, the roles and where
+    /// they came from, and where the email came from when no token or userinfo carried it.
+    static func loginDetail(_ identity: IdentityClaims, roles: RoleSet, created: Bool, refreshToken: Bool) -> String {
+        var detail = "\(created ? "created; " : "")roles=\(roles.all.map(\.rawValue).joined(separator: ","))"
+        if identity.roleSource != "claim", !identity.roleSource.isEmpty {
+            detail += " (from \(identity.roleSource == "default" ? "DefaultRole" : identity.roleSource))"
+        }
+        if identity.emailSource == "login-name" {
+            detail += "; email as typed at sign-in (the provider sent none)"
+        }
+        if !refreshToken { detail += "; no refresh token issued" }
+        return detail
     }
 
     /// The access token's lifetime on the daemon's clock: the provider client measured the expiry

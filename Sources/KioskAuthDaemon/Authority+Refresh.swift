@@ -244,7 +244,15 @@ extension Authority {
                 token: refreshed.tokens.accessToken, obtainedAt: lifetime.obtainedAt, expiresAt: lifetime.expiresAt)
             logger.info("tokens refreshed", metadata: ["person": "\(job.name)", "rotated": "\(rotated != nil)"])
             noteProviderAnswered()
-            if let violation = refreshed.policyViolation {
+            if let identity = refreshed.identity, let person = trackedPerson(job.personID),
+                let pinned = try? store.identityProviderProfile(of: person).subject, pinned != identity.subject
+            {
+                suspendNoLongerAdmitted(
+                    job.personID,
+                    IdentityError.subjectChanged(
+                        "the refreshed identity has the subject \(identity.subject), not \(pinned)"),
+                    reason: "subject-changed")
+            } else if let violation = refreshed.policyViolation {
                 suspendNoLongerAdmitted(job.personID, violation)
             } else if let identity = refreshed.identity, let person = trackedPerson(job.personID) {
                 let roles = identity.roles.compactMap(Role.init(rawValue:))
@@ -284,14 +292,16 @@ extension Authority {
 
     /// A refresh showed the person is no longer admitted (group or domain removed, role
     /// unknown): stop refreshing, queue the revocation of their token, suspend local unlock.
-    private func suspendNoLongerAdmitted(_ personID: Int64, _ violation: IdentityError) {
+    private func suspendNoLongerAdmitted(
+        _ personID: Int64, _ violation: IdentityError, reason: String = "not-admitted"
+    ) {
         guard let person = trackedPerson(personID) else { return }
         performRefreshActions(online.schedule.stopTracking(personID, at: now()))
         if (try? store.queueRevocation(of: person, now: now())) == true { services.refreshWakeup.signal() }
         audit(
             nil, action: "idp.refresh", result: "failure", person: person.name.rawValue, method: "idp",
             detail: "no longer admitted (\(violation.message)): local unlock suspended, tokens revoked")
-        suspend(personID, reason: "not-admitted", record: nil)
+        suspend(personID, reason: reason, record: nil)
     }
 
     /// Forgets a delivery cut short by shutdown; it is retried at the next start.

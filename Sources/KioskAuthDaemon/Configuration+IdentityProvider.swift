@@ -20,6 +20,10 @@ extension DaemonConfiguration {
         public var roleClaim = "kioskauth_role"
         /// The claim carrying the person's groups.
         public var groupsClaim = "groups"
+        /// The role of people whose token has no role claim and no mapped group; empty: refused.
+        public var defaultRole = ""
+        /// `RoleFromGroup=GROUP:ROLE` rules, in the order given.
+        public var roleFromGroup: [GroupRoleMapping] = []
         /// Email domains admitted; empty: no domain condition.
         public var allowedEmailDomains: [String] = []
         /// A group the person must be in; empty: no group condition.
@@ -129,6 +133,26 @@ extension DaemonConfiguration {
         case ("IdentityProvider", "GroupsClaim"):
             guard !value.isEmpty else { throw ValueError(message: "expected a claim name") }
             identityProvider.groupsClaim = value
+        case ("IdentityProvider", "DefaultRole"):
+            guard value.isEmpty || Role(rawValue: value) != nil else {
+                throw ValueError(message: "expected one of \(Role.allCases.map(\.rawValue).joined(separator: ", ")), or empty")
+            }
+            identityProvider.defaultRole = value
+        case ("IdentityProvider", "RoleFromGroup"):
+            // Repeatable; an empty value clears the list (systemd style).
+            if value.isEmpty {
+                identityProvider.roleFromGroup = []
+            } else {
+                guard let colon = value.lastIndex(of: ":"), colon != value.startIndex,
+                    let role = Role(rawValue: String(value[value.index(after: colon)...]))
+                else {
+                    throw ValueError(
+                        message:
+                            "expected GROUP:ROLE with ROLE one of \(Role.allCases.map(\.rawValue).joined(separator: ", "))")
+                }
+                identityProvider.roleFromGroup.append(
+                    GroupRoleMapping(group: String(value[..<colon]), role: role.rawValue))
+            }
         case ("IdentityProvider", "AllowedEmailDomains"):
             identityProvider.allowedEmailDomains = words(value).map { $0.lowercased() }
         case ("IdentityProvider", "RequiredGroup"): identityProvider.requiredGroup = value
@@ -248,7 +272,7 @@ extension DaemonConfiguration {
                 ?? .jwks
             supabase = .init(apiKey: apiKey, tokenVerification: verification)
         }
-        return IdentityProviderConfiguration(
+        var made = IdentityProviderConfiguration(
             dialect: idp.dialect,
             endpoints: idp.dialect == .supabase ? .supabaseProject(issuer) : .discovery(issuer: issuer),
             clientID: idp.clientID,
@@ -261,5 +285,8 @@ extension DaemonConfiguration {
                 ? nil : URL(string: idp.deviceAuthorizationEndpoint),
             requestTimeout: .milliseconds(Int64(idp.requestTimeout * 1000)),
             supabase: supabase)
+        made.defaultRole = idp.defaultRole.isEmpty ? nil : idp.defaultRole
+        made.roleFromGroup = idp.roleFromGroup
+        return made
     }
 }

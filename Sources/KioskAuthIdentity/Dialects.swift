@@ -9,6 +9,20 @@ struct ResolvedEndpoints: Sendable, Equatable {
     var deviceAuthorization: URL?
     /// Supabase only: `POST /auth/v1/logout`.
     var logout: URL?
+    /// The OIDC userinfo endpoint, where discovery names one.
+    var userinfo: URL? = nil
+    /// Discovery's `scopes_supported`; `nil` or empty when it lists none.
+    var scopesSupported: [String]? = nil
+}
+
+/// Which configured scopes to request: all of them, unless discovery lists the scopes it
+/// supports; then only those (the rest are reported as dropped).
+enum ScopeSelection {
+    static func select(configured: [String], supported: [String]?) -> (requested: [String], dropped: [String]) {
+        guard let supported, !supported.isEmpty else { return (configured, []) }
+        let known = Set(supported)
+        return (configured.filter { known.contains($0) }, configured.filter { !known.contains($0) })
+    }
 }
 
 /// Request shapes of OAuth 2.0 / OpenID Connect (RFC 6749, RFC 7009, RFC 8628).

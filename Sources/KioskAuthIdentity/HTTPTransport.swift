@@ -13,8 +13,8 @@ struct HTTPRequest: Sendable {
     var headers: [String: String]
     var body: Data?
 
-    static func get(_ url: URL) -> HTTPRequest {
-        HTTPRequest(method: "GET", url: url, headers: ["Accept": "application/json"], body: nil)
+    static func get(_ url: URL, headers: [String: String] = [:]) -> HTTPRequest {
+        HTTPRequest(method: "GET", url: url, headers: headers.merging(["Accept": "application/json"]) { a, _ in a }, body: nil)
     }
 
     static func postForm(_ url: URL, _ fields: [(String, String)], headers: [String: String] = [:]) -> HTTPRequest {
@@ -74,6 +74,23 @@ enum FormEncoding {
 /// (`didSendBodyData`); that is what tells a lost answer (ambiguous: the provider may have
 /// acted) from a request that never left (safe to retry).
 final class HTTPTransport: Sendable {
+    /// Words for a transport failure; never a platform error number.
+    static func reason(_ code: URLError.Code) -> String {
+        switch code {
+        case .cannotConnectToHost: "connection refused"
+        case .timedOut: "timed out"
+        case .cannotFindHost, .dnsLookupFailed: "name not found"
+        case .notConnectedToInternet, .dataNotAllowed, .internationalRoamingOff, .callIsActive: "no network"
+        case .secureConnectionFailed, .serverCertificateUntrusted, .serverCertificateHasBadDate,
+            .serverCertificateNotYetValid, .serverCertificateHasUnknownRoot, .clientCertificateRejected,
+            .clientCertificateRequired, .appTransportSecurityRequiresSecureConnection:
+            "TLS failure"
+        case .networkConnectionLost: "connection lost"
+        case .badServerResponse, .cannotParseResponse: "the answer was not HTTP"
+        default: "network failure"
+        }
+    }
+
     /// Answers larger than this are cut off and refused.
     static let maximumResponseSize = 1 << 20
 
@@ -210,8 +227,10 @@ private final class Exchange: Sendable {
         if state.isTimedOut {
             let message =
                 sent
-                ? "no answer within the request timeout (the request was sent)"
-                : hasBody ? "no connection within the request timeout" : "no answer within the request timeout"
+                ? "cannot reach the identity provider (timed out: no answer within the request timeout; the request was sent)"
+                : hasBody
+                    ? "cannot reach the identity provider (timed out: no connection within the request timeout)"
+                    : "cannot reach the identity provider (timed out: no answer within the request timeout)"
             return .failure(IdentityError(.timedOut, message, isAmbiguous: sent))
         }
         if state.isCancelled {
@@ -237,25 +256,27 @@ private final class Exchange: Sendable {
                 sent ? .connectionLost : .unreachable, "the request failed: \(error)", isAmbiguous: sent,
                 underlying: error)
         }
+        let reason = HTTPTransport.reason(urlError.code)
         switch urlError.code {
         case .timedOut:
-            return IdentityError(.timedOut, "the request timed out", isAmbiguous: sent, underlying: error)
+            return IdentityError(
+                .timedOut, "cannot reach the identity provider (timed out)", isAmbiguous: sent, underlying: error)
         case .cannotConnectToHost, .cannotFindHost, .dnsLookupFailed, .notConnectedToInternet, .cannotLoadFromNetwork,
             .internationalRoamingOff, .dataNotAllowed, .callIsActive, .secureConnectionFailed,
             .serverCertificateUntrusted, .serverCertificateHasBadDate, .serverCertificateNotYetValid,
             .serverCertificateHasUnknownRoot, .clientCertificateRejected, .clientCertificateRequired,
             .appTransportSecurityRequiresSecureConnection:
-            return IdentityError(
-                .unreachable, "cannot reach the identity provider (\(urlError.code.rawValue))", underlying: error)
+            return IdentityError(.unreachable, "cannot reach the identity provider (\(reason))", underlying: error)
         default:
             if sent {
                 return IdentityError(
-                    .connectionLost, "the connection failed after the request was sent (\(urlError.code.rawValue))",
+                    .connectionLost, "the connection to the identity provider broke after the request was sent (\(reason))",
                     isAmbiguous: true, underlying: error)
             }
-            return IdentityError(.unreachable, "the request failed (\(urlError.code.rawValue))", underlying: error)
+            return IdentityError(.unreachable, "cannot reach the identity provider (\(reason))", underlying: error)
         }
     }
+
 }
 
 /// Routes the session's delegate calls to each task's ``Exchange``.

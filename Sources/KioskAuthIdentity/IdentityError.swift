@@ -116,6 +116,11 @@ public struct IdentityError: Error, Sendable, CustomStringConvertible {
         }
     }
 
+    /// A refresh answered for another subject than the person's: a refusal.
+    public static func subjectChanged(_ message: String) -> IdentityError {
+        IdentityError(.notAdmitted, message)
+    }
+
     /// A one-line summary for logs.
     public var description: String {
         var text = "IdentityError.\(code): \(message)"

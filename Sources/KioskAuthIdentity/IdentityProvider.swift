@@ -57,10 +57,18 @@ public struct IdentityClaims: Sendable, Equatable {
     public var roles: [String]
     /// The groups claim's values.
     public var groups: [String]
+    /// Where ``roles`` came from: `claim`, `group GROUP` (`RoleFromGroup=`) or `default`
+    /// (`DefaultRole=`); empty while no role is known.
+    public var roleSource: String
+    /// Where ``email`` came from: `id_token`, `userinfo`, `access_token`, or `login-name` when no
+    /// token or userinfo carried one and the name typed for the password grant (which the
+    /// provider has just authenticated) stands in.
+    public var emailSource: String?
 
     /// Creates claims (the client creates them from validated tokens; tests may build them).
     public init(
-        issuer: String, subject: String, email: String?, isEmailVerified: Bool?, roles: [String], groups: [String]
+        issuer: String, subject: String, email: String?, isEmailVerified: Bool?, roles: [String], groups: [String],
+        roleSource: String = "claim", emailSource: String? = nil
     ) {
         self.issuer = issuer
         self.subject = subject
@@ -68,6 +76,8 @@ public struct IdentityClaims: Sendable, Equatable {
         self.isEmailVerified = isEmailVerified
         self.roles = roles
         self.groups = groups
+        self.roleSource = roles.isEmpty ? "" : roleSource
+        self.emailSource = email == nil ? nil : emailSource
     }
 }
 

@@ -64,6 +64,10 @@ public actor IdentityProviderClient: IdentityProvider {
         if configuration.acceptedRoles.isEmpty {
             throw IdentityError(.misconfigured, "no role is accepted, so nobody could log in")
         }
+        for role in [configuration.defaultRole].compactMap({ $0 }) + configuration.roleFromGroup.map(\.role)
+        where !configuration.acceptedRoles.contains(role) {
+            throw IdentityError(.misconfigured, "the role \(role) is not one this terminal knows")
+        }
     }
 
     // MARK: - IdentityProvider
@@ -73,11 +77,11 @@ public actor IdentityProviderClient: IdentityProvider {
         let endpoints = try await resolvedEndpoints()
         let request: HTTPRequest
         switch configuration.dialect {
-        case .oidc: request = try oidcRequests.password(endpoints, email: email, password: password)
+        case .oidc: request = try oidcRequests(endpoints).password(endpoints, email: email, password: password)
         case .supabase: request = try supabaseRequests.password(endpoints, email: email, password: password)
         }
         let response = try await tokenResponse(request, context: .password)
-        return try await login(from: response, endpoints: endpoints)
+        return try await login(from: response, endpoints: endpoints, typedName: email)
     }
 
     /// Starts an RFC 8628 device authorization.
@@ -90,7 +94,7 @@ public actor IdentityProviderClient: IdentityProvider {
             throw IdentityError(
                 .unsupported, "the provider publishes no device_authorization_endpoint and none is configured")
         }
-        let response = try await send(try oidcRequests.deviceAuthorization(url), context: .deviceStart)
+        let response = try await send(try oidcRequests(endpoints).deviceAuthorization(url), context: .deviceStart)
         guard (200..<300).contains(response.status) else {
             throw ProviderResponses.error(for: response, context: .deviceStart, dialect: .oidc)
         }
@@ -118,7 +122,7 @@ public actor IdentityProviderClient: IdentityProvider {
             throw IdentityError(.unsupported, "Supabase Auth has no device authorization grant")
         }
         let endpoints = try await resolvedEndpoints()
-        let request = try oidcRequests.devicePoll(endpoints, deviceCode: authorization.deviceCode)
+        let request = try oidcRequests(endpoints).devicePoll(endpoints, deviceCode: authorization.deviceCode)
         let response = try await send(request, context: .devicePoll)
         if !(200..<300).contains(response.status) {
             switch ProviderErrorBody(response.body).code {
@@ -128,7 +132,7 @@ public actor IdentityProviderClient: IdentityProvider {
             }
         }
         let tokens = try ProviderResponses.parseTokens(response, now: now())
-        return .authorized(try await login(from: tokens, endpoints: endpoints))
+        return .authorized(try await login(from: tokens, endpoints: endpoints, typedName: nil))
     }
 
     /// Exchanges a refresh token. Policy problems with the refreshed identity are reported in
@@ -137,14 +141,26 @@ public actor IdentityProviderClient: IdentityProvider {
         let endpoints = try await resolvedEndpoints()
         let request: HTTPRequest
         switch configuration.dialect {
-        case .oidc: request = try oidcRequests.refresh(endpoints, refreshToken: refreshToken)
+        case .oidc: request = try oidcRequests(endpoints).refresh(endpoints, refreshToken: refreshToken)
         case .supabase: request = try supabaseRequests.refresh(endpoints, refreshToken: refreshToken)
         }
         let response = try await tokenResponse(request, context: .refresh)
-        let identity = try await identity(from: response, endpoints: endpoints, required: false)
+        // The provider has rotated the refresh token already: an identity that cannot be read
+        // now (userinfo unreachable) is no reason to lose it.
+        var identity: IdentityClaims?
+        do {
+            identity = try await self.identity(from: response, endpoints: endpoints, required: false)
+        } catch let error as IdentityError where error.isTransient {
+            logger.debug("no identity with this refresh", metadata: ["error": "\(error)"])
+        }
         var violation: IdentityError?
-        if let identity {
-            do { try admit(identity) } catch let error as IdentityError { violation = error }
+        if let found = identity {
+            do {
+                identity = try resolvedRoles(found)
+                // The email was checked at login and the subject is pinned; a refresh answer
+                // without one (userinfo with only `sub`) is not a reason to refuse.
+                try admit(identity!, emailRequired: found.email != nil)
+            } catch let error as IdentityError { violation = error }
         }
         return RefreshResult(tokens: response.tokens, identity: identity, policyViolation: violation)
     }
@@ -161,7 +177,7 @@ public actor IdentityProviderClient: IdentityProvider {
                     .unsupported, "the provider publishes no revocation_endpoint and none is configured")
             }
             let response = try await send(
-                try oidcRequests.revoke(url, refreshToken: refreshToken), context: .revocation)
+                try oidcRequests(endpoints).revoke(url, refreshToken: refreshToken), context: .revocation)
             guard (200..<300).contains(response.status) else {
                 throw ProviderResponses.error(for: response, context: .revocation, dialect: .oidc)
             }
@@ -230,27 +246,51 @@ public actor IdentityProviderClient: IdentityProvider {
     ///
     /// - Throws: ``IdentityError`` with ``IdentityError/Code-swift.struct/notAdmitted`` or
     ///   ``IdentityError/Code-swift.struct/unknownRole``.
-    public nonisolated func admit(_ claims: IdentityClaims) throws {
-        try Admission.check(claims, policy: configuration.admission, acceptedRoles: configuration.acceptedRoles)
+    public nonisolated func admit(_ claims: IdentityClaims, emailRequired: Bool = true) throws {
+        try Admission.check(
+            claims, policy: configuration.admission, acceptedRoles: configuration.acceptedRoles,
+            emailRequired: emailRequired)
+    }
+
+    /// The claims with their roles resolved: the role claim when present, else the first
+    /// `RoleFromGroup=` mapping the person's groups match, else `DefaultRole=`.
+    nonisolated func resolvedRoles(_ claims: IdentityClaims) throws -> IdentityClaims {
+        RoleResolution.resolve(
+            claims, roleFromGroup: configuration.roleFromGroup, defaultRole: configuration.defaultRole)
     }
 
     // MARK: - Internals
 
-    private var oidcRequests: OIDCRequests {
+    private func oidcRequests(_ endpoints: ResolvedEndpoints) -> OIDCRequests {
         OIDCRequests(
             clientID: configuration.clientID, clientSecret: configuration.clientSecret,
-            authentication: configuration.clientAuthentication, scopes: configuration.scopes)
+            authentication: configuration.clientAuthentication,
+            scopes: ScopeSelection.select(configured: configuration.scopes, supported: endpoints.scopesSupported)
+                .requested)
     }
 
     private var supabaseRequests: SupabaseRequests {
         SupabaseRequests(apiKey: configuration.supabase!.apiKey)
     }
 
-    private func login(from response: TokenResponse, endpoints: ResolvedEndpoints) async throws -> LoginResult {
-        guard let identity = try await identity(from: response, endpoints: endpoints, required: true) else {
+    private func login(
+        from response: TokenResponse, endpoints: ResolvedEndpoints, typedName: String?
+    ) async throws -> LoginResult {
+        guard var identity = try await identity(from: response, endpoints: endpoints, required: true) else {
             throw IdentityError(.invalidResponse, "the login response carries no identity")
         }
         do {
+            if identity.email == nil {
+                // The provider has just authenticated the name typed for the password grant.
+                guard let typedName else {
+                    throw IdentityError(
+                        .notAdmitted,
+                        "the provider sent no email address (neither in a token nor from userinfo); the device login needs an email claim: grant the email scope or have the provider publish the email")
+                }
+                identity.email = typedName
+                identity.emailSource = "login-name"
+            }
+            identity = try resolvedRoles(identity)
             try admit(identity)
         } catch let refusal as IdentityError {
             // The provider issued tokens to someone this terminal refuses: do not leave a live
@@ -275,11 +315,18 @@ public actor IdentityProviderClient: IdentityProvider {
         switch configuration.dialect {
         case .oidc:
             guard let idToken = response.idToken else {
-                if required {
-                    throw IdentityError(
-                        .invalidResponse, "the token response has no id_token (is the openid scope granted?)")
+                if let claims = try await accessTokenClaims(response, endpoints: endpoints) {
+                    return try await withUserinfo(claims, response: response, endpoints: endpoints)
                 }
-                return nil
+                guard endpoints.userinfo != nil else {
+                    if required {
+                        throw IdentityError(
+                            .invalidResponse,
+                            "the token response has no id_token and the provider publishes no userinfo_endpoint")
+                    }
+                    return nil
+                }
+                return try await userinfoClaims(response.accessToken, endpoints: endpoints)
             }
             let validated = try await validator(endpoints).validate(
                 idToken,
@@ -290,7 +337,9 @@ public actor IdentityProviderClient: IdentityProvider {
             {
                 throw IdentityError(.invalidToken, "the ID token's at_hash does not match the access token")
             }
-            return try claims(from: validated)
+            var claims = try claims(from: validated)
+            if claims.email != nil { claims.emailSource = "id_token" }
+            return try await withUserinfo(claims, response: response, endpoints: endpoints)
         case .supabase:
             let settings = configuration.supabase!
             if case .onlineOnly = settings.tokenVerification {
@@ -305,6 +354,79 @@ public actor IdentityProviderClient: IdentityProvider {
                 now: now())
             return try claims(from: validated)
         }
+    }
+
+    /// A JWT access token signed by the provider's keys for this client (issuer and audience
+    /// checked) serves as the identity; anything else (an opaque token, another audience) does not.
+    private func accessTokenClaims(
+        _ response: TokenResponse, endpoints: ResolvedEndpoints
+    ) async throws -> IdentityClaims? {
+        guard response.accessToken.rawValue.split(separator: ".", omittingEmptySubsequences: false).count == 3,
+            endpoints.jwks != nil
+        else { return nil }
+        do {
+            let validated = try await validator(endpoints).validate(
+                response.accessToken,
+                expecting: .accessToken(
+                    issuer: endpoints.issuer, audience: configuration.clientID, clockSkew: configuration.clockSkew),
+                now: now())
+            var claims = try claims(from: validated)
+            if claims.email != nil { claims.emailSource = "access_token" }
+            return claims
+        } catch let error as IdentityError where !error.isTransient {
+            logger.debug("the access token is not an identity token here", metadata: ["error": "\(error)"])
+            return nil
+        }
+    }
+
+    /// Fills what the token lacked (email, groups, roles) from userinfo, when the provider has
+    /// a userinfo endpoint and the token lacks an email or any role or group. OIDC Core 5.3.2:
+    /// the userinfo `sub` must be the token's.
+    private func withUserinfo(
+        _ claims: IdentityClaims, response: TokenResponse, endpoints: ResolvedEndpoints
+    ) async throws -> IdentityClaims {
+        guard endpoints.userinfo != nil, claims.email == nil || (claims.roles.isEmpty && claims.groups.isEmpty) else {
+            return claims
+        }
+        let info = try await userinfoClaims(response.accessToken, endpoints: endpoints)
+        guard info.subject == claims.subject else {
+            throw IdentityError(.invalidToken, "userinfo names a different subject than the token")
+        }
+        var merged = claims
+        if merged.email == nil, let email = info.email {
+            merged.email = email
+            merged.isEmailVerified = info.isEmailVerified
+            merged.emailSource = "userinfo"
+        }
+        if merged.roles.isEmpty { merged.roles = info.roles }
+        if merged.groups.isEmpty { merged.groups = info.groups }
+        return merged
+    }
+
+    /// OIDC Core 5.3: the claims the userinfo endpoint returns for the access token (JSON only;
+    /// a signed userinfo response is not accepted).
+    private func userinfoClaims(_ accessToken: OAuthToken, endpoints: ResolvedEndpoints) async throws
+        -> IdentityClaims
+    {
+        guard let url = endpoints.userinfo else {
+            throw IdentityError(.unsupported, "the provider publishes no userinfo_endpoint")
+        }
+        let response = try await send(
+            .get(url, headers: ["Authorization": "Bearer " + accessToken.rawValue]), context: .userinfo)
+        guard (200..<300).contains(response.status) else {
+            throw ProviderResponses.error(for: response, context: .userinfo, dialect: .oidc)
+        }
+        guard let object = JSONValue.parseObject(response.body) else {
+            throw IdentityError(.invalidResponse, "the userinfo answer is not a JSON object (signed userinfo is not supported)")
+        }
+        guard let subject = object["sub"]?.stringValue, !subject.isEmpty else {
+            throw IdentityError(.invalidResponse, "the userinfo answer has no sub")
+        }
+        var claims = IdentityExtraction.userinfoClaims(
+            object, issuer: endpoints.issuer, subject: subject, roleClaim: configuration.roleClaim,
+            groupsClaim: configuration.groupsClaim)
+        if claims.email != nil { claims.emailSource = "userinfo" }
+        return claims
     }
 
     private func claims(from token: ValidatedToken) throws -> IdentityClaims {
@@ -420,9 +542,17 @@ public actor IdentityProviderClient: IdentityProvider {
         guard let token = try endpoint("token_endpoint"), let jwks = try endpoint("jwks_uri") else {
             throw IdentityError(.invalidResponse, "the discovery document lacks token_endpoint or jwks_uri")
         }
+        let supported = document["scopes_supported"]?.stringList
+        let selection = ScopeSelection.select(configured: configuration.scopes, supported: supported)
+        for scope in selection.dropped {
+            logger.notice(
+                "not requesting a configured scope: the provider does not list it in scopes_supported",
+                metadata: ["scope": "\(scope)"])
+        }
         return ResolvedEndpoints(
             issuer: issuer.absoluteString, token: token, jwks: jwks, revocation: try endpoint("revocation_endpoint"),
-            deviceAuthorization: try endpoint("device_authorization_endpoint"), logout: nil)
+            deviceAuthorization: try endpoint("device_authorization_endpoint"), logout: nil,
+            userinfo: try endpoint("userinfo_endpoint"), scopesSupported: supported)
     }
 }
 
@@ -438,6 +568,17 @@ enum IdentityExtraction {
         return make(
             issuer: token.issuer, subject: subject, isEmailVerified: verified, roleClaim: roleClaim,
             groupsClaim: groupsClaim, lookup: { token.claims.value(atPath: $0) })
+    }
+
+    /// A userinfo answer (OIDC Core 5.3.2), which came straight from the provider over TLS.
+    static func userinfoClaims(
+        _ object: [String: JSONValue], issuer: String, subject: String, roleClaim: String, groupsClaim: String
+    ) -> IdentityClaims {
+        var verified = object["email_verified"]?.boolValue
+        if verified == nil, let text = object["email_verified"]?.stringValue { verified = text.lowercased() == "true" }
+        return make(
+            issuer: issuer, subject: subject, isEmailVerified: verified, roleClaim: roleClaim,
+            groupsClaim: groupsClaim, lookup: { object.value(atPath: $0) })
     }
 
     /// Supabase without a verification key: the `user` object of the token response, which
@@ -474,8 +615,10 @@ enum IdentityExtraction {
 
 /// The admission policy and role rules, as pure functions.
 enum Admission {
-    static func check(_ claims: IdentityClaims, policy: AdmissionPolicy, acceptedRoles: Set<String>) throws {
-        if !policy.allowedEmailDomains.isEmpty {
+    static func check(
+        _ claims: IdentityClaims, policy: AdmissionPolicy, acceptedRoles: Set<String>, emailRequired: Bool = true
+    ) throws {
+        if !policy.allowedEmailDomains.isEmpty, emailRequired || claims.email != nil {
             guard let email = claims.email, let at = email.lastIndex(of: "@") else {
                 throw IdentityError(
                     .notAdmitted, "the provider sent no email address, and admission is by email domain")
@@ -492,10 +635,29 @@ enum Admission {
             throw IdentityError(.notAdmitted, "the person is not in the group \(group)")
         }
         guard !claims.roles.isEmpty else {
-            throw IdentityError(.unknownRole, "the provider sent no role claim")
+            throw IdentityError(
+                .unknownRole, "the provider sent no role claim, no group maps to a role, and no DefaultRole is set")
         }
         if let unknown = claims.roles.first(where: { !acceptedRoles.contains($0) }) {
             throw IdentityError(.unknownRole, "the role \(unknown) is not one this terminal knows")
         }
+    }
+}
+
+/// Roles for people whose provider sends no role claim (`RoleFromGroup=`, `DefaultRole=`).
+enum RoleResolution {
+    static func resolve(
+        _ claims: IdentityClaims, roleFromGroup: [GroupRoleMapping], defaultRole: String?
+    ) -> IdentityClaims {
+        guard claims.roles.isEmpty else { return claims }
+        var resolved = claims
+        if let mapping = roleFromGroup.first(where: { claims.groups.contains($0.group) }) {
+            resolved.roles = [mapping.role]
+            resolved.roleSource = "group \(mapping.group)"
+        } else if let defaultRole {
+            resolved.roles = [defaultRole]
+            resolved.roleSource = "default"
+        }
+        return resolved
     }
 }

@@ -111,6 +111,12 @@ public struct IdentityProviderConfiguration: Sendable {
     public var acceptedRoles: Set<String>
     /// Who may log in at all.
     public var admission: AdmissionPolicy
+    /// Roles for people whose token carries no role claim, from their groups: the first
+    /// mapping whose group the person is in gives the role. Empty: no mapping.
+    public var roleFromGroup: [GroupRoleMapping] = []
+    /// The role of people whose token carries neither a role claim nor a mapped group; `nil`
+    /// refuses them (``IdentityError/Code-swift.struct/unknownRole``).
+    public var defaultRole: String?
     /// Overrides (or supplies, where discovery lacks it) the RFC 7009 revocation endpoint.
     public var revocationEndpoint: URL?
     /// Overrides (or supplies) the RFC 8628 device authorization endpoint.
@@ -165,6 +171,20 @@ public struct IdentityProviderConfiguration: Sendable {
         self.clockSkew = clockSkew
         self.minimumKeyRefetchInterval = minimumKeyRefetchInterval
         self.supabase = supabase
+    }
+}
+
+/// One `RoleFromGroup=GROUP:ROLE` rule.
+public struct GroupRoleMapping: Sendable, Equatable {
+    /// The group (a value of the groups claim).
+    public var group: String
+    /// The role its members get.
+    public var role: String
+
+    /// Creates a mapping.
+    public init(group: String, role: String) {
+        self.group = group
+        self.role = role
     }
 }
 

@@ -12,6 +12,7 @@ enum GrantContext: String, Sendable {
     case discovery
     case jwks
     case probe
+    case userinfo
 }
 
 /// A successful token response, before any token in it is trusted.
@@ -91,9 +92,21 @@ enum ProviderResponses {
     {
         let body = ProviderErrorBody(response.body)
         let provider = body.code ?? "HTTP \(response.status)"
-        let detail = body.message.map { ": \($0)" } ?? ""
         let code = classify(body, status: response.status, context: context, dialect: dialect)
-        return IdentityError(code, "\(summary(of: code)) (HTTP \(response.status)\(detail))", providerError: provider)
+        return IdentityError(code, message(code: code, body: body, status: response.status), providerError: provider)
+    }
+
+    /// "the identity provider refused the request: invalid_scope (The requested scope is
+    /// invalid) (HTTP 400)": the summary, then the OAuth `error` and `error_description`.
+    static func message(code: IdentityError.Code, body: ProviderErrorBody, status: Int) -> String {
+        var text = summary(of: code)
+        switch (body.code, body.message) {
+        case (let error?, let description?) where description != error: text += ": \(error) (\(description))"
+        case (let error?, _): text += ": \(error)"
+        case (nil, let description?): text += ": \(description)"
+        case (nil, nil): break
+        }
+        return text + " (HTTP \(status))"
     }
 
     static func classify(
@@ -113,7 +126,8 @@ enum ProviderResponses {
         case "expired_token", "device_not_found":
             return .deviceCodeExpired
         case "access_denied":
-            return .authorizationDenied
+            // django-oidc-provider refuses wrong credentials on the password grant this way.
+            return context == .password ? .invalidCredentials : .authorizationDenied
         case "temporarily_unavailable", "server_error", "unexpected_failure", "over_request_rate_limit",
             "request_timeout", "hook_timeout", "hook_timeout_after_retry":
             return .serverError
