@@ -115,6 +115,12 @@ public struct Dispatcher: Sendable {
         register(prefix + "VerifyPasscode") { (input: Message.VerifyPasscode, caller, _) in
             try await authority.verifyPasscode(caller, input)
         }
+        register(prefix + "SuspendPerson") { (input: Message.SuspendPerson, caller, _) in
+            Message.PersonReply(person: try await authority.suspendPerson(caller, input))
+        }
+        register(prefix + "ResumePerson") { (input: Message.Name, caller, _) in
+            Message.PersonReply(person: try await authority.resumePerson(caller, input.name))
+        }
         register(prefix + "BindAccount") { (input: Message.BindAccount, caller, _) in
             Message.PersonReply(person: try await authority.bindAccount(caller, input))
         }

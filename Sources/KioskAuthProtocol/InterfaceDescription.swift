@@ -234,6 +234,20 @@ method BindAccount(
   uid: ?int
 ) -> (person: Person)
 
+# Suspend a person (admin): every authentication of theirs is refused, their sessions end and
+# their tickets die, until an admin resumes them. Their secrets are kept.
+method SuspendPerson(
+  # Login name.
+  name: string,
+  # Why, for the audit trail and the person's refusal message (default "suspended by an admin").
+  reason: ?string
+) -> (person: Person)
+
+# Make a person suspended by an admin active again (admin). A person from the identity provider
+# who was suspended because the provider refused their token resumes only by signing in online
+# (InvalidInput here).
+method ResumePerson(name: string) -> (person: Person)
+
 # Show one person (admin, or the person bound to the caller's uid).
 method GetPerson(name: string) -> (person: Person)
 

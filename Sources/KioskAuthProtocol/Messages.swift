@@ -158,6 +158,15 @@ public enum Message {
         }
     }
 
+    public struct SuspendPerson: Codable, Sendable {
+        public var name: String
+        public var reason: String?
+        public init(name: String, reason: String?) {
+            self.name = name
+            self.reason = reason
+        }
+    }
+
     public struct BindAccount: Codable, Sendable {
         public var name: String
         public var uid: Int?

@@ -572,6 +572,20 @@ public final class Store: @unchecked Sendable {
         }
     }
 
+    /// Suspends a person with an admin's reason, or (nil) makes a suspended person active again.
+    public func setSuspension(_ reason: String?, for person: StoredPerson, now: Date) throws(StoreError) {
+        try transaction { db in
+            try updatingPerson(person.id, in: db) {
+                try db.query(
+                    "UPDATE people SET state = ?, suspended_reason = ?, updated_at = ? WHERE id = ?",
+                    [
+                        .text(reason == nil ? PersonState.active.rawValue : PersonState.suspended.rawValue),
+                        reason.map { .text($0) } ?? .null, .real(now.timeIntervalSince1970), .integer(person.id),
+                    ])
+            }
+        }
+    }
+
     /// Binds a person to a Unix uid, or unbinds them (nil). A uid is bound to one person at most.
     public func setUID(_ uid: Int?, for person: StoredPerson, now: Date) throws(StoreError) {
         try transaction { db in
@@ -581,9 +595,11 @@ public final class Store: @unchecked Sendable {
             {
                 throw StoreError(.personExists("uid \(uid)"))
             }
-            try db.query(
-                "UPDATE people SET uid = ?, updated_at = ? WHERE id = ?",
-                [uid.map { .integer(Int64($0)) } ?? .null, .real(now.timeIntervalSince1970), .integer(person.id)])
+            try updatingPerson(person.id, in: db) {
+                try db.query(
+                    "UPDATE people SET uid = ?, updated_at = ? WHERE id = ?",
+                    [uid.map { .integer(Int64($0)) } ?? .null, .real(now.timeIntervalSince1970), .integer(person.id)])
+            }
         }
     }
 

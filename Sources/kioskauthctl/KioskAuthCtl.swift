@@ -267,7 +267,33 @@ func printAuditDelivery(_ delivery: AuditDeliveryStatus) {
 struct User: ParsableCommand {
     static let configuration = CommandConfiguration(
         abstract: "Add, list, show, change, export and remove people.",
-        subcommands: [Add.self, List.self, Show.self, Set.self, Export.self, Remove.self])
+        subcommands: [Add.self, List.self, Show.self, Set.self, Suspend.self, Resume.self, Export.self, Remove.self])
+
+    struct Suspend: ParsableCommand {
+        static let configuration = CommandConfiguration(
+            abstract: "Suspend a person: every authentication is refused and their sessions end; secrets are kept.")
+        @OptionGroup var global: GlobalOptions
+        @Argument(help: "Login name.") var name: String
+        @Option(help: "Why (recorded in the audit trail).") var reason: String?
+
+        func run() throws {
+            try global.call(
+                "SuspendPerson", Message.SuspendPerson(name: name, reason: reason), as: Message.PersonReply.self)
+            if !global.json { print("\(name) is suspended") }
+        }
+    }
+
+    struct Resume: ParsableCommand {
+        static let configuration = CommandConfiguration(
+            abstract: "Make a person an admin suspended active again (identity-provider people sign in online).")
+        @OptionGroup var global: GlobalOptions
+        @Argument(help: "Login name.") var name: String
+
+        func run() throws {
+            try global.call("ResumePerson", Message.Name(name: name), as: Message.PersonReply.self)
+            if !global.json { print("\(name) is active again") }
+        }
+    }
 
     struct Set: ParsableCommand {
         static let configuration = CommandConfiguration(abstract: "Change a person's settings.")
