@@ -90,7 +90,7 @@ let package = Package(
         .executableTarget(
             name: "kioskauthctl",
             dependencies: [
-                "KioskAuthProtocol", "CKioskAuthSystem",
+                "KioskAuthCore", "KioskAuthProtocol", "CKioskAuthSystem",
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
             ],
             swiftSettings: strictSettings),

@@ -57,6 +57,8 @@ public actor Authority {
     var fingerTouchesInFlight = 0
     /// Touches waiting for admission, first come first served.
     var fingerTouchWaiters: [CheckedContinuation<Void, Never>] = []
+    /// Refusals of unprivileged callers awaiting their summary audit entry.
+    let refusals = RefusalSummaries()
     /// The clock, the identity provider and the event hub (see Authority+IdentityProvider.swift).
     let services: OnlineServices
     /// Offline window, refresh schedule, sessions and connectivity; isolated to this actor.
@@ -148,9 +150,52 @@ public actor Authority {
         }
     }
 
+    /// Whether `caller` is root or in the admin or authenticator group: such callers are never
+    /// rate-limited, may use the reserved connections, and have each refusal audited on its own.
+    nonisolated func isPrivileged(_ caller: Caller) -> Bool {
+        groups.isAdmin(caller) || groups.isAuthenticator(caller)
+    }
+
+    /// Counts a refusal of an unprivileged caller towards its uid's summary entry, and schedules
+    /// the summary at the end of the interval when it is the first one.
+    nonisolated func tallyRefusal(_ caller: Caller, action: String, rateLimited: Bool) {
+        guard refusals.add(uid: caller.uid, pid: caller.pid, action: action, rateLimited: rateLimited) else { return }
+        let interval = configuration.access.refusalSummaryInterval
+        Task { [weak self] in
+            try? await Task.sleep(for: .milliseconds(Int64(interval * 1000)))
+            await self?.flushRefusalSummaries()
+        }
+    }
+
+    /// Audits what `tallyRefusal` counted: one `access.refused.summary` entry per uid. Runs at
+    /// the end of each interval and at shutdown.
+    public func flushRefusalSummaries() {
+        let interval = configuration.access.refusalSummaryInterval
+        for (uid, tally) in refusals.take() {
+            let caller = Caller(uid: uid, gid: -1, pid: tally.lastPID, groups: nil, connectionID: 0)
+            appendAudit(
+                caller, action: "access.refused.summary", result: "refused",
+                detail: RefusalSummaries.detail(tally, interval: interval))
+        }
+    }
+
     /// Appends to the audit chain and writes the new head to the journal. A failure to audit is
-    /// logged loudly; it never hides the outcome from the caller.
+    /// logged loudly; it never hides the outcome from the caller. Refusals of unprivileged
+    /// callers are counted into a summary entry per uid and interval instead (see
+    /// `tallyRefusal`).
     func audit(
+        _ caller: Caller?, action: String, result: String, person: String? = nil, method: String? = nil,
+        service: String? = nil, detail: String? = nil
+    ) {
+        if result == "refused", let caller, !isPrivileged(caller) {
+            logger.debug("refused", metadata: ["action": "\(action)", "uid": "\(caller.uid)"])
+            tallyRefusal(caller, action: action, rateLimited: false)
+            return
+        }
+        appendAudit(caller, action: action, result: result, person: person, method: method, service: service, detail: detail)
+    }
+
+    private func appendAudit(
         _ caller: Caller?, action: String, result: String, person: String? = nil, method: String? = nil,
         service: String? = nil, detail: String? = nil
     ) {

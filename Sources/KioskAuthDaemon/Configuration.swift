@@ -11,6 +11,22 @@ public struct DaemonConfiguration: Sendable {
         public var maxConnections = 128
         /// Connections open at once from one uid (root is exempt).
         public var maxConnectionsPerUID = 16
+        /// Of `maxConnections`, how many (at most half) only privileged callers (root, the admin and
+        /// authenticator groups) may use: unprivileged callers together get the rest.
+        public var reservedConnections = DaemonConfiguration.Socket.defaultReservedConnections
+        /// The default of `reservedConnections`.
+        public static let defaultReservedConnections = 32
+        /// Calls per second one unprivileged uid may make, over all its connections (a token
+        /// bucket holding one second's worth); privileged callers are exempt.
+        public var requestsPerSecondPerUID = DaemonConfiguration.Socket.defaultRequestsPerSecondPerUID
+        /// The default of `requestsPerSecondPerUID`.
+        public static let defaultRequestsPerSecondPerUID = 20
+        /// A connection whose replies have not been read (its output stays over the high-water
+        /// mark) for this long, or for the idle timeout if that is shorter, is closed.
+        public var writeTimeout: TimeInterval = 10
+        /// Bytes of replies queued for a client that does not read, beyond what the kernel holds,
+        /// before the connection stops reading further calls.
+        public static let outputHighWaterMark = 64 * 1024
         /// Largest request in bytes.
         public var maxMessageSize = 64 * 1024
         /// A connection with no call in progress is closed after this long.
@@ -35,6 +51,9 @@ public struct DaemonConfiguration: Sendable {
         ]
         /// Lifetime of a self-service ticket.
         public var ticketLifetime: TimeInterval = 120
+        /// Refusals of unprivileged callers (and their rate-limited calls) are audited as one
+        /// summary entry per uid per interval of this length, with a count.
+        public var refusalSummaryInterval: TimeInterval = 60
     }
 
     /// The sealed store.
@@ -214,11 +233,15 @@ public struct DaemonConfiguration: Sendable {
         case ("Socket", "MaxConnectionsPerUID"): socket.maxConnectionsPerUID = try int(value, 1...4096)
         case ("Socket", "MaxMessageSize"): socket.maxMessageSize = try int(value, 1024...(1024 * 1024))
         case ("Socket", "IdleTimeoutSec"): socket.idleTimeout = try seconds(value)
+        case ("Socket", "ReservedConnections"): socket.reservedConnections = try int(value, 0...4095)
+        case ("Socket", "RequestsPerSecondPerUID"): socket.requestsPerSecondPerUID = try int(value, 1...100_000)
+        case ("Socket", "WriteTimeoutSec"): socket.writeTimeout = try seconds(value)
         case ("Access", "AdminGroup"): access.adminGroup = value
         case ("Access", "AuthenticatorGroup"): access.authenticatorGroup = value
         case ("Access", "PasscodeServices"): access.passcodeServices = Set(words(value))
         case ("Access", "SwitchUserServices"): access.switchUserServices = Set(words(value))
         case ("Access", "TicketLifetimeSec"): access.ticketLifetime = try seconds(value)
+        case ("Access", "RefusalSummaryIntervalSec"): access.refusalSummaryInterval = try seconds(value)
         case ("Store", "DevelopmentKeyFile"): store.developmentKeyFile = try bool(value)
         case ("Store", "PasscodeHashMemoryKiB"): store.passcodeHashMemoryKiB = try int(value, 8...(4 * 1024 * 1024))
         case ("Store", "PasscodeHashIterations"): store.passcodeHashIterations = try int(value, 1...100)

@@ -209,12 +209,14 @@ public enum Daemon {
             }
         } catch {
             logger.error("stopped with an error", metadata: ["error": "\(error)"])
+            await authority.flushRefusalSummaries()
             await authority.audit(nil, action: "daemon.stop", result: "failure", detail: "\(error)")
             try? await hashingPool.shutdownGracefully()
             try? await eventLoops.shutdownGracefully()
             throw StartupError(message: "\(error)")
         }
         notifier.notify("STOPPING=1\nSTATUS=Stopped")
+        await authority.flushRefusalSummaries()
         await authority.audit(nil, action: "daemon.stop", result: "success")
         try? await hashingPool.shutdownGracefully()
         try? await eventLoops.shutdownGracefully()

@@ -1,4 +1,5 @@
 import Foundation
+import KioskAuthCore
 import KioskAuthProtocol
 
 /// Where a method's replies go. A `more` call may send several, each but the last with
@@ -164,6 +165,7 @@ public struct Dispatcher: Sendable {
             } else if parameters != nil, parameters != .null {
                 throw APIError.invalidParameter("parameters")
             }
+            if let parameters { try Self.checkText(parameters, path: "") }
             let input: Input
             do { input = try VarlinkCoding.decode(Input.self, from: parameters == .null ? nil : parameters) } catch {
                 throw APIError.invalidParameter(VarlinkCoding.parameterName(of: error))
@@ -172,6 +174,24 @@ public struct Dispatcher: Sendable {
             do { return try VarlinkCoding.encode(output) } catch {
                 throw APIError.own("InternalError", ["reason": .string("reply did not encode")])
             }
+        }
+    }
+
+    /// Refuses control and bidirectional-override characters in every string of a call's
+    /// parameters (names, display names, services, terminals, hosts, tickets ...) before the
+    /// method sees any of them: such a string is never stored, audited or logged. The error names
+    /// the field by its path, e.g. `context.service`.
+    static func checkText(_ value: JSONValue, path: String) throws(APIError) {
+        switch value {
+        case .string(let text):
+            do { try SafeText.check(text, field: path) } catch { throw APIError.invalidInput(error.field, error.message) }
+        case .array(let items):
+            for item in items { try checkText(item, path: path) }
+        case .object(let members):
+            for (key, member) in members {
+                try checkText(member, path: path.isEmpty ? SafeText.escaped(key) : path + "." + SafeText.escaped(key))
+            }
+        case .null, .bool, .number: break
         }
     }
 

@@ -531,8 +531,15 @@ error MessageTooLarge (limit: int)
 # The request was not a valid varlink message; the connection is closed.
 error MalformedMessage (reason: string)
 
-# Too many connections, in total or from the caller's uid; the connection is closed.
+# Too many connections, in total, from unprivileged callers together (some are reserved for
+# root and the admin and authenticator groups) or from the caller's uid; the connection is
+# closed.
 error TooManyConnections (limit: int)
+
+# The caller's uid made more than `limit` calls per second (root and the admin and
+# authenticator groups are exempt); the call was not run. Retry after `retryAfter` seconds. The
+# connection stays open.
+error RateLimited (limit: int, retryAfter: float)
 
 # The connection sent nothing for too long; it is closed.
 error IdleTimeout (seconds: int)

@@ -1,5 +1,6 @@
 import ArgumentParser
 import Foundation
+import KioskAuthCore
 import KioskAuthProtocol
 
 #if canImport(Glibc)
@@ -38,8 +39,35 @@ func printJSON(_ value: some Encodable) {
     let encoder = JSONEncoder()
     encoder.outputFormatting = [.prettyPrinted, .sortedKeys, .withoutEscapingSlashes]
     if let data = try? encoder.encode(value) {
-        print(String(decoding: data, as: UTF8.self))
+        // The encoder escapes C0 controls; C1 controls and bidirectional overrides it leaves raw,
+        // so they become JSON escapes here: the same JSON, nothing a terminal acts on.
+        var text = ""
+        for scalar in String(decoding: data, as: UTF8.self).unicodeScalars {
+            if scalar.value >= 0x7F, SafeText.isForbidden(scalar) {
+                text += String(format: "\\u%04x", scalar.value)
+            } else {
+                text.unicodeScalars.append(scalar)
+            }
+        }
+        Swift.print(text)
     }
+}
+
+/// Stored text (names, display names, services, audit details) as it is safe to show on a
+/// terminal: control and bidirectional-override characters escaped (`\x1B`, `\u{202E}`).
+func safe(_ text: String) -> String { SafeText.escaped(text) }
+func safe(_ text: String?) -> String? { text.map(SafeText.escaped) }
+
+/// Every line this tool prints goes through here: whatever a stored string holds, no control or
+/// bidirectional-override character reaches the terminal raw (tabs and line ends the tool
+/// writes itself are kept; the fields that could hold them are escaped with `safe` first).
+func print(_ items: Any..., separator: String = " ", terminator: String = "\n") {
+    let text = items.map { "\($0)" }.joined(separator: separator)
+    let lines = text.split(separator: "\n", omittingEmptySubsequences: false).map { line in
+        line.split(separator: "\t", omittingEmptySubsequences: false).map { SafeText.escaped(String($0)) }
+            .joined(separator: "\t")
+    }
+    Swift.print(lines.joined(separator: "\n"), terminator: terminator)
 }
 
 /// Reads one secret line: without echo from a terminal, else a plain line from stdin.
@@ -84,7 +112,7 @@ struct KioskAuthCtl: ParsableCommand {
             var command = try parseAsRoot(globalOptionsLast(Array(CommandLine.arguments.dropFirst())))
             try command.run()
         } catch let error as VarlinkClientError {
-            FileHandle.standardError.write(Data("kioskauthctl: \(describe(error))\n".utf8))
+            FileHandle.standardError.write(Data("kioskauthctl: \(safe(describe(error)))\n".utf8))
             Foundation.exit(1)
         } catch {
             let code = exitCode(for: error)
@@ -158,6 +186,10 @@ struct KioskAuthCtl: ParsableCommand {
         case "TicketInvalid": return "authenticate first: the ticket is missing, expired or from another connection"
         case "StoreIntegrity": return "store integrity failure: \(string("reason") ?? "")"
         case "TooManyConnections": return "kioskauthd is refusing connections: too many open"
+        case "RateLimited":
+            let retry: String
+            if case .number(let seconds)? = p?["retryAfter"] { retry = String(format: "%.1f", seconds) } else { retry = "1" }
+            return "too many calls from this user (at most \(number("limit") ?? 0) a second); try again in \(retry) s"
         case "ActivationCodeWrong", "ActivationCodeExpired", "ActivationCodeUsed", "ActivationCodeRevoked",
             "ActivationPaused":
             return string("message") ?? error.description
@@ -370,8 +402,10 @@ struct User: ParsableCommand {
             let rows = [["NAME", "DISPLAY NAME", "ROLES", "ORIGIN", "STATE", "UID", "PASSCODE", "FINGERS"]]
                 + reply.people.map { p in
                     [
-                        p.name, p.displayName, p.roles.joined(separator: ","), p.origin, p.state, p.uid.map(String.init) ?? "-",
-                        p.passcodeHardLocked ? "locked" : (p.hasPasscode ? "set" : "-"), p.fingers.isEmpty ? "-" : p.fingers.joined(separator: ","),
+                        safe(p.name), safe(p.displayName), safe(p.roles.joined(separator: ",")), safe(p.origin), safe(p.state),
+                        p.uid.map(String.init) ?? "-",
+                                p.passcodeHardLocked ? "locked" : (p.hasPasscode ? "set" : "-"),
+                        p.fingers.isEmpty ? "-" : safe(p.fingers.joined(separator: ",")),
                     ]
                 }
             let widths = (0..<rows[0].count).map { column in rows.map { $0[column].count }.max() ?? 0 }
@@ -499,13 +533,13 @@ struct Audit: ParsableCommand {
             let reply = try global.call("GetAudit", Message.GetAudit(after: after, limit: limit), as: Message.AuditEvents.self)
             guard !global.json else { return }
             for e in reply.events {
-                var line = "\(e.sequence)\t\(e.time)\t\(e.action)\t\(e.result)"
-                if let person = e.person { line += "\tperson=\(person)" }
-                if let method = e.method { line += "\tmethod=\(method)" }
+                var line = "\(e.sequence)\t\(safe(e.time))\t\(safe(e.action))\t\(safe(e.result))"
+                if let person = e.person { line += "\tperson=\(safe(person))" }
+                if let method = e.method { line += "\tmethod=\(safe(method))" }
                 if let uid = e.callerUid { line += "\tuid=\(uid)" }
                 if let pid = e.callerPid { line += "\tpid=\(pid)" }
-                if let service = e.service { line += "\tservice=\(service)" }
-                if let detail = e.detail { line += "\t\(detail)" }
+                if let service = e.service { line += "\tservice=\(safe(service))" }
+                if let detail = e.detail { line += "\t\(safe(detail))" }
                 print(line)
             }
         }
