@@ -233,11 +233,11 @@ def test_walk_up_with_an_unknown_finger_leaves_pam_user_unset_then_asks_the_name
     [result] = c.results()
     assert result["rc"] == PAM_MAXTRIES and result["user"] is None
 
-    # auto: the name is asked for, then that person's finger is verified.
-    pam.kioskauth("kioskauth", d.socket, "max_tries=1")
+    # auto, no finger in time: the name is asked for, then that person's finger is verified.
+    # (After unknown fingers the passcode follows the name: tests/test_pam_conversation.py.)
+    pam.kioskauth("kioskauth", d.socket, "timeout=2")
     c = Client(pam, "kioskauth", None, "authenticate")
     c.expect(TOUCH)
-    scan(sensor, "stranger")
     c.expect('"Name: "')
     c.send("Sarah")  # the daemon's names are lowercase; so is PAM_USER
     c.expect(TOUCH)
@@ -550,7 +550,7 @@ def test_a_signal_ends_the_wait_and_frees_the_reader(make_daemon, pam):
     # not the module's behaviour): the reported result is what counts.
     assert c.wait(60) in (0, -signal.SIGINT)
     [result] = [e for e in c.events() if e["event"] == "result"]
-    assert result["rc"] == PAM_AUTH_ERR and result["seconds"] < 5
+    assert result["rc"] == PAM_AUTHINFO_UNAVAIL and result["seconds"] < 5
     time.sleep(0.5)
     started = time.monotonic()
     c = Client(pam, "kioskauth", "sarah", "authenticate")

@@ -38,6 +38,9 @@ NOT_ADMITTED = "Your account may not sign in on this terminal."
 UNKNOWN_ROLE = "Your account has no role this terminal knows. Ask your coordinator."
 WINDOW_ENDED = "Sign in online: this terminal has been offline for too long."
 NOT_HERE = "Online sign-in is not possible here."
+UNREACHABLE_ONLINE_ONLY = ("Your organisation's sign-in cannot be reached, and you must sign in online before your "
+                           "finger or passcode works again. Try again when this terminal is back online, or ask your "
+                           "coordinator.")
 
 
 def password_prompt(email):
@@ -375,6 +378,29 @@ def test_an_ended_offline_window_asks_for_an_online_login_and_reopens_it(make_da
     c.expect(TOUCH)
     scan(sensor, "sarah-finger")
     assert [r["rc"] for r in c.results()] == [PAM_SUCCESS]
+
+
+def test_an_ended_offline_window_with_the_provider_down_says_what_will_work(make_daemon, idp, pam):
+    """Her finger and passcode are refused until she signs in online, and the provider cannot be
+    reached: she is not told to use her finger or passcode."""
+    d, sensor, clock = start(make_daemon, idp, extra="OfflineWindowSec=3600\n")
+    name = existing(d, sensor, finger="sarah-finger")
+    pam.kioskauth("kioskauth", d.socket)
+    idp.kill()
+    try:
+        clock.advance(2 * 3600)
+        c = Client(pam, "kioskauth", None, "authenticate")
+        c.expect(TOUCH)
+        scan(sensor, "sarah-finger")
+        c.expect_message(password_prompt(SARAH[0]))
+        c.send(SARAH[1])
+        [result] = c.results()
+    finally:
+        idp.start()
+    assert (result["rc"], result["user"]) == (PAM_AUTHINFO_UNAVAIL, None)
+    assert c.messages() == [("info", TOUCH), ("error", WINDOW_ENDED), ("prompt_echo_off", password_prompt(SARAH[0])),
+                            ("error", UNREACHABLE_ONLINE_ONLY)]
+    assert name
 
 
 def test_no_online_login_over_a_remote_session(make_daemon, idp, pam):
