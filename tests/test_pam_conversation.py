@@ -22,6 +22,7 @@ FPRINTD = "fprintd-pam-test"  # the service name upstream's tests use
 TIMED_OUT = "Fingerprint timed out: no finger was placed on the reader."
 USE_PASSCODE = "Too many tries with the finger: use your passcode."
 USE_NAME = "Too many tries with the finger: use your name and passcode."
+WAIT = "Waiting for the fingerprint reader: another login is using it. Do not touch it yet."
 
 
 def toto(make_daemon, pam, kind="virtual_device", config="", options=""):
@@ -120,6 +121,30 @@ def test_pam_fprintd_failed_auth(make_daemon, pam):
         scan(sensor, "someone-else")
     assert [r["rc"] for r in c.results()] == [PAM_MAXTRIES]
     assert c.messages() == [("info", TOUCH), ("error", NOT_RECOGNISED)] * 3 + [("error", USE_PASSCODE)]
+
+
+def test_pam_already_claimed(make_daemon, pam):
+    """A second conversation while the first holds the reader: pam_fprintd returns
+    PAM_AUTHINFO_UNAVAIL at once. Here the second waits its turn (timeout= bounds the wait), says
+    that it waits, and asks for toto's touch only once its scan owns the reader, so no touch is
+    charged to someone whose prompt was not shown."""
+    d, sensor = toto(make_daemon, pam)
+    add_person(d, "omar")
+    enroll(d, sensor, "omar", "omar-finger")
+    a = Client(pam, FPRINTD, "omar", "authenticate")
+    a.expect(TOUCH)
+    b = Client(pam, FPRINTD, "toto", "authenticate")
+    b.expect_message(WAIT)
+    time.sleep(0.5)
+    assert b.messages() == [("info", WAIT)]  # no touch prompt while omar's scan holds the reader
+    scan(sensor, "omar-finger")
+    assert [(r["rc"], r["user"]) for r in a.results()] == [(PAM_SUCCESS, "omar")]
+    b.expect(TOUCH)
+    scan(sensor, "toto-finger")
+    assert [(r["rc"], r["user"]) for r in b.results()] == [(PAM_SUCCESS, "toto")]
+    assert b.messages() == [("info", WAIT), ("info", TOUCH)]
+    assert a.messages() == [("info", TOUCH)]
+    assert [(e["person"], e["result"]) for e in audit(d, "finger.verify")] == [("omar", "success"), ("toto", "success")]
 
 
 def test_pam_timeout(make_daemon, pam):

@@ -10,6 +10,23 @@ extension Authority {
     /// The one-line prompt shown while a scan waits for a finger.
     static let touchPrompt = "Touch the fingerprint reader"
 
+    /// The one-line notice shown while a scan waits for another login to finish with the reader.
+    static let waitPrompt = "Waiting for the fingerprint reader: another login is using it. Do not touch it yet."
+
+    /// Streams where a verify or identify stands: "wait" while another operation holds the
+    /// reader, then "touch" once the touch will be this scan's own (never before: a touch made
+    /// while another scan holds the reader is that scan's).
+    static func scanPhases(_ sink: ReplySink) -> @Sendable (ScanPhase) async -> Void {
+        { phase in
+            switch phase {
+            case .waitingForReader:
+                try? await sink.progress(Message.ScanReply(progress: ScanProgress(state: "wait", hint: waitPrompt)))
+            case .readyForTouch:
+                try? await sink.progress(Message.ScanReply(progress: ScanProgress(state: "touch", hint: touchPrompt)))
+            }
+        }
+    }
+
     /// Every reader failure as exactly one named API error.
     static func apiError(_ error: any Error, scanTimeout: TimeInterval) -> APIError {
         if error is CancellationError { return APIError.own("ScanCancelled") }
@@ -245,18 +262,18 @@ extension Authority {
         guard !fingers.isEmpty else { throw APIError.own("NoFingers", ["name": .string(name.rawValue)]) }
         let reader = try requireReader()
         let scanStarted = services.clock.reading()
-        try? await sink.progress(Message.ScanReply(progress: ScanProgress(state: "touch", hint: Self.touchPrompt)))
+        let phases = Self.scanPhases(sink)
         let matched: Bool
         do {
             if fingers.count == 1 {
-                matched = try await reader.verify(template: fingers[0].template)
+                matched = try await reader.verify(template: fingers[0].template, phase: phases)
             } else if await reader.readers.first?.canIdentify == true {
                 // Several fingers: one touch, matched against all of this person's prints.
                 let result = try await reader.identify(
-                    gallery: fingers.map { GalleryEntry(id: $0.finger, template: $0.template) })
+                    gallery: fingers.map { GalleryEntry(id: $0.finger, template: $0.template) }, phase: phases)
                 matched = result != .noMatch
             } else {
-                matched = try await reader.verify(template: fingers[0].template)
+                matched = try await reader.verify(template: fingers[0].template, phase: phases)
             }
         } catch {
             let apiError = Self.apiError(error, scanTimeout: configuration.fingerprint.scanTimeout)
@@ -324,12 +341,11 @@ extension Authority {
             throw APIError.own("NotIdentified", ["unknownInARow": .number(0), "askForName": .bool(false)])
         }
         let scanStarted = services.clock.reading()
-        try? await sink.progress(Message.ScanReply(progress: ScanProgress(state: "touch", hint: Self.touchPrompt)))
         let result: MatchResult
         do {
             result = try await reader.identify(
                 gallery: roster.fingers.map { GalleryEntry(id: "\($0.personID)", template: $0.template) },
-                layout: configuration.fingerprint.identifyLayout)
+                layout: configuration.fingerprint.identifyLayout, phase: Self.scanPhases(sink))
         } catch {
             let apiError = Self.apiError(error, scanTimeout: configuration.fingerprint.scanTimeout)
             audit(
