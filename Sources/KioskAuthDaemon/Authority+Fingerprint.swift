@@ -358,7 +358,7 @@ extension Authority {
             let person = try withStore(
                 caller, action: "finger.identify",
                 { () throws(StoreError) in try store.person(named: match.personName) }),
-            person.id == match.personID, person.state == .active
+            person.id == match.personID
         else {
             // Counted before recording: the throttle restarts its count when it pauses.
             let unknownInARow = throttleState.unknownInARow + 1
@@ -372,9 +372,23 @@ extension Authority {
                 "NotIdentified",
                 ["unknownInARow": .number(Double(unknownInARow)), "askForName": .bool(roster.isTruncated)])
         }
+        // Recognised: not an unknown finger, whatever follows. Someone whose local unlock is
+        // suspended, or whose offline window has ended, is told to sign in online; someone not
+        // active otherwise is told so (PersonNotActive), never "not recognised".
         throttle.record(identified: true, in: &throttleState, now: scanned)
         try? store.setTerminalValue(throttleState, forKey: Self.identifyThrottleKey)
         try checkOfflineUnlock(caller, person, action: "finger.identify", method: "fingerprint", service: service)
+        guard person.state == .active else {
+            audit(
+                caller, action: "finger.identify", result: "refused", person: person.name.rawValue,
+                method: "fingerprint", service: service, detail: "state \(person.state.rawValue)")
+            throw APIError.own(
+                "PersonNotActive",
+                [
+                    "name": .string(person.name.rawValue),
+                    "state": .string(person.state.rawValue.replacingOccurrences(of: "-", with: "_")),
+                ])
+        }
         var failures = person.failures
         credentialGuard.recordFingerprint(matched: true, in: &failures)
         let updated = try recordAuthentication(
