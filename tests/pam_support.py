@@ -446,8 +446,10 @@ def client_main(argv: list[str]) -> int:
         key, value = item.split("=", 1)
         pam.pam_set_item(handle, ITEMS[key], value.encode())
 
-    # A signal must interrupt the module's wait, not kill this process or raise in Python.
-    signal.signal(signal.SIGINT, lambda *_: _emit({"event": "signal", "signal": "SIGINT"}))
+    # A signal must interrupt the module's wait, not kill this process or raise in Python. The
+    # handler writes with os.write: one landing while _emit writes a result would otherwise make
+    # a reentrant call into sys.stdout, which raises and loses the result.
+    signal.signal(signal.SIGINT, lambda *_: os.write(1, b'{"event": "signal", "signal": "SIGINT"}\n'))
 
     pam.pam_get_item.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.POINTER(ctypes.c_char_p)]
     pam.pam_getenv.argtypes = [ctypes.c_void_p, ctypes.c_char_p]

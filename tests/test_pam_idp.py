@@ -9,6 +9,7 @@ virtual readers. Each test starts its own daemon; the tests run as root.
 """
 
 import signal
+import sqlite3
 import tempfile
 import time
 from pathlib import Path
@@ -38,6 +39,10 @@ NOT_ADMITTED = "Your account may not sign in on this terminal."
 UNKNOWN_ROLE = "Your account has no role this terminal knows. Ask your coordinator."
 WINDOW_ENDED = "Sign in online: this terminal has been offline for too long."
 NOT_HERE = "Online sign-in is not possible here."
+UNREACHABLE_ONLINE_ONLY = ("Your organisation's sign-in cannot be reached, and you must sign in online before your "
+                           "finger or passcode works again. Try again when this terminal is back online, or ask your "
+                           "coordinator.")
+RENEW = "Sign in online: your organisation's sign-in must be renewed."
 
 
 def password_prompt(email):
@@ -375,6 +380,56 @@ def test_an_ended_offline_window_asks_for_an_online_login_and_reopens_it(make_da
     c.expect(TOUCH)
     scan(sensor, "sarah-finger")
     assert [r["rc"] for r in c.results()] == [PAM_SUCCESS]
+
+
+def test_an_ended_offline_window_with_the_provider_down_says_what_will_work(make_daemon, idp, pam):
+    """Her finger and passcode are refused until she signs in online, and the provider cannot be
+    reached: she is not told to use her finger or passcode."""
+    d, sensor, clock = start(make_daemon, idp, extra="OfflineWindowSec=3600\n")
+    name = existing(d, sensor, finger="sarah-finger")
+    pam.kioskauth("kioskauth", d.socket)
+    idp.kill()
+    try:
+        clock.advance(2 * 3600)
+        c = Client(pam, "kioskauth", None, "authenticate")
+        c.expect(TOUCH)
+        scan(sensor, "sarah-finger")
+        c.expect_message(password_prompt(SARAH[0]))
+        c.send(SARAH[1])
+        [result] = c.results()
+    finally:
+        idp.start()
+    assert (result["rc"], result["user"]) == (PAM_AUTHINFO_UNAVAIL, None)
+    assert c.messages() == [("info", TOUCH), ("error", WINDOW_ENDED), ("prompt_echo_off", password_prompt(SARAH[0])),
+                            ("error", UNREACHABLE_ONLINE_ONLY)]
+    assert name
+
+
+def test_a_recognised_person_whose_local_unlock_is_suspended_signs_in_online(make_daemon, idp, pam):
+    """Walk-up recognises her although her local unlock is suspended (her refresh token was
+    rejected): she is asked to sign in online, not told her finger is unknown, and the touch does
+    not count towards the terminal's identify pause."""
+    d, sensor, _ = start(make_daemon, idp, extra="\n[Fingerprint]\nIdentifyPauseAfter=1\nIdentifyPauseSec=600\n")
+    name = existing(d, sensor, finger="sarah-finger")
+    with sqlite3.connect(d.state / "kioskauth.sqlite") as db:
+        db.execute("UPDATE people SET state = 'suspended', suspended_reason = 'refresh-token-rejected' WHERE name = ?",
+                   (name,))
+    pam.kioskauth("kioskauth", d.socket)
+    c = Client(pam, "kioskauth", None, "authenticate")
+    c.expect(TOUCH)
+    scan(sensor, "sarah-finger")
+    c.expect_message(password_prompt(SARAH[0]))
+    c.send(SARAH[1])
+    assert [(r["rc"], r["user"]) for r in c.results()] == [(PAM_SUCCESS, name)]
+    assert c.messages() == [("info", TOUCH), ("error", RENEW), ("prompt_echo_off", password_prompt(SARAH[0])),
+                            ("info", "Welcome back, Sarah")]
+    [event] = audit(d, "finger.identify")
+    assert event["result"] == "refused" and event["person"] == name
+    # Identify is not paused: the next walk-up asks for a finger.
+    c = Client(pam, "kioskauth", None, "authenticate")
+    c.expect(TOUCH)
+    scan(sensor, "sarah-finger")
+    assert [(r["rc"], r["user"]) for r in c.results()] == [(PAM_SUCCESS, name)]
 
 
 def test_no_online_login_over_a_remote_session(make_daemon, idp, pam):

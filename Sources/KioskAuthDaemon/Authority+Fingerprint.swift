@@ -10,6 +10,23 @@ extension Authority {
     /// The one-line prompt shown while a scan waits for a finger.
     static let touchPrompt = "Touch the fingerprint reader"
 
+    /// The one-line notice shown while a scan waits for another login to finish with the reader.
+    static let waitPrompt = "Waiting for the fingerprint reader: another login is using it. Do not touch it yet."
+
+    /// Streams where a verify or identify stands: "wait" while another operation holds the
+    /// reader, then "touch" once the touch will be this scan's own (never before: a touch made
+    /// while another scan holds the reader is that scan's).
+    static func scanPhases(_ sink: ReplySink) -> @Sendable (ScanPhase) async -> Void {
+        { phase in
+            switch phase {
+            case .waitingForReader:
+                try? await sink.progress(Message.ScanReply(progress: ScanProgress(state: "wait", hint: waitPrompt)))
+            case .readyForTouch:
+                try? await sink.progress(Message.ScanReply(progress: ScanProgress(state: "touch", hint: touchPrompt)))
+            }
+        }
+    }
+
     /// Every reader failure as exactly one named API error.
     static func apiError(_ error: any Error, scanTimeout: TimeInterval) -> APIError {
         if error is CancellationError { return APIError.own("ScanCancelled") }
@@ -255,17 +272,18 @@ extension Authority {
         try await admitFingerTouch(caller, action: "finger.verify", person: name.rawValue, service: service, sink: sink)
         fingerFailures[caller.connectionID, default: [:]][person.id, default: 0] += 1
         let scanStarted = services.clock.reading()
+        let phases = Self.scanPhases(sink)
         let matched: Bool
         do {
             if fingers.count == 1 {
-                matched = try await reader.verify(template: fingers[0].template)
+                matched = try await reader.verify(template: fingers[0].template, phase: phases)
             } else if await reader.readers.first?.canIdentify == true {
                 // Several fingers: one touch, matched against all of this person's prints.
                 let result = try await reader.identify(
-                    gallery: fingers.map { GalleryEntry(id: $0.finger, template: $0.template) })
+                    gallery: fingers.map { GalleryEntry(id: $0.finger, template: $0.template) }, phase: phases)
                 matched = result != .noMatch
             } else {
-                matched = try await reader.verify(template: fingers[0].template)
+                matched = try await reader.verify(template: fingers[0].template, phase: phases)
             }
         } catch {
             recordFingerTouch(nil)
@@ -427,7 +445,7 @@ extension Authority {
         do {
             result = try await reader.identify(
                 gallery: roster.fingers.map { GalleryEntry(id: "\($0.personID)", template: $0.template) },
-                layout: configuration.fingerprint.identifyLayout)
+                layout: configuration.fingerprint.identifyLayout, phase: Self.scanPhases(sink))
         } catch {
             recordFingerTouch(nil)
             let apiError = Self.apiError(error, scanTimeout: configuration.fingerprint.scanTimeout)
@@ -440,7 +458,7 @@ extension Authority {
             let person = try withStore(
                 caller, action: "finger.identify",
                 { () throws(StoreError) in try store.person(named: match.personName) }),
-            person.id == match.personID, person.state == .active
+            person.id == match.personID
         else {
             let unknownInARow = recordFingerTouch(false)
             audit(
@@ -451,12 +469,26 @@ extension Authority {
                 "NotIdentified",
                 ["unknownInARow": .number(Double(unknownInARow)), "askForName": .bool(roster.isTruncated)])
         }
+        // Recognised: not an unknown finger, whatever follows. Someone whose local unlock is
+        // suspended, or whose offline window has ended, is told to sign in online; someone not
+        // active otherwise is told so (PersonNotActive), never "not recognised".
         recordFingerTouch(true)
         // A walk-up identification clears whatever finger state exists.
         fingerFailures[caller.connectionID]?[person.id] = nil
+        try checkOfflineUnlock(caller, person, action: "finger.identify", method: "fingerprint", service: service)
+        guard person.state == .active else {
+            audit(
+                caller, action: "finger.identify", result: "refused", person: person.name.rawValue,
+                method: "fingerprint", service: service, detail: "state \(person.state.rawValue)")
+            throw APIError.own(
+                "PersonNotActive",
+                [
+                    "name": .string(person.name.rawValue),
+                    "state": .string(person.state.rawValue.replacingOccurrences(of: "-", with: "_")),
+                ])
+        }
         try requireAccountAllowed(
             caller, person, context: input.context, action: "finger.identify", method: "fingerprint")
-        try checkOfflineUnlock(caller, person, action: "finger.identify", method: "fingerprint", service: service)
         var failures = person.failures
         failures.fingerprintFailures = 0
         let updated = try recordAuthentication(

@@ -13,6 +13,8 @@ import Synchronization
 /// **One operation at a time.** Operations are serialised: a caller that arrives while another
 /// operation runs *waits* its turn (first come, first served) rather than failing with `.busy`;
 /// its own cancellation applies while it waits. The wait is not part of the scan timeout.
+/// verify and identify report where they stand (`ScanPhase`): waiting for the reader, then
+/// owning it, so that a caller asks for a finger only when the touch will be its own.
 ///
 /// **Answers at the match report.** verify and identify return as soon as libfprint reports
 /// the match; image sensors finish the operation only once the finger is lifted, and the next
@@ -156,8 +158,12 @@ public final class FingerprintReader: Sendable {
     }
 
     /// Scans once and compares the touch with `template` (1:1). Returns whether it matched.
-    public func verify(template: [UInt8]) async throws -> Bool {
-        try await runOperation { engine, control, completion in
+    /// `phase` hears `.waitingForReader` (only when another operation holds the reader) and then
+    /// `.readyForTouch`, before the scan starts.
+    public func verify(
+        template: [UInt8], phase: (@Sendable (ScanPhase) async -> Void)? = nil
+    ) async throws -> Bool {
+        try await runOperation(phase: phase) { engine, control, completion in
             engine.verify(template: template, control: control, completion: completion)
         }
     }
@@ -166,9 +172,12 @@ public final class FingerprintReader: Sendable {
     /// orders by recency and caps the size) and laid out by `layout`; the first entry above the
     /// match threshold wins. Entries whose template cannot be used on this reader are skipped (and
     /// logged by id). Decoded templates are kept for the next identify with the same layout.
-    /// Throws `.notSupported` on readers that cannot identify.
-    public func identify(gallery: [GalleryEntry], layout: IdentifyLayout = .full) async throws -> MatchResult {
-        try await runOperation { engine, control, completion in
+    /// Throws `.notSupported` on readers that cannot identify. `phase` as for ``verify(template:phase:)``.
+    public func identify(
+        gallery: [GalleryEntry], layout: IdentifyLayout = .full,
+        phase: (@Sendable (ScanPhase) async -> Void)? = nil
+    ) async throws -> MatchResult {
+        try await runOperation(phase: phase) { engine, control, completion in
             engine.identify(gallery: gallery, layout: layout, control: control, completion: completion)
         }
     }
@@ -201,12 +210,18 @@ public final class FingerprintReader: Sendable {
 
     /// Runs one operation on the loop thread, serialised, cancellable from the awaiting task.
     private func runOperation<Value: Sendable>(
+        phase: (@Sendable (ScanPhase) async -> Void)? = nil,
         _ start: @escaping @Sendable (Engine, ScanControl, @escaping Engine.Completion<Value>) -> Void
     ) async throws -> Value {
         try ensureReaderPresent()
-        try await gate.acquire(closedError: FingerprintError(.noReader, "the reader service is not running"))
+        let notRunning = FingerprintError(.noReader, "the reader service is not running")
+        if try !gate.tryAcquire(closedError: notRunning) {
+            await phase?(.waitingForReader)
+            try await gate.acquire(closedError: notRunning)
+        }
         defer { gate.release() }
         try ensureReaderPresent()
+        await phase?(.readyForTouch)
         let control = ScanControl()
         return try await withTaskCancellationHandler {
             try await withCheckedThrowingContinuation { (continuation: CheckedContinuation<Value, any Error>) in

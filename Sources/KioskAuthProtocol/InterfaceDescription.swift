@@ -89,8 +89,10 @@ type Reader (
 
 # Progress of a scan, streamed to callers that set "more".
 type ScanProgress (
-  # "touch" (waiting for a finger), "stage" (an enrolment touch was taken), "retry" (the
-  # touch was not usable: see hint), "duplicate-check" (an identify touch before enrolment).
+  # "wait" (VerifyFinger, Identify: another login holds the reader; this scan is queued and
+  # must not ask for a touch yet), "touch" (waiting for a finger; sent only once the scan owns
+  # the reader), "stage" (an enrolment touch was taken), "retry" (the touch was not usable: see
+  # hint), "duplicate-check" (an identify touch before enrolment).
   state: string,
   # Enrolment stage reached, from 0.
   stage: ?int,
@@ -357,14 +359,15 @@ method RemoveFinger(
 ) -> (removed: []string)
 
 # Scan once and match a named person (1:1). Callers in the kioskauth group (or root) may
-# verify anyone; others only themselves. With "more", streams a "touch" prompt first.
+# verify anyone; others only themselves. With "more", streams a "touch" prompt once the scan owns
+# the reader (a "wait" notice first when another login holds it).
 method VerifyFinger(
   # Login name.
   name: string,
   # What the PAM module knows about the login being served.
   context: ?CallerContext
 ) -> (
-  # A "touch" prompt, when this is not the final reply.
+  # A "wait" or "touch" prompt, when this is not the final reply.
   progress: ?ScanProgress,
   # The person matched, on the final reply.
   person: ?Person,
@@ -380,7 +383,7 @@ method Identify(
   # What the PAM module knows about the login being served.
   context: ?CallerContext
 ) -> (
-  # A "touch" prompt, when this is not the final reply.
+  # A "wait" or "touch" prompt, when this is not the final reply.
   progress: ?ScanProgress,
   # The person recognised, on the final reply.
   person: ?Person,
