@@ -63,8 +63,8 @@ public struct APIError: Error, CustomStringConvertible, Sendable {
         switch error.code {
         case .noSuchPerson: own("NoSuchPerson", ["name": .string("")])
         case .personExists: own("PersonExists", ["name": .string("")])
-        case .integrity, .wrongKey: own("StoreIntegrity", ["reason": .string(error.message)])
-        case .keyUnavailable, .futureSchema, .database:
+        case .integrity, .wrongKey, .rollback: own("StoreIntegrity", ["reason": .string(error.message)])
+        case .keyUnavailable, .futureSchema, .database, .readOnly:
             own("InternalError", ["reason": .string("the store failed; see the journal")])
         }
     }

@@ -64,7 +64,7 @@ extension Authority {
         detail: String
     ) -> APIError {
         limiter.recordFailure(now: steadyNow())
-        try? store.setTerminalValue(limiter, forKey: Self.activationLimiterKey)
+        saveTerminalValue(limiter, forKey: Self.activationLimiterKey, action: "activation.check", caller: caller)
         audit(
             caller, action: "activation.check", result: "failure", person: person, method: "activation-code",
             service: service, detail: detail)
@@ -101,7 +101,8 @@ extension Authority {
         }
         let started = now()
         var limiter =
-            ((try? store.terminalValue(ActivationRateLimiter.self, forKey: Self.activationLimiterKey)) ?? nil)
+            try terminalValue(
+                ActivationRateLimiter.self, forKey: Self.activationLimiterKey, caller: caller, action: "activation.check")
             ?? ActivationRateLimiter(
                 maxFailures: configuration.activation.terminalMaxFailures,
                 window: configuration.activation.terminalWindow)

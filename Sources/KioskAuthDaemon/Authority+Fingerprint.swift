@@ -330,10 +330,11 @@ extension Authority {
             pause: configuration.fingerprint.identifyPause)
     }
 
-    func loadFingerThrottleState() -> IdentifyThrottleState {
+    func loadFingerThrottleState(_ caller: Caller? = nil) throws(APIError) -> IdentifyThrottleState {
         if let state = fingerThrottleState { return state }
         let state =
-            ((try? store.terminalValue(IdentifyThrottleState.self, forKey: Self.identifyThrottleKey)) ?? nil)
+            try terminalValue(
+                IdentifyThrottleState.self, forKey: Self.identifyThrottleKey, caller: caller, action: "finger.throttle")
             ?? IdentifyThrottleState()
         fingerThrottleState = state
         return state
@@ -341,7 +342,7 @@ extension Authority {
 
     func saveFingerThrottleState(_ state: IdentifyThrottleState) {
         fingerThrottleState = state
-        try? store.setTerminalValue(state, forKey: Self.identifyThrottleKey)
+        saveTerminalValue(state, forKey: Self.identifyThrottleKey, action: "finger.throttle")
     }
 
     /// Admits one touch against the terminal-wide throttle, or refuses it while fingerprint
@@ -356,7 +357,7 @@ extension Authority {
         var prompted = false
         let touch = Message.ScanReply(progress: ScanProgress(state: "touch", hint: Self.touchPrompt))
         while true {
-            let state = loadFingerThrottleState()
+            let state = try loadFingerThrottleState(caller)
             let at = steadyNow()
             switch fingerThrottle.admission(state, inFlight: fingerTouchesInFlight, now: at) {
             case .admit:
@@ -382,7 +383,7 @@ extension Authority {
                 }
                 // Re-checked after the prompt went out: a touch may have been recorded meanwhile.
                 let recheck = fingerThrottle.admission(
-                    loadFingerThrottleState(), inFlight: fingerTouchesInFlight, now: steadyNow())
+                    try loadFingerThrottleState(caller), inFlight: fingerTouchesInFlight, now: steadyNow())
                 guard case .wait = recheck else { continue }
                 await withCheckedContinuation { continuation in
                     // One that waited already keeps its place at the front.
@@ -402,7 +403,11 @@ extension Authority {
     @discardableResult
     func recordFingerTouch(_ outcome: Bool?) -> Int {
         fingerTouchesInFlight = max(0, fingerTouchesInFlight - 1)
-        var state = loadFingerThrottleState()
+        // Loaded when the touch was admitted; cached since.
+        guard var state = try? loadFingerThrottleState() else {
+            if !fingerTouchWaiters.isEmpty { fingerTouchWaiters.removeFirst().resume() }
+            return 0
+        }
         var position = state.unknownInARow
         if let outcome {
             position = outcome ? 0 : state.unknownInARow + 1
@@ -437,6 +442,9 @@ extension Authority {
             try store.roster(cap: configuration.fingerprint.identifyRosterCap)
         }
         guard !roster.fingers.isEmpty else {
+            // Nothing to match against, but with no reader attached (unplugged) the answer is
+            // that, as it is when fingers are enrolled.
+            if await reader.readers.isEmpty { throw APIError.own("NoReader") }
             throw APIError.own("NotIdentified", ["unknownInARow": .number(0), "askForName": .bool(false)])
         }
         try await admitFingerTouch(caller, action: "finger.identify", person: nil, service: service, sink: sink)

@@ -26,7 +26,10 @@ extension Authority {
     /// Loads the offline-window state, the open sessions and the refresh schedule from the store.
     /// Called once, before the socket is served.
     public func startOnline() {
-        if let state = try? store.terminalValue(OfflineWindow.State.self, forKey: Self.offlineWindowStateKey) {
+        if let state = try? terminalValue(
+            OfflineWindow.State.self, forKey: Self.offlineWindowStateKey, caller: nil, action: "offline-window")
+            ?? nil
+        {
             online.offlineWindow = OfflineWindow(policy: online.offlineWindow.policy, state: state)
         }
         observeClock()
@@ -92,7 +95,7 @@ extension Authority {
                     ["reason": .string("\(service ?? "-") accepts an online login only for the invoking user")])
             }
         }
-        let slot = reserveOnlineLoginSlot()
+        let slot = try reserveOnlineLoginSlot(caller)
         let started = services.clock.reading()
         let result: LoginResult
         do {
@@ -376,9 +379,7 @@ extension Authority {
         for action in actions {
             switch action {
             case .persist(let state):
-                do { try store.setTerminalValue(state, forKey: Self.offlineWindowStateKey) } catch {
-                    logger.error("cannot persist the offline-window state", metadata: ["error": "\(error.message)"])
-                }
+                saveTerminalValue(state, forKey: Self.offlineWindowStateKey, action: "offline-window")
             case .audit(.clockWentBackwards(let previous, let current)):
                 logger.warning("the wall clock went backwards; every offline window ended")
                 audit(

@@ -105,13 +105,13 @@ public actor Authority {
         let reading = given ?? services.clock.reading()
         let loaded = online.steadyClock
         var clock =
-            loaded ?? ((try? store.terminalValue(SteadyClock.self, forKey: Self.steadyClockKey)) ?? nil)
+            loaded ?? ((try? terminalValue(SteadyClock.self, forKey: Self.steadyClockKey, caller: nil, action: "clock")) ?? nil)
             ?? SteadyClock(first: reading)
         let bootBefore = clock.anchor.bootID
         let time = clock.time(at: reading)
         online.steadyClock = clock
         if loaded == nil || clock.anchor.bootID != bootBefore {
-            try? store.setTerminalValue(clock, forKey: Self.steadyClockKey)
+            saveTerminalValue(clock, forKey: Self.steadyClockKey, action: "clock")
         }
         return time
     }
@@ -122,7 +122,24 @@ public actor Authority {
         guard var clock = online.steadyClock else { return }
         clock.checkpoint(reading)
         online.steadyClock = clock
-        try? store.setTerminalValue(clock, forKey: Self.steadyClockKey)
+        saveTerminalValue(clock, forKey: Self.steadyClockKey, action: "clock")
+    }
+
+    /// A terminal-wide value (a limiter, the identify throttle, the offline window, the steady
+    /// clock). One changed behind the store's back is `StoreIntegrity`, logged and audited, never
+    /// silently replaced by a fresh default.
+    func terminalValue<T: Decodable>(
+        _ type: T.Type, forKey key: String, caller: Caller?, action: String
+    ) throws(APIError) -> T? {
+        try withStore(caller, action: action) { () throws(StoreError) in try store.terminalValue(type, forKey: key) }
+    }
+
+    /// Stores a terminal-wide value; a failure (a row changed behind the store's back is not
+    /// overwritten) is logged, and audited when it is an integrity failure.
+    func saveTerminalValue(_ value: some Encodable, forKey key: String, action: String, caller: Caller? = nil) {
+        _ = try? withStore(caller, action: action) { () throws(StoreError) in
+            try store.setTerminalValue(value, forKey: key)
+        }
     }
 
     /// The wall-clock instant a steady-time instant corresponds to now, for display.

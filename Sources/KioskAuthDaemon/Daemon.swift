@@ -49,11 +49,24 @@ public struct StartupError: Error, CustomStringConvertible {
     public static let configurationExitCode: Int32 = 78
 }
 
+/// A store that cannot be opened or fails its check before serving: one line naming the
+/// database and what is wrong. Everything only an admin can fix (key, schema, a damaged,
+/// edited or rolled-back store, a read-only state directory) exits 78 so systemd does not
+/// restart into the same refusal.
+func startupError(_ error: StoreError, database: String) -> StartupError {
+    let fixable: Set<StoreError.Code> = [.wrongKey, .futureSchema, .keyUnavailable, .integrity, .rollback, .readOnly]
+    let message = error.message.contains(database) ? error.message : "\(database): \(error.message)"
+    return StartupError(
+        message: message, exitCode: fixable.contains(error.code) ? StartupError.configurationExitCode : 1)
+}
+
 /// Composes the daemon's services and runs them until SIGTERM/SIGINT.
 public enum Daemon {
     /// Runs the daemon: loads configuration and key, opens the store, serves the socket, and
     /// shuts down gracefully. Throws `StartupError` for anything that stops it from starting.
-    public static func run(paths: DaemonPaths, developmentKeyFile: Bool, logger baseLogger: Logger) async throws {
+    public static func run(
+        paths: DaemonPaths, developmentKeyFile: Bool, acceptStoreRollback: Bool = false, logger baseLogger: Logger
+    ) async throws {
         var logger = baseLogger
         let configuration: DaemonConfiguration
         do {
@@ -109,15 +122,20 @@ public enum Daemon {
         }
         let store: Store
         do {
-            store = try Store(path: paths.database, key: key, logger: logger)
+            store = try Store(path: paths.database, key: key, logger: logger, acceptRollback: acceptStoreRollback)
         } catch {
-            let fixable = error.code == .wrongKey || error.code == .futureSchema || error.code == .keyUnavailable
-            throw StartupError(message: "\(paths.database): \(error.message)", exitCode: fixable ? StartupError.configurationExitCode : 1)
+            throw startupError(error, database: paths.database)
         }
         defer { store.close() }
-        let verification = try? store.verifyAudit()
-        if let verification, !verification.isValid {
-            logger.critical("the audit chain does not verify", metadata: ["reason": "\(verification.reason ?? "")"])
+        // Before serving: a damaged, edited or rolled-back store is refused here, not found by
+        // the first request that touches it. Cheap: never proportional to the audit trail (the
+        // chain is checked from the anchored head on; `audit verify` checks all of it).
+        do {
+            let check = try store.verifyAtStart()
+            logger.info(
+                "store checked", metadata: ["audit_seq": "\(check.events)", "checked_from": "\(check.checkedFrom)"])
+        } catch {
+            throw startupError(error, database: paths.database)
         }
 
         let listenFD = SystemdNotifier.listenedSocket()

@@ -68,6 +68,11 @@ struct RowIntegrityTests {
         // Like a schema-2 store: no MACs yet.
         let raw = try fixture.raw()
         try raw.query("ALTER TABLE people DROP COLUMN mac")
+        for (table, column) in [
+            ("people", "has_passcode"), ("activation_codes", "mac"), ("sessions", "mac"), ("terminal_state", "mac"),
+        ] {
+            try raw.query("ALTER TABLE \(table) DROP COLUMN \(column)")
+        }
         try raw.query("PRAGMA user_version = 2")
         raw.close()
         try fixture.withStore { store throws in
