@@ -424,6 +424,7 @@ def test_identify_answers_while_the_finger_is_still_on_the_reader(make_daemon):
     d, sensor = start(make_daemon, "virtual_image")
     enroll_image(d, sensor, "omar", "loop-right")
     reply, elapsed = identify_image(d, sensor, "loop-right-rot", hold=4.0)
+    assert "person" in reply.get("parameters", {}), reply
     assert reply["parameters"]["person"]["name"] == "omar", reply
     assert elapsed < 3.0, f"the answer waited for the finger to be lifted ({elapsed:.1f} s)"
     # The reader finished that touch once the finger was lifted; the next identify works.

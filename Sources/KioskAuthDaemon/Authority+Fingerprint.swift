@@ -16,16 +16,20 @@ extension Authority {
     /// Streams where a verify or identify stands: "wait" while another operation holds the
     /// reader, then "touch" once the touch will be this scan's own (never before: a touch made
     /// while another scan holds the reader is that scan's).
-    static func scanPhases(_ sink: ReplySink) -> @Sendable (ScanPhase) async -> Void {
+    static func scanPhases(_ sink: ReplySink, saidWait: Bool = false) -> @Sendable (ScanPhase) async -> Void {
         { phase in
             switch phase {
             case .waitingForReader:
-                try? await sink.progress(Message.ScanReply(progress: ScanProgress(state: "wait", hint: waitPrompt)))
+                // The throttle's wait already said so: once is enough.
+                if !saidWait {
+                    try? await sink.progress(Message.ScanReply(progress: ScanProgress(state: "wait", hint: waitPrompt)))
+                }
             case .readyForTouch:
                 try? await sink.progress(Message.ScanReply(progress: ScanProgress(state: "touch", hint: touchPrompt)))
             }
         }
     }
+
 
     /// Every reader failure as exactly one named API error.
     static func apiError(_ error: any Error, scanTimeout: TimeInterval) -> APIError {
@@ -269,10 +273,11 @@ extension Authority {
         let reader = try requireReader()
         // Both counts are taken before the scan and settled after it, so that concurrent touches
         // never share a slot.
-        try await admitFingerTouch(caller, action: "finger.verify", person: name.rawValue, service: service, sink: sink)
+        let saidWait = try await admitFingerTouch(
+            caller, action: "finger.verify", person: name.rawValue, service: service, sink: sink)
         fingerFailures[caller.connectionID, default: [:]][person.id, default: 0] += 1
         let scanStarted = services.clock.reading()
-        let phases = Self.scanPhases(sink)
+        let phases = Self.scanPhases(sink, saidWait: saidWait)
         let matched: Bool
         do {
             if fingers.count == 1 {
@@ -348,14 +353,16 @@ extension Authority {
     /// Admits one touch against the terminal-wide throttle, or refuses it while fingerprint
     /// matching is paused: `IdentifyPaused` for walk-up identify, `FingerprintPaused` for a 1:1
     /// match. A touch that could, with those in flight, pass the limit waits its turn (in arrival
-    /// order, as the reader serves them) until one is recorded. The touch prompt goes out once the
-    /// touch is admitted or waiting (the reader takes touches in that order), never when refused.
+    /// order, as the reader serves them) until one is recorded, and the caller is told to wait;
+    /// the touch prompt itself goes out only once the scan owns the reader (`scanPhases`).
+    /// Returns whether the wait notice went out.
+    @discardableResult
     func admitFingerTouch(
         _ caller: Caller, action: String, person: String?, service: String?, sink: ReplySink
-    ) async throws(APIError) {
+    ) async throws(APIError) -> Bool {
         var waited = false
         var prompted = false
-        let touch = Message.ScanReply(progress: ScanProgress(state: "touch", hint: Self.touchPrompt))
+        let wait = Message.ScanReply(progress: ScanProgress(state: "wait", hint: Self.waitPrompt))
         while true {
             let state = try loadFingerThrottleState(caller)
             let at = steadyNow()
@@ -364,8 +371,7 @@ extension Authority {
                 fingerTouchesInFlight += 1
                 // The next in line may fit too.
                 if waited, !fingerTouchWaiters.isEmpty { fingerTouchWaiters.removeFirst().resume() }
-                if !prompted { try? await sink.progress(touch) }
-                return
+                return prompted
             case .paused(let until):
                 // Everyone waiting is refused the same way, in order.
                 if !fingerTouchWaiters.isEmpty { fingerTouchWaiters.removeFirst().resume() }
@@ -379,7 +385,7 @@ extension Authority {
             case .wait:
                 if !prompted {
                     prompted = true
-                    try? await sink.progress(touch)
+                    try? await sink.progress(wait)
                 }
                 // Re-checked after the prompt went out: a touch may have been recorded meanwhile.
                 let recheck = fingerThrottle.admission(
@@ -447,13 +453,14 @@ extension Authority {
             if await reader.readers.isEmpty { throw APIError.own("NoReader") }
             throw APIError.own("NotIdentified", ["unknownInARow": .number(0), "askForName": .bool(false)])
         }
-        try await admitFingerTouch(caller, action: "finger.identify", person: nil, service: service, sink: sink)
+        let saidWait = try await admitFingerTouch(
+            caller, action: "finger.identify", person: nil, service: service, sink: sink)
         let scanStarted = services.clock.reading()
         let result: MatchResult
         do {
             result = try await reader.identify(
                 gallery: roster.fingers.map { GalleryEntry(id: "\($0.personID)", template: $0.template) },
-                layout: configuration.fingerprint.identifyLayout, phase: Self.scanPhases(sink))
+                layout: configuration.fingerprint.identifyLayout, phase: Self.scanPhases(sink, saidWait: saidWait))
         } catch {
             recordFingerTouch(nil)
             let apiError = Self.apiError(error, scanTimeout: configuration.fingerprint.scanTimeout)
