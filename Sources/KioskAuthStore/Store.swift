@@ -581,6 +581,9 @@ public final class Store: @unchecked Sendable {
             {
                 throw StoreError(.personExists("uid \(uid)"))
             }
+            // The uid is one of the columns the row MAC covers.
+            try checkPersonRow(person.id, in: db)
+            defer { _ = try? resealPersonRow(person.id, in: db) }
             try db.query(
                 "UPDATE people SET uid = ?, updated_at = ? WHERE id = ?",
                 [uid.map { .integer(Int64($0)) } ?? .null, .real(now.timeIntervalSince1970), .integer(person.id)])
