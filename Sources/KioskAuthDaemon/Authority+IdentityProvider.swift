@@ -459,15 +459,22 @@ extension Authority {
 
     // MARK: Connectivity
 
-    func connectivity(_ caller: Caller) throws(APIError) -> Message.Connectivity {
-        let seesEveryone = groups.isAuthenticator(caller) || groups.isAdmin(caller)
+    /// The terminal's connectivity. Root (a greeter or kiosk app) needs only the aggregate, so the
+    /// per-person list comes only when asked for (`people`): everyone for admins, otherwise only
+    /// the caller's own person. The aggregate goes to root and the kioskauth and admin groups.
+    func connectivity(_ caller: Caller, people askedForPeople: Bool = false) throws(APIError) -> Message.Connectivity {
+        let seesEveryone = groups.isAdmin(caller)
+        let seesAggregate = groups.isAuthenticator(caller) || groups.isAdmin(caller)
         let people = try withStore(caller, action: "connectivity") { () throws(StoreError) in
             try store.identityProviderPeople()
         }
         let reading = services.clock.reading()
         var window = online.offlineWindow
         var list: [PersonConnectivity] = []
-        for (person, profile) in people where seesEveryone || isSelf(caller, person) {
+        var counts = WindowCounts()
+        for (person, profile) in people {
+            let listed = askedForPeople && (seesEveryone || isSelf(caller, person))
+            guard listed || seesAggregate else { continue }
             var state = "never"
             var left: Int?
             if profile.suspendedReason != nil {
@@ -483,6 +490,8 @@ extension Authority {
                 case .notApplicable: state = "open"
                 }
             }
+            counts.count(state)
+            guard listed else { continue }
             list.append(
                 PersonConnectivity(
                     name: person.name.rawValue, window: state, windowSecondsLeft: left,
@@ -502,7 +511,7 @@ extension Authority {
             since: online.reachability.since.map(Self.timestamp),
             lastContactAt: online.reachability.lastAnswer.map(Self.timestamp),
             circuit: circuit, offlineWindowSeconds: Int(configuration.identityProvider.offlineWindow), people: list,
-            outboxPending: outbox.pending, lastDeliveryAt: outbox.lastDelivery.map(Self.timestamp),
+            windows: seesAggregate ? counts : nil, outboxPending: outbox.pending, lastDeliveryAt: outbox.lastDelivery.map(Self.timestamp),
             lastDeliveryError: outbox.lastError)
     }
 
