@@ -180,6 +180,7 @@ extension Authority {
                 "OnlineLoginNotAllowed",
                 ["reason": .string("\(service ?? "-") accepts an online login only for the invoking user")])
         }
+        try refuseSubjectChange(caller, result, method: method, service: service)
         var roles: [Role] = []
         for text in identity.roles {
             guard let role = Role(rawValue: text) else {
@@ -234,6 +235,39 @@ extension Authority {
             person: record(person), created: created, offerFingerprint: offer,
             ticket: issueTicket(for: person, caller: caller, startedAt: startedAt),
             ticketExpiresIn: Int(configuration.access.ticketLifetime))
+    }
+
+    /// A login whose email belongs to an identity-provider person pinned to another subject (the
+    /// account was deleted and recreated at the provider, or the provider changed how it names
+    /// people) is refused: the new account must not take over the old person's record, fingers
+    /// and sessions, nor become a second person with the same email. An administrator who means
+    /// it removes the old person; the next login then creates the person afresh.
+    func refuseSubjectChange(
+        _ caller: Caller, _ result: LoginResult, method: String, service: String?
+    ) throws(APIError) {
+        let identity = result.identity
+        guard (try? store.person(withSubject: identity.subject)) == nil, let email = identity.email?.lowercased(),
+            let people = try? store.identityProviderPeople(),
+            let (holder, profile) = people.first(where: { person, profile in
+                profile.subject != nil && profile.subject != identity.subject
+                    && (profile.email?.lowercased() == email || person.name.rawValue == email)
+            })
+        else { return }
+        let name = holder.name.rawValue
+        let reason =
+            "the identity provider now names \(email) with the subject \(identity.subject), not \(profile.subject ?? "-"): "
+            + "the account was recreated or renamed at the provider; an administrator who means it removes the old "
+            + "person first (kioskauthctl user remove \(name))"
+        audit(
+            caller, action: "idp.login", result: "refused", person: name, method: method, service: service,
+            detail: "subject-changed: \(reason)")
+        // The refused login's tokens are nobody's: revoked, not left alive at the provider.
+        if let orphan = result.tokens.refreshToken,
+            (try? store.queueRevocation(token: Array(orphan.rawValue.utf8), ofPersonNamed: name, now: now())) != nil
+        {
+            services.refreshWakeup.signal()
+        }
+        throw APIError.own("SubjectChanged", ["name": .string(name), "reason": .string(reason)])
     }
 
     /// The audit detail of a successful online login: what was created, the roles and where
