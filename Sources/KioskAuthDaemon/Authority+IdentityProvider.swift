@@ -183,6 +183,7 @@ extension Authority {
                 "OnlineLoginNotAllowed",
                 ["reason": .string("\(service ?? "-") accepts an online login only for the invoking user")])
         }
+        try refuseSubjectChange(caller, result, method: method, service: service)
         var roles: [Role] = []
         for text in identity.roles {
             guard let role = Role(rawValue: text) else {
@@ -237,6 +238,39 @@ extension Authority {
             person: record(person), created: created, offerFingerprint: offer,
             ticket: issueTicket(for: person, caller: caller, startedAt: startedAt),
             ticketExpiresIn: Int(configuration.access.ticketLifetime))
+    }
+
+    /// A login whose email belongs to an identity-provider person pinned to another subject (the
+    /// account was deleted and recreated at the provider, or the provider changed how it names
+    /// people) is refused: the new account must not take over the old person's record, fingers
+    /// and sessions, nor become a second person with the same email. An administrator who means
+    /// it removes the old person; the next login then creates the person afresh.
+    func refuseSubjectChange(
+        _ caller: Caller, _ result: LoginResult, method: String, service: String?
+    ) throws(APIError) {
+        let identity = result.identity
+        guard (try? store.person(withSubject: identity.subject)) == nil, let email = identity.email?.lowercased(),
+            let people = try? store.identityProviderPeople(),
+            let (holder, profile) = people.first(where: { person, profile in
+                profile.subject != nil && profile.subject != identity.subject
+                    && (profile.email?.lowercased() == email || person.name.rawValue == email)
+            })
+        else { return }
+        let name = holder.name.rawValue
+        let reason =
+            "the identity provider now names \(email) with the subject \(identity.subject), not \(profile.subject ?? "-"): "
+            + "the account was recreated or renamed at the provider; an administrator who means it removes the old "
+            + "person first (kioskauthctl user remove \(name))"
+        audit(
+            caller, action: "idp.login", result: "refused", person: name, method: method, service: service,
+            detail: "subject-changed: \(reason)")
+        // The refused login's tokens are nobody's: revoked, not left alive at the provider.
+        if let orphan = result.tokens.refreshToken,
+            (try? store.queueRevocation(token: Array(orphan.rawValue.utf8), ofPersonNamed: name, now: now())) != nil
+        {
+            services.refreshWakeup.signal()
+        }
+        throw APIError.own("SubjectChanged", ["name": .string(name), "reason": .string(reason)])
     }
 
     /// The audit detail of a successful online login: what was created, the roles and where
@@ -460,15 +494,22 @@ extension Authority {
 
     // MARK: Connectivity
 
-    func connectivity(_ caller: Caller) throws(APIError) -> Message.Connectivity {
-        let seesEveryone = groups.isAuthenticator(caller) || groups.isAdmin(caller)
+    /// The terminal's connectivity. Root (a greeter or kiosk app) needs only the aggregate, so the
+    /// per-person list comes only when asked for (`people`): everyone for admins, otherwise only
+    /// the caller's own person. The aggregate goes to root and the kioskauth and admin groups.
+    func connectivity(_ caller: Caller, people askedForPeople: Bool = false) throws(APIError) -> Message.Connectivity {
+        let seesEveryone = groups.isAdmin(caller)
+        let seesAggregate = groups.isAuthenticator(caller) || groups.isAdmin(caller)
         let people = try withStore(caller, action: "connectivity") { () throws(StoreError) in
             try store.identityProviderPeople()
         }
         let reading = services.clock.reading()
         var window = online.offlineWindow
         var list: [PersonConnectivity] = []
-        for (person, profile) in people where seesEveryone || isSelf(caller, person) {
+        var counts = WindowCounts()
+        for (person, profile) in people {
+            let listed = askedForPeople && (seesEveryone || isSelf(caller, person))
+            guard listed || seesAggregate else { continue }
             var state = "never"
             var left: Int?
             if profile.suspendedReason != nil {
@@ -484,6 +525,8 @@ extension Authority {
                 case .notApplicable: state = "open"
                 }
             }
+            counts.count(state)
+            guard listed else { continue }
             list.append(
                 PersonConnectivity(
                     name: person.name.rawValue, window: state, windowSecondsLeft: left,
@@ -503,7 +546,7 @@ extension Authority {
             since: online.reachability.since.map(Self.timestamp),
             lastContactAt: online.reachability.lastAnswer.map(Self.timestamp),
             circuit: circuit, offlineWindowSeconds: Int(configuration.identityProvider.offlineWindow), people: list,
-            outboxPending: outbox.pending, lastDeliveryAt: outbox.lastDelivery.map(Self.timestamp),
+            windows: seesAggregate ? counts : nil, outboxPending: outbox.pending, lastDeliveryAt: outbox.lastDelivery.map(Self.timestamp),
             lastDeliveryError: outbox.lastError)
     }
 

@@ -674,6 +674,15 @@ type PersonConnectivity (
   suspendedReason: ?string
 )
 
+# How many identity-provider people are in each offline-window state (see PersonConnectivity).
+type WindowCounts (
+  open: int,
+  expired: int,
+  clockWentBackwards: int,
+  suspended: int,
+  never: int
+)
+
 # One event of the Subscribe stream.
 type Event (
   # "subscribed" (first reply), "session-opened", "session-locked", "session-unlocked",
@@ -787,9 +796,14 @@ method SetBiometricOffer(
 ) -> (person: Person)
 
 # The terminal's connectivity with the identity provider, for a calm offline indicator.
-# Everyone may ask; the per-person list holds everyone only for root, the kioskauth and
-# kioskauth-admin groups, otherwise only the caller's own person.
-method GetConnectivity() -> (
+# Everyone may ask. Without `people: true` the answer names nobody: root, the kioskauth and
+# kioskauth-admin groups get the aggregate `windows`, anyone else only the terminal's state.
+# With it, the per-person list holds everyone for admins (root and kioskauth-admin), otherwise
+# only the caller's own person (whose uid is bound to theirs), if any.
+method GetConnectivity(
+  # Include the per-person list (kioskauthctl status asks).
+  people: ?bool
+) -> (
   # Whether an identity provider is configured.
   identityProvider: bool,
   # "online" (the provider answered last time), "offline" (it did not) or "unknown" (not asked yet).
@@ -802,8 +816,10 @@ method GetConnectivity() -> (
   circuit: string,
   # The configured offline window in seconds.
   offlineWindowSeconds: int,
-  # Identity-provider people and their windows.
+  # Identity-provider people and their windows: empty unless `people: true` was asked (see above).
   people: []PersonConnectivity,
+  # How many identity-provider people are in each window state (root, kioskauth, kioskauth-admin).
+  windows: ?WindowCounts,
   # Revocations queued for delivery.
   outboxPending: int,
   # The last delivery from the queue (RFC 3339).
@@ -928,6 +944,12 @@ error UnknownRole (reason: string)
 # The identity provider could not be reached, did not answer in time, or failed. Try again
 # later; local unlock is unaffected.
 error IdentityProviderUnavailable (reason: string)
+
+# The identity provider authenticated an email that belongs to a person pinned to another
+# subject (`sub`): the account was recreated or renamed at the provider. Refused, so the new
+# account does not take over the old person; an administrator removes the old person `name`
+# first if that is meant.
+error SubjectChanged (name: string, reason: string)
 
 # The identity provider refused this terminal's request or sent something unusable (client
 # credentials, configuration, a token that does not validate). The journal has the details.

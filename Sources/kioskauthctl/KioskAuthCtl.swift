@@ -222,6 +222,7 @@ struct KioskAuthCtl: ParsableCommand {
         case "WrongCredentials": return "wrong email or password"
         case "NotAdmitted": return "not admitted on this terminal: \(string("reason") ?? "")"
         case "UnknownRole": return "refused: \(string("reason") ?? "unknown role")"
+        case "SubjectChanged": return "refused: \(string("reason") ?? "the account changed at the identity provider")"
         case "IdentityProviderUnavailable": return "\(string("reason") ?? "cannot reach the identity provider"); try again later"
         case "IdentityProviderRefused": return string("reason") ?? "the identity provider refused the request"
         case "DeviceLoginDenied": return "the device login was denied"
@@ -253,7 +254,8 @@ struct Status: ParsableCommand {
         print("uptime:       \(status.uptimeSeconds) s")
         print("audit:        \(status.auditEvents) events, head \(status.auditHead.prefix(16))…")
         if let delivery = status.auditDelivery { printAuditDelivery(delivery) }
-        guard let connectivity = try? global.call("GetConnectivity", Message.Empty(), as: Message.Connectivity.self) else {
+        guard let connectivity = try? global.call(
+                "GetConnectivity", Message.GetConnectivity(people: true), as: Message.Connectivity.self) else {
             return
         }
         guard connectivity.identityProvider else {
