@@ -115,6 +115,13 @@ public enum Daemon {
             throw StartupError(message: "\(paths.database): \(error.message)", exitCode: fixable ? StartupError.configurationExitCode : 1)
         }
         defer { store.close() }
+        #if DEBUG
+            // Test-only: audit appends of these actions fail (debug builds; see Store.failingAuditActions).
+            if let actions = ProcessInfo.processInfo.environment["KIOSKAUTH_TEST_FAILING_AUDIT"], !actions.isEmpty {
+                store.failingAuditActions = Set(actions.split(separator: ",").map(String.init))
+                logger.warning("TEST HOOK ACTIVE: audit appends fail for \(actions) (debug build, tests only)")
+            }
+        #endif
         let verification = try? store.verifyAudit()
         if let verification, !verification.isValid {
             logger.critical("the audit chain does not verify", metadata: ["reason": "\(verification.reason ?? "")"])
