@@ -262,8 +262,8 @@ def test_killing_the_daemon_mid_write_leaves_a_consistent_store(make_daemon):
     assert d.ctl("audit", "verify").returncode == 0
     added = [e for e in json.loads(d.ctl("audit", "--json", "--limit", "10000").stdout)["events"]
              if e["action"] == "person.add" and e["result"] == "success"]
-    # The audit entry is committed right after the person: a kill can fall between the two.
-    assert people - 1 <= len(added) <= people
+    # The person, their activation code and the audit entry commit in one transaction.
+    assert len(added) == people
 
 
 def test_usage_errors_exit_2_and_failures_exit_1(daemon):

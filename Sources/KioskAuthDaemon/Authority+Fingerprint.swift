@@ -184,12 +184,20 @@ extension Authority {
         // The person may have been removed while the scan ran.
         let current = try existingPerson(name, caller: caller, action: "finger.enroll")
         guard current.id == person.id else { throw APIError.noSuchPerson(name.rawValue) }
+        // The stored template, the activation it may bring and the audit entry: one transaction.
+        // The sensor's own copy (made by the scan) cannot be in it; one left without a stored
+        // template by a failure or a crash here is deleted at start (`reconcileSensor`).
         do {
-            try store.addFinger(finger.rawValue, template: template, for: current, now: now())
-            // An admin enrolling a pending person at the terminal vouches for them: activated.
-            if current.state == .pendingActivation, groups.isAdmin(caller) {
-                try store.setState(.active, for: current, now: now())
-                try store.revokeActivationCode(for: current, now: now())
+            try audited { tx throws(StoreError) in
+                try store.addFinger(finger.rawValue, template: template, for: current, now: now())
+                // An admin enrolling a pending person at the terminal vouches for them: activated.
+                if current.state == .pendingActivation, groups.isAdmin(caller) {
+                    try store.setState(.active, for: current, now: now())
+                    try store.revokeActivationCode(for: current, now: now())
+                }
+                try tx.audit(
+                    caller, action: "finger.enroll", result: "success", person: name.rawValue, method: "fingerprint",
+                    detail: finger.rawValue + (duplicateChecked ? "" : " (duplicates not checked)"))
             }
         } catch {
             if error.code == .personExists {
@@ -197,9 +205,6 @@ extension Authority {
             }
             throw try failStore(caller, "finger.enroll", error)
         }
-        audit(
-            caller, action: "finger.enroll", result: "success", person: name.rawValue, method: "fingerprint",
-            detail: finger.rawValue + (duplicateChecked ? "" : " (duplicates not checked)"))
         let updated = try existingPerson(name, caller: caller, action: "finger.enroll")
         // The spent ticket's authentication is handed on, no fresher than it was, so that the
         // login that offered enrolment can still open its session (or step up) on this connection.
@@ -227,13 +232,15 @@ extension Authority {
         if let finger = input.finger, !person.fingers.contains(finger) {
             throw APIError.invalidInput("finger", "\(name.rawValue) has no \(finger) enrolled")
         }
-        let removed = try withStore(caller, action: "finger.remove", person: name.rawValue) { () throws(StoreError) in
-            try store.removeFingers(input.finger, of: person)
+        let removed = try audited(caller, action: "finger.remove", person: name.rawValue) { tx throws(StoreError) in
+            let removed = try store.removeFingers(input.finger, of: person)
+            try tx.audit(
+                caller, action: "finger.remove", result: "success", person: name.rawValue,
+                detail: removed.map(\.finger).joined(separator: ","))
+            return removed
         }
+        // After the commit; prints a crash leaves on the sensor are deleted at start.
         await deleteFromSensor(removed.map(\.template))
-        audit(
-            caller, action: "finger.remove", result: "success", person: name.rawValue,
-            detail: removed.map(\.finger).joined(separator: ","))
         return removed.map(\.finger)
     }
 

@@ -209,15 +209,24 @@ extension Authority {
             displayName: Self.displayName(email: identity.email, subject: identity.subject), roles: roleSet,
             contact: contact, refreshToken: refreshToken,
             refresh: refreshToken.map { _ in RefreshRecord(token: lifetime) })
-        // A login starts a new token family: the one it replaces is revoked, not left alive.
-        if let existing = try? store.person(withSubject: identity.subject),
-            (try? store.queueRevocation(of: existing, now: reading.wall)) == true
-        {
-            services.refreshWakeup.signal()
+        // The revocation of the token family this login replaces, the login's person and
+        // tokens, and the audit entry: one transaction.
+        var revocationQueued = false
+        let (person, created) = try audited(caller, action: "idp.login") { tx throws(StoreError) in
+            // A login starts a new token family: the one it replaces is revoked, not left alive.
+            if let existing = try? store.person(withSubject: identity.subject),
+                (try? store.queueRevocation(of: existing, now: reading.wall)) == true
+            {
+                revocationQueued = true
+            }
+            let (person, created) = try store.recordOnlineLogin(login, now: reading.wall)
+            try tx.audit(
+                caller, action: "idp.login", result: "success", person: person.name.rawValue, method: method,
+                service: service,
+                detail: Self.loginDetail(identity, roles: roleSet, created: created, refreshToken: refreshToken != nil))
+            return (person, created)
         }
-        let (person, created) = try withStore(caller, action: "idp.login") { () throws(StoreError) in
-            try store.recordOnlineLogin(login, now: reading.wall)
-        }
+        if revocationQueued { services.refreshWakeup.signal() }
         online.names[person.id] = person.name
         _ = online.bumpGeneration(of: person.id)
         var random = SystemRandomNumberGenerator()
@@ -229,10 +238,6 @@ extension Authority {
         online.accessTokens[person.id] = CachedAccessToken(
             token: result.tokens.accessToken, obtainedAt: lifetime.obtainedAt, expiresAt: lifetime.expiresAt)
         noteProviderAnswered()
-        audit(
-            caller, action: "idp.login", result: "success", person: person.name.rawValue, method: method,
-            service: service,
-            detail: Self.loginDetail(identity, roles: roleSet, created: created, refreshToken: refreshToken != nil))
         let offer = await shouldOfferFingerprint(person)
         return Message.OnlineLogin(
             person: record(person), created: created, offerFingerprint: offer,
@@ -340,12 +345,12 @@ extension Authority {
                     "only admins, the person, or the app that just authenticated them may change the offer")
             }
         }
-        try withStore(caller, action: "person.biometric-offer", person: name.rawValue) { () throws(StoreError) in
+        try audited(caller, action: "person.biometric-offer", person: name.rawValue) { tx throws(StoreError) in
             try store.setBiometricOffer(input.enabled, for: person, now: now())
+            try tx.audit(
+                caller, action: "person.biometric-offer", result: "success", person: name.rawValue,
+                detail: input.enabled ? "on" : "declined")
         }
-        audit(
-            caller, action: "person.biometric-offer", result: "success", person: name.rawValue,
-            detail: input.enabled ? "on" : "declined")
         return record(try existingPerson(name, caller: caller, action: "person.biometric-offer"))
     }
 
@@ -555,16 +560,17 @@ extension Authority {
     /// Before a person is removed: queue the revocation of their refresh token (sealed, delivered
     /// by the refresh service when online), end their sessions and stop refreshing for them.
     func prepareRemoval(_ caller: Caller, of person: StoredPerson) throws(APIError) {
-        let queued = try withStore(caller, action: "person.remove", person: person.name.rawValue) {
-            () throws(StoreError) in
-            try store.queueRevocation(of: person, now: now())
+        let queued = try audited(caller, action: "person.remove", person: person.name.rawValue) {
+            tx throws(StoreError) in
+            let queued = try store.queueRevocation(of: person, now: now())
+            if queued {
+                try tx.audit(
+                    caller, action: "idp.revoke", result: "success", person: person.name.rawValue,
+                    detail: "refresh token revocation queued for delivery")
+            }
+            return queued
         }
-        if queued {
-            audit(
-                caller, action: "idp.revoke", result: "success", person: person.name.rawValue,
-                detail: "refresh token revocation queued for delivery")
-            services.refreshWakeup.signal()
-        }
+        if queued { services.refreshWakeup.signal() }
         endSessions(of: person.id, reason: .personRemoved)
         performRefreshActions(online.schedule.stopTracking(person.id, at: now()))
         online.generations[person.id] = nil

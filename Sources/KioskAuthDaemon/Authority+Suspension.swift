@@ -17,12 +17,12 @@ extension Authority {
             throw APIError.invalidInput("reason", "at most 200 bytes")
         }
         let recorded = reason.isEmpty ? Self.defaultSuspensionReason : reason
-        try withStore(caller, action: "person.suspend", person: name.rawValue) { () throws(StoreError) in
+        try audited(caller, action: "person.suspend", person: name.rawValue) { tx throws(StoreError) in
             try store.setSuspension(recorded, for: person, now: now())
+            try tx.audit(caller, action: "person.suspend", result: "success", person: name.rawValue, detail: recorded)
         }
         tickets = tickets.filter { $0.value.personID != person.id }
         _ = endSessions(of: person.id, reason: .securityLogout)
-        audit(caller, action: "person.suspend", result: "success", person: name.rawValue, detail: recorded)
         return record(try existingPerson(name, caller: caller, action: "person.suspend"))
     }
 
@@ -41,10 +41,10 @@ extension Authority {
             throw APIError.invalidInput(
                 "name", "\(name.rawValue) comes from the identity provider: they resume by signing in online")
         }
-        try withStore(caller, action: "person.resume", person: name.rawValue) { () throws(StoreError) in
+        try audited(caller, action: "person.resume", person: name.rawValue) { tx throws(StoreError) in
             try store.setSuspension(nil, for: person, now: now())
+            try tx.audit(caller, action: "person.resume", result: "success", person: name.rawValue)
         }
-        audit(caller, action: "person.resume", result: "success", person: name.rawValue)
         return record(try existingPerson(name, caller: caller, action: "person.resume"))
     }
 }

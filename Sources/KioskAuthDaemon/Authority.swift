@@ -398,11 +398,21 @@ public actor Authority {
             audit(caller, action: "person.add", result: "refused", person: name.rawValue, detail: reason)
             throw Self.bindingRefused(name, reason)
         }
+        // The person, their first activation code and both audit entries: one transaction.
         let person: StoredPerson
+        let code: ActivationCode
+        let expires: Date
         do {
-            person = try store.addPerson(
-                name: name, displayName: displayName, roles: roleSet, origin: .local, state: .pendingActivation,
-                uid: input.uid, now: now())
+            (person, code, expires) = try audited { tx throws(StoreError) in
+                let person = try store.addPerson(
+                    name: name, displayName: displayName, roles: roleSet, origin: .local, state: .pendingActivation,
+                    uid: input.uid, now: now())
+                try tx.audit(
+                    caller, action: "person.add", result: "success", person: name.rawValue,
+                    detail: "roles=\(roleSet.all.map(\.rawValue).joined(separator: ","))")
+                let (code, expires) = try issueActivationCode(tx, caller, for: person)
+                return (person, code, expires)
+            }
         } catch {
             if error.code == .personExists {
                 audit(caller, action: "person.add", result: "failure", person: name.rawValue, detail: error.message)
@@ -410,10 +420,6 @@ public actor Authority {
             }
             throw try failStore(caller, "person.add", error)
         }
-        audit(
-            caller, action: "person.add", result: "success", person: name.rawValue,
-            detail: "roles=\(roleSet.all.map(\.rawValue).joined(separator: ","))")
-        let (code, expires) = try issueActivationCode(caller, for: person)
         return Message.PersonAdded(
             person: record(person), activationCode: code.description, activationExpiresAt: Self.timestamp(expires))
     }
@@ -443,12 +449,15 @@ public actor Authority {
         let name = try loginName(name)
         let person = try existingPerson(name, caller: caller, action: "person.remove")
         try prepareRemoval(caller, of: person)
-        let templates = try withStore(caller, action: "person.remove", person: name.rawValue) { () throws(StoreError) in
-            try store.removePerson(person)
+        let templates = try audited(caller, action: "person.remove", person: name.rawValue) { tx throws(StoreError) in
+            let templates = try store.removePerson(person)
+            try tx.audit(caller, action: "person.remove", result: "success", person: name.rawValue, detail: "secrets erased")
+            return templates
         }
+        // The sensor's own copies cannot be in the transaction: deleted after it commits, and
+        // any left by a crash in between are removed at start (`reconcileSensor`).
         await deleteFromSensor(templates)
         tickets = tickets.filter { $0.value.personID != person.id }
-        audit(caller, action: "person.remove", result: "success", person: name.rawValue, detail: "secrets erased")
     }
 
     // MARK: Passcodes
@@ -498,7 +507,8 @@ public actor Authority {
         }
         var current = try existingPerson(name, caller: caller, action: "passcode.set")
         guard current.id == person.id else { throw APIError.noSuchPerson(name.rawValue) }
-        try withStore(caller, action: "passcode.set", person: name.rawValue) { () throws(StoreError) in
+        // Verifier, counters, activation and the code used up, and the audit entry: one transaction.
+        try audited(caller, action: "passcode.set", person: name.rawValue) { tx throws(StoreError) in
             try store.setPasscodeVerifier(verifier, for: current, now: now())
             // A new passcode starts with a clean slate; an admin setting it also activates.
             var failures = current.failures
@@ -510,9 +520,9 @@ public actor Authority {
                 try store.setState(.active, for: current, now: now())
                 try store.revokeActivationCode(for: current, now: now())
             }
+            try tx.audit(caller, action: "passcode.set", result: "success", person: name.rawValue, method: "passcode")
         }
         current = try existingPerson(name, caller: caller, action: "passcode.set")
-        audit(caller, action: "passcode.set", result: "success", person: name.rawValue, method: "passcode")
         return record(current)
     }
 
@@ -660,11 +670,11 @@ public actor Authority {
         let person = try existingPerson(name, caller: caller, action: "lockout.reset")
         var failures = person.failures
         credentialGuard.reset(&failures)
-        let updated = try withStore(caller, action: "lockout.reset", person: name.rawValue) { () throws(StoreError) in
+        let updated = try audited(caller, action: "lockout.reset", person: name.rawValue) { tx throws(StoreError) in
             try store.saveFailures(failures, for: person, now: now())
+            try tx.audit(caller, action: "lockout.reset", result: "success", person: name.rawValue)
             return try store.person(named: name)
         }
-        audit(caller, action: "lockout.reset", result: "success", person: name.rawValue)
         return record(updated ?? person)
     }
 

@@ -127,6 +127,13 @@ public enum Daemon {
             throw startupError(error, database: paths.database)
         }
         defer { store.close() }
+        #if DEBUG
+            // Test-only: audit appends of these actions fail (debug builds; see Store.failingAuditActions).
+            if let actions = ProcessInfo.processInfo.environment["KIOSKAUTH_TEST_FAILING_AUDIT"], !actions.isEmpty {
+                store.failingAuditActions = Set(actions.split(separator: ",").map(String.init))
+                logger.warning("TEST HOOK ACTIVE: audit appends fail for \(actions) (debug build, tests only)")
+            }
+        #endif
         // Before serving: a damaged, edited or rolled-back store is refused here, not found by
         // the first request that touches it. Cheap: never proportional to the audit trail (the
         // chain is checked from the anchored head on; `audit verify` checks all of it).

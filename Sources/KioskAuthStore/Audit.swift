@@ -91,6 +91,11 @@ extension Store {
     /// Appends inside a transaction the caller holds, so an action and its audit entry commit
     /// together (or not at all).
     func appendAudit(_ record: AuditRecord, now: Date, in db: SQLiteConnection) throws -> AuditEntry {
+        #if DEBUG
+            if _failingAuditActions.contains(record.action) {
+                throw StoreError(.integrity("injected audit append failure for \(record.action) (test hook)"))
+            }
+        #endif
         let last = try db.query("SELECT seq, mac FROM audit ORDER BY seq DESC LIMIT 1").first
         // The anchor moves only forward along the chain it anchors: once the chain has lost the
         // anchored head (rows deleted or replaced), it keeps that head as evidence.

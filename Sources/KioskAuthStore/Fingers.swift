@@ -119,7 +119,7 @@ extension Store {
                 try db.query("DELETE FROM fingers WHERE person_id = ?", [.integer(person.id)])
             }
         }
-        try locked { _ = try connection.query("PRAGMA wal_checkpoint(TRUNCATE)") }
+        try checkpointTruncating()
         return removed
     }
 }

@@ -245,4 +245,19 @@ final class SQLiteConnection {
             throw error
         }
     }
+
+    /// Runs `body` in a savepoint of the transaction in progress: a failure rolls back only
+    /// what `body` wrote.
+    func savepoint<T>(_ body: () throws -> T) throws -> T {
+        try query("SAVEPOINT nested")
+        do {
+            let result = try body()
+            try query("RELEASE nested")
+            return result
+        } catch {
+            try? query("ROLLBACK TO nested")
+            try? query("RELEASE nested")
+            throw error
+        }
+    }
 }

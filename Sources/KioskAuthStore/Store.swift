@@ -42,7 +42,9 @@ public final class Store: @unchecked Sendable {
     public static let databaseFileName = "kioskauth.sqlite"
 
     let connection: SQLiteConnection
-    private let lock = NSLock()
+    /// Recursive, so that the store's own operations called inside `transaction(now:_:)` on the
+    /// same thread join the transaction instead of deadlocking.
+    private let lock = NSRecursiveLock()
     let sealer: Sealer
     let auditKey: SymmetricKey
     let activationKey: SymmetricKey
@@ -62,6 +64,21 @@ public final class Store: @unchecked Sendable {
     /// What was lost, when a rollback was found and accepted at opening (audited as
     /// `store.rollback.accepted`).
     public private(set) var acceptedRollback: String?
+    /// How deep in `transaction` the thread holding the lock is; nested transactions are
+    /// savepoints of the outermost one. Guarded by the store's lock.
+    private var transactionDepth = 0
+    /// A truncating checkpoint asked for inside a transaction, run once the outermost commits.
+    /// Guarded by the store's lock.
+    private var checkpointAfterCommit = false
+    #if DEBUG
+        /// Test-only (debug builds): audit appends of these actions fail, as if the process had
+        /// died between an action and its audit entry. Guarded by the store's lock.
+        public var failingAuditActions: Set<String> {
+            get { lock.withLock { _failingAuditActions } }
+            set { lock.withLock { _failingAuditActions = newValue } }
+        }
+        var _failingAuditActions: Set<String> = []
+    #endif
 
     /// Opens (creating if needed) the store at `path` with `key`. Refuses a store from a newer
     /// schema and a key that does not open it, without writing anything.
@@ -424,17 +441,73 @@ public final class Store: @unchecked Sendable {
         }
     }
 
-    /// Runs `body` in one durable transaction under the store lock.
+    /// Runs `body` in one durable transaction under the store lock. Called inside another
+    /// transaction (on the thread holding the lock), it runs as a savepoint of that one: its
+    /// writes commit or roll back with the outermost transaction, and a failure in it undoes
+    /// only its own writes.
     @discardableResult
     func transaction<T>(_ body: (SQLiteConnection) throws -> T) throws(StoreError) -> T {
-        let (result, head) = try locked { () throws -> (T, AuditHeadMark?) in
+        try runTransaction(synchronous: true, body)
+    }
+
+    private func runTransaction<T>(synchronous: Bool, _ body: (SQLiteConnection) throws -> T) throws(StoreError) -> T {
+        let (result, head, checkpoint) = try locked { () throws -> (T, AuditHeadMark?, Bool) in
+            if transactionDepth > 0 {
+                let outerHead = pendingHead
+                transactionDepth += 1
+                defer { transactionDepth -= 1 }
+                do {
+                    return (try connection.savepoint { try body(connection) }, nil, false)
+                } catch {
+                    pendingHead = outerHead
+                    throw error
+                }
+            }
             pendingHead = nil
-            let result = try connection.transaction { try body(connection) }
-            defer { pendingHead = nil }
-            return (result, pendingHead)
+            checkpointAfterCommit = false
+            transactionDepth = 1
+            defer {
+                transactionDepth = 0
+                pendingHead = nil
+                checkpointAfterCommit = false
+            }
+            let result = try connection.transaction(synchronous: synchronous) { try body(connection) }
+            if !synchronous { deferredSyncCommits += 1 }
+            return (result, pendingHead, checkpointAfterCommit)
         }
-        if let head { writeAnchor(head) }
+        if synchronous {
+            if let head { writeAnchor(head) }
+        } else {
+            walSync.request(head: head)
+        }
+        if checkpoint { try? locked { _ = try connection.query("PRAGMA wal_checkpoint(TRUNCATE)") } }
         return result
+    }
+
+    /// Runs a truncating checkpoint now, or once the transaction in progress commits.
+    func checkpointTruncating() throws(StoreError) {
+        try locked {
+            if transactionDepth > 0 {
+                checkpointAfterCommit = true
+            } else {
+                _ = try connection.query("PRAGMA wal_checkpoint(TRUNCATE)")
+            }
+        }
+    }
+
+    /// Runs several store operations and their audit entries as one durable transaction: all of
+    /// it commits, or none of it does. The store's own methods called from `body` (on this
+    /// thread) join the transaction; `tx.appendAudit` appends to the chain inside it. A crash at
+    /// any point leaves either everything or nothing; an error thrown from `body` rolls it all
+    /// back. The audit head anchor is written once the commit is durable.
+    ///
+    /// The store is locked for the whole of `body`: keep it short, and never wait in it.
+    public func transaction<T>(now: Date, _ body: (StoreTransaction) throws(StoreError) -> T) throws(StoreError) -> T {
+        try transaction { db throws -> T in
+            let tx = StoreTransaction(store: self, connection: db, now: now)
+            defer { tx.isOpen = false }
+            return try body(tx)
+        }
     }
 
     /// Records a committed, durable head in the anchor.
@@ -446,18 +519,12 @@ public final class Store: @unchecked Sendable {
 
     /// Like `transaction`, but the commit does not wait for `fsync`: the WAL file is synced in
     /// the background right after. Only for writes whose loss in a power cut is harmless. Falls
-    /// back to a durable commit when the WAL file cannot be synced from here.
+    /// back to a durable commit when the WAL file cannot be synced from here; inside another
+    /// transaction it joins that one (durable).
     func deferredSyncTransaction<T>(_ body: (SQLiteConnection) throws -> T) throws(StoreError) -> T {
-        guard walSync.available() else { return try transaction(body) }
-        let (result, head) = try locked { () throws -> (T, AuditHeadMark?) in
-            pendingHead = nil
-            let result = try connection.transaction(synchronous: false) { try body(connection) }
-            deferredSyncCommits += 1
-            defer { pendingHead = nil }
-            return (result, pendingHead)
-        }
-        walSync.request(head: head)
-        return result
+        let nested = try locked { transactionDepth > 0 }
+        guard walSync.available(), !nested else { return try transaction(body) }
+        return try runTransaction(synchronous: false, body)
     }
 
     /// Commits made without waiting for `fsync` (for tests). Guarded by the store's lock.
@@ -646,7 +713,7 @@ public final class Store: @unchecked Sendable {
             guard db.changes == 1 else { throw StoreError(.noSuchPerson(person.name.rawValue)) }
             return opened
         }
-        try locked { _ = try connection.query("PRAGMA wal_checkpoint(TRUNCATE)") }
+        try checkpointTruncating()
         return templates
     }
 
