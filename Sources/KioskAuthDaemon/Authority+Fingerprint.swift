@@ -282,7 +282,12 @@ extension Authority {
         let fallbackRequired = failuresHere >= configuration.fingerprint.failuresBeforeFallback
         // A match unlocks her whatever her passcode's state, and clears any finger count an
         // older store kept for her.
-        let current = try existingPerson(name, caller: caller, action: "finger.verify")
+        // A match counts only for someone who may still log in: the scan may have waited long.
+        let current =
+            matched
+            ? try recheckSubject(
+                caller, person, context: input.context, action: "finger.verify", method: "fingerprint")
+            : try existingPerson(name, caller: caller, action: "finger.verify")
         var failures = current.failures
         if matched { failures.fingerprintFailures = 0 }
         let updated = try recordAuthentication(
