@@ -57,6 +57,11 @@ public actor Authority {
     var fingerTouchesInFlight = 0
     /// Touches waiting for admission, first come first served.
     var fingerTouchWaiters: [CheckedContinuation<Void, Never>] = []
+    /// Scans of unprivileged callers running or waiting for the reader, each with what cancels
+    /// it: a scan of root or the groups (the greeter, a kiosk app, an admin enrolling) takes the
+    /// reader from them (see `readerScan`).
+    var preemptibleScans: [UInt64: @Sendable () -> Void] = [:]
+    var nextPreemptibleScan: UInt64 = 0
     /// Refusals of unprivileged callers awaiting their summary audit entry.
     let refusals = RefusalSummaries()
     /// The clock, the identity provider and the event hub (see Authority+IdentityProvider.swift).
