@@ -137,31 +137,11 @@ extension Authority {
                 try store.allFingers()
             }.map { GalleryEntry(id: "\($0.personID)/\($0.finger)", template: $0.template) } : []
 
-        var template: [UInt8]?
-        var duplicateChecked = false
+        let enrolment: (template: [UInt8]?, duplicateChecked: Bool)
         do {
-            for try await event in reader.enroll(finger: finger, username: name.rawValue, duplicateGallery: gallery) {
-                switch event {
-                case .progress(let stage, let stages, let hint):
-                    let state: String
-                    if hint == EnrollHint.checkingForDuplicates {
-                        state = "duplicate-check"
-                        duplicateChecked = true
-                    } else if hint == EnrollHint.duplicatesNotChecked {
-                        state = "duplicate-check"
-                    } else if hint != nil {
-                        state = "retry"
-                    } else {
-                        state = stage == 0 ? "touch" : "stage"
-                    }
-                    try? await sink.progress(
-                        Message.ScanReply(
-                            progress: ScanProgress(
-                                state: state, stage: stage, stages: stages,
-                                hint: hint ?? (stage == 0 ? Self.touchPrompt : nil))))
-                case .completed(let bytes):
-                    template = bytes
-                }
+            enrolment = try await readerScan(caller) {
+                try await Self.enrol(
+                    reader: reader, finger: finger, name: name.rawValue, gallery: gallery, sink: sink)
             }
         } catch {
             let apiError = Self.apiError(error, scanTimeout: configuration.fingerprint.scanTimeout)
@@ -173,7 +153,8 @@ extension Authority {
             }
             throw apiError
         }
-        guard let template else { throw APIError.own("ScanCancelled") }
+        guard let template = enrolment.template else { throw APIError.own("ScanCancelled") }
+        let duplicateChecked = enrolment.duplicateChecked
         // The ticket is used up only by a successful enrolment: a failed touch does not cost
         // the person their fresh authentication.
         var spentTicket: Ticket?
@@ -215,6 +196,39 @@ extension Authority {
         return Message.ScanReply(
             person: record(updated), finger: finger.rawValue, duplicateChecked: duplicateChecked, ticket: handedOn,
             ticketExpiresIn: spentTicket.map { max(0, Int($0.expires.timeIntervalSince(steadyNow()))) })
+    }
+
+    /// One enrolment on the reader, its progress sent to `sink`: the template (nil when the
+    /// stream ended without one) and whether duplicates were checked.
+    static func enrol(
+        reader: FingerprintReader, finger: Finger, name: String, gallery: [GalleryEntry], sink: ReplySink
+    ) async throws -> (template: [UInt8]?, duplicateChecked: Bool) {
+        var template: [UInt8]?
+        var duplicateChecked = false
+        for try await event in reader.enroll(finger: finger, username: name, duplicateGallery: gallery) {
+            switch event {
+            case .progress(let stage, let stages, let hint):
+                let state: String
+                if hint == EnrollHint.checkingForDuplicates {
+                    state = "duplicate-check"
+                    duplicateChecked = true
+                } else if hint == EnrollHint.duplicatesNotChecked {
+                    state = "duplicate-check"
+                } else if hint != nil {
+                    state = "retry"
+                } else {
+                    state = stage == 0 ? "touch" : "stage"
+                }
+                try? await sink.progress(
+                    Message.ScanReply(
+                        progress: ScanProgress(
+                            state: state, stage: stage, stages: stages,
+                            hint: hint ?? (stage == 0 ? Self.touchPrompt : nil))))
+            case .completed(let bytes):
+                template = bytes
+            }
+        }
+        return (template, duplicateChecked)
     }
 
     func listFingers(_ caller: Caller, _ name: String) throws(APIError) -> [String] {
@@ -287,15 +301,17 @@ extension Authority {
         let phases = Self.scanPhases(sink, saidWait: saidWait)
         let matched: Bool
         do {
-            if fingers.count == 1 {
-                matched = try await reader.verify(template: fingers[0].template, phase: phases)
-            } else if await reader.readers.first?.canIdentify == true {
-                // Several fingers: one touch, matched against all of this person's prints.
-                let result = try await reader.identify(
-                    gallery: fingers.map { GalleryEntry(id: $0.finger, template: $0.template) }, phase: phases)
-                matched = result != .noMatch
-            } else {
-                matched = try await reader.verify(template: fingers[0].template, phase: phases)
+            matched = try await readerScan(caller) {
+                if fingers.count == 1 {
+                    return try await reader.verify(template: fingers[0].template, phase: phases)
+                } else if await reader.readers.first?.canIdentify == true {
+                    // Several fingers: one touch, matched against all of this person's prints.
+                    let result = try await reader.identify(
+                        gallery: fingers.map { GalleryEntry(id: $0.finger, template: $0.template) }, phase: phases)
+                    return result != .noMatch
+                } else {
+                    return try await reader.verify(template: fingers[0].template, phase: phases)
+                }
             }
         } catch {
             recordFingerTouch(nil)
@@ -312,7 +328,12 @@ extension Authority {
         let fallbackRequired = failuresHere >= configuration.fingerprint.failuresBeforeFallback
         // A match unlocks her whatever her passcode's state, and clears any finger count an
         // older store kept for her.
-        let current = try existingPerson(name, caller: caller, action: "finger.verify")
+        // A match counts only for someone who may still log in: the scan may have waited long.
+        let current =
+            matched
+            ? try recheckSubject(
+                caller, person, context: input.context, action: "finger.verify", method: "fingerprint")
+            : try existingPerson(name, caller: caller, action: "finger.verify")
         var failures = current.failures
         if matched { failures.fingerprintFailures = 0 }
         let updated = try recordAuthentication(
@@ -334,12 +355,47 @@ extension Authority {
             ticketExpiresIn: Int(configuration.access.ticketLifetime))
     }
 
+    // MARK: Who gets the reader
+
+    /// Runs one reader operation for `caller`. A privileged caller's operation first cancels every
+    /// unprivileged one running or queued (they end with `ScanCancelled`), so the next touch goes
+    /// to the greeter or kiosk app: a user who keeps a scan of her own waiting, from anywhere,
+    /// can neither hold the reader nor have colleagues' touches matched against her print (and
+    /// counted towards the terminal-wide pause). An unprivileged operation can be taken this way.
+    func readerScan<T: Sendable>(
+        _ caller: Caller, _ operation: @escaping @Sendable () async throws -> T
+    ) async throws -> T {
+        if isPrivileged(caller) {
+            preemptUnprivilegedScans()
+            return try await operation()
+        }
+        let task = Task { try await operation() }
+        let key = nextPreemptibleScan
+        nextPreemptibleScan &+= 1
+        preemptibleScans[key] = { task.cancel() }
+        defer { preemptibleScans[key] = nil }
+        return try await withTaskCancellationHandler {
+            try await task.value
+        } onCancel: {
+            task.cancel()
+        }
+    }
+
+    /// Cancels every unprivileged reader operation (a privileged one is about to start).
+    func preemptUnprivilegedScans() {
+        let cancels = preemptibleScans.values
+        preemptibleScans = [:]
+        for cancel in cancels { cancel() }
+    }
+
     // MARK: Terminal-wide finger throttle
 
     var fingerThrottle: IdentifyThrottle {
         IdentifyThrottle(
             unknownFingersBeforePause: configuration.fingerprint.identifyPauseAfter,
-            pause: configuration.fingerprint.identifyPause)
+            pause: configuration.fingerprint.identifyPause,
+            failuresInWindow: configuration.fingerprint.fingerFailuresInWindow,
+            failureWindow: configuration.fingerprint.fingerFailureWindow)
     }
 
     func loadFingerThrottleState(_ caller: Caller? = nil) throws(APIError) -> IdentifyThrottleState {
@@ -465,9 +521,12 @@ extension Authority {
         let scanStarted = services.clock.reading()
         let result: MatchResult
         do {
-            result = try await reader.identify(
-                gallery: roster.fingers.map { GalleryEntry(id: "\($0.personID)", template: $0.template) },
-                layout: configuration.fingerprint.identifyLayout, phase: Self.scanPhases(sink, saidWait: saidWait))
+            let gallery = roster.fingers.map { GalleryEntry(id: "\($0.personID)", template: $0.template) }
+            let layout = configuration.fingerprint.identifyLayout
+            let phases = Self.scanPhases(sink, saidWait: saidWait)
+            result = try await readerScan(caller) {
+                try await reader.identify(gallery: gallery, layout: layout, phase: phases)
+            }
         } catch {
             recordFingerTouch(nil)
             let apiError = Self.apiError(error, scanTimeout: configuration.fingerprint.scanTimeout)

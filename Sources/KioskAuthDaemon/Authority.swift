@@ -57,6 +57,11 @@ public actor Authority {
     var fingerTouchesInFlight = 0
     /// Touches waiting for admission, first come first served.
     var fingerTouchWaiters: [CheckedContinuation<Void, Never>] = []
+    /// Scans of unprivileged callers running or waiting for the reader, each with what cancels
+    /// it: a scan of root or the groups (the greeter, a kiosk app, an admin enrolling) takes the
+    /// reader from them (see `readerScan`).
+    var preemptibleScans: [UInt64: @Sendable () -> Void] = [:]
+    var nextPreemptibleScan: UInt64 = 0
     /// Refusals of unprivileged callers awaiting their summary audit entry.
     let refusals = RefusalSummaries()
     /// The clock, the identity provider and the event hub (see Authority+IdentityProvider.swift).
@@ -587,6 +592,31 @@ public actor Authority {
         return person
     }
 
+    /// Re-checks, once an authentication's wait is over (a scan that waits for a finger, the
+    /// hash), what `authenticationSubject` checked before it: meanwhile the person may have been
+    /// suspended, bound to another uid, or their offline window may have ended. Returns the
+    /// person as they now stand; a refusal is audited and thrown as before the wait.
+    func recheckSubject(
+        _ caller: Caller, _ person: StoredPerson, context: CallerContext?, action: String, method: String
+    ) throws(APIError) -> StoredPerson {
+        let current = try existingPerson(person.name, caller: caller, action: action)
+        guard current.id == person.id else { throw APIError.noSuchPerson(person.name.rawValue) }
+        try requireAccountAllowed(caller, current, context: context, action: action, method: method)
+        try checkOfflineUnlock(caller, current, action: action, method: method, service: context?.service)
+        guard current.state == .active else {
+            audit(
+                caller, action: action, result: "refused", person: current.name.rawValue, method: method,
+                service: context?.service, detail: "state \(current.state.rawValue) when the authentication ended")
+            throw APIError.own(
+                "PersonNotActive",
+                [
+                    "name": .string(current.name.rawValue),
+                    "state": .string(current.state.rawValue.replacingOccurrences(of: "-", with: "_")),
+                ])
+        }
+        return current
+    }
+
     func verifyPasscode(_ caller: Caller, _ input: Message.VerifyPasscode) async throws(APIError) -> Message.Verified {
         let name = try loginName(input.name)
         let service = input.context?.service
@@ -631,11 +661,22 @@ public actor Authority {
         if matched {
             var cleared = before
             _ = credentialGuard.recordPasscode(matched: true, in: &cleared, now: started)
+            // The right passcode is no failure, even when the person may no longer log in.
+            let subject: StoredPerson
+            do {
+                subject = try recheckSubject(
+                    caller, person, context: input.context, action: "passcode.verify", method: "passcode")
+            } catch {
+                if let current = try? store.person(named: name), current.id == person.id {
+                    try? store.saveFailures(cleared, for: current, now: started)
+                }
+                throw error
+            }
             let current = try recordAuthentication(
-                caller, person: person, failures: cleared, unlocked: true, action: "passcode.verify", result: "success",
+                caller, person: subject, failures: cleared, unlocked: true, action: "passcode.verify", result: "success",
                 method: "passcode", service: service,
                 detail: input.context?.logind.map { "logind: \($0.prefix(80))" })
-            let ticket = issueTicket(for: person, caller: caller)
+            let ticket = issueTicket(for: subject, caller: caller)
             return Message.Verified(
                 person: record(current), ticket: ticket,
                 ticketExpiresIn: Int(configuration.access.ticketLifetime))

@@ -94,6 +94,11 @@ public struct DaemonConfiguration: Sendable {
         public var identifyPauseAfter = 5
         /// How long walk-up identify pauses.
         public var identifyPause: TimeInterval = 60
+        /// Failed or unknown touches within `fingerFailureWindow` that pause matching even with
+        /// matches between them.
+        public var fingerFailuresInWindow = 10
+        /// The sliding window for `fingerFailuresInWindow`.
+        public var fingerFailureWindow: TimeInterval = 600
         /// People may enrol their own fingers (with a fresh authentication ticket).
         public var selfEnrollment = true
         /// Fingers one person may enrol.
@@ -261,6 +266,8 @@ public struct DaemonConfiguration: Sendable {
             fingerprint.identifyLayout = layout
         case ("Fingerprint", "IdentifyPauseAfter"): fingerprint.identifyPauseAfter = try int(value, 1...1000)
         case ("Fingerprint", "IdentifyPauseSec"): fingerprint.identifyPause = try seconds(value)
+        case ("Fingerprint", "FailuresInWindow"): fingerprint.fingerFailuresInWindow = try int(value, 1...10000)
+        case ("Fingerprint", "FailureWindowSec"): fingerprint.fingerFailureWindow = try seconds(value)
         case ("Fingerprint", "SelfEnrollment"): fingerprint.selfEnrollment = try bool(value)
         case ("Fingerprint", "MaxFingersPerPerson"): fingerprint.maxFingersPerPerson = try int(value, 1...10)
         case ("Fingerprint", "DuplicateCheck"): fingerprint.duplicateCheck = try bool(value)

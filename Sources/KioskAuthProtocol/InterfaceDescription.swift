@@ -676,10 +676,15 @@ type PersonConnectivity (
 
 # How many identity-provider people are in each offline-window state (see PersonConnectivity).
 type WindowCounts (
+  # Within their offline window.
   open: int,
+  # Their window has ended: they must sign in online.
   expired: int,
+  # Their window ended because the clock went backwards.
   clockWentBackwards: int,
+  # Their local unlock is suspended.
   suspended: int,
+  # Never signed in online on this terminal.
   never: int
 )
 
