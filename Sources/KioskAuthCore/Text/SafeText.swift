@@ -1,15 +1,16 @@
 /// The character rule for text that callers send and people later read: names, display names,
 /// PAM services, terminals, hosts and every other identifier. Refused: NUL and every other C0
 /// control (U+0000–U+001F), DEL (U+007F), the C1 controls (U+0080–U+009F), the bidirectional
-/// embeddings and overrides (U+202A–U+202E), isolates (U+2066–U+2069) and marks (U+200E, U+200F,
-/// U+061C), and the line and paragraph separators (U+2028, U+2029). Such characters can
+/// embeddings and overrides (U+202A–U+202E), isolates (U+2066–U+2069), and the line and
+/// paragraph separators (U+2028, U+2029). The directional marks (U+200E, U+200F, U+061C) stay
+/// allowed: mixed-direction names need them, and they reorder nothing but neutral characters.
+/// Such characters can
 /// truncate a string in C, forge a line of a log, or move and recolour what a terminal shows.
 public enum SafeText {
     /// Whether `scalar` is refused.
     public static func isForbidden(_ scalar: Unicode.Scalar) -> Bool {
         switch scalar.value {
-        case 0x00...0x1F, 0x7F...0x9F, 0x202A...0x202E, 0x2066...0x2069, 0x200E, 0x200F, 0x061C, 0x2028, 0x2029:
-            true
+        case 0x00...0x1F, 0x7F...0x9F, 0x202A...0x202E, 0x2066...0x2069, 0x2028, 0x2029: true
         default: false
         }
     }
