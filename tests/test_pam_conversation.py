@@ -13,10 +13,13 @@ import time
 
 import pytest
 
-from fprint_virtual import (ERROR_GENERAL, RETRY_CENTER_FINGER, RETRY_TOO_SHORT, VirtualDevice, scan)
-from pam_support import (MODULE, PAM_AUTHINFO_UNAVAIL, PAM_MAXTRIES, PAM_SUCCESS, Client, security_dir)
-from test_pam import (NOT_RECOGNISED, PASSCODE, TOUCH, add_person, audit, enroll, module, pam,  # noqa: F401
-                      person, start)
+from fprint_virtual import (DRIVERS, ERROR_GENERAL, RETRY_CENTER_FINGER, RETRY_TOO_SHORT, VirtualDevice, scan,
+                            wait_for_socket)
+from kioskauth_testing import FAST_HASH_CONFIG
+from pam_support import (CHECK_HINT, MODULE, PAM_AUTHINFO_UNAVAIL, PAM_MAXTRIES, PAM_SUCCESS, Client,
+                         VarlinkConnection, security_dir)
+from test_pam import (NOT_RECOGNISED, PASSCODE, TOUCH, add_person, audit, call, enroll,  # noqa: F401
+                      module, pam, person, start)
 
 FPRINTD = "fprintd-pam-test"  # the service name upstream's tests use
 TIMED_OUT = "Fingerprint timed out: no finger was placed on the reader."
@@ -172,6 +175,132 @@ def test_pam_notices_fprintd_disappearing(make_daemon, pam):
     [result] = c.results()
     assert result["rc"] == PAM_AUTHINFO_UNAVAIL and result["seconds"] < 5
     assert c.messages() == [("info", TOUCH)]
+
+
+# Several readers (pam_fprintd's dual-reader scenarios) --------------------------------------------
+
+
+def readers(make_daemon, *drivers):
+    """A daemon with one virtual reader of each driver at once (libfprint runs each virtual
+    driver's one device side by side): the daemon and, per driver, (reader id, name, socket)."""
+    d = make_daemon(config=FAST_HASH_CONFIG)
+    sockets = {driver: d.root / f"{driver}.sock" for driver in drivers}
+    d.extra_env.update({DRIVERS[driver]: str(path) for driver, path in sockets.items()})
+    d.extra_env.update({"FP_DRIVERS_WHITELIST": ":".join(drivers), "FP_DRIVERS_ALLOWLIST": ":".join(drivers)})
+    d.start()
+    for path in sockets.values():
+        wait_for_socket(path)
+    listed = {r["driver"]: r for r in call(d, "GetReaders")["parameters"]["readers"]}
+    assert sorted(listed) == sorted(drivers)
+    return d, {driver: (listed[driver]["id"], listed[driver]["name"], sockets[driver]) for driver in drivers}
+
+
+def enroll_on(d, reader, name, finger_id, finger):
+    """Enrols `finger` on one reader (id, name, socket), touching it whenever it asks."""
+    reader_id, _, sensor = reader
+    connection = VarlinkConnection(d.socket)
+    connection.send({"method": "io.kioskauth.EnrollFinger", "more": True,
+                     "parameters": {"name": name, "finger": finger, "reader": reader_id}})
+    try:
+        while True:
+            reply = connection.receive()
+            assert "error" not in reply, reply
+            progress = reply["parameters"].get("progress")
+            if progress is None:
+                return reply
+            if progress["state"] == "duplicate-check":
+                if progress.get("hint") == CHECK_HINT:
+                    scan(sensor, finger_id)
+            elif progress.get("stage", 0) < progress.get("stages", 1):
+                scan(sensor, finger_id)
+    finally:
+        connection.close()
+
+
+# Only the set of messages is compared: at this branch's base the daemon sends the touch prompt
+# twice (once admitted, once the scan owns the reader), which main has since made once.
+def touch_on(reader):
+    """The touch prompt naming a reader, as shown when several are attached."""
+    return f"{TOUCH} ({reader[1]})"
+
+
+def test_pam_fprintd_dual_reader_auth(make_daemon, pam):
+    """Two readers; toto's prints are on the one found second: the scan runs there, and the
+    prompt names it."""
+    d, r = readers(make_daemon, "virtual_device", "virtual_device_storage")
+    first, second = [r[reader["driver"]] for reader in call(d, "GetReaders")["parameters"]["readers"]]
+    add_person(d, "toto")
+    enroll_on(d, second, "toto", "toto-left-middle", "left-middle")
+    enroll_on(d, second, "toto", "toto-right-middle", "right-middle")
+    pam.kioskauth(FPRINTD, d.socket, "mode=verify")
+    c = Client(pam, FPRINTD, "toto", "authenticate")
+    c.expect(touch_on(second))
+    scan(second[2], "toto-left-middle")
+    assert [(r["rc"], r["user"]) for r in c.results()] == [(PAM_SUCCESS, "toto")]
+    assert set(c.messages()) == {("info", touch_on(second))}  # the prompt, and nothing else
+
+
+def test_pam_fprintd_multi_reader_not_all_enrolled(make_daemon, pam):
+    """Three readers: one with none of toto's prints, one with two, one with one. As pam_fprintd
+    does, the scan runs on the reader holding most of them, and the prompt names it."""
+    d, r = readers(make_daemon, "virtual_image", "virtual_device", "virtual_device_storage")
+    add_person(d, "toto")
+    enroll_on(d, r["virtual_device"], "toto", "toto-left-middle", "left-middle")
+    enroll_on(d, r["virtual_device_storage"], "toto", "toto-left-index", "left-index")
+    enroll_on(d, r["virtual_device_storage"], "toto", "toto-right-index", "right-index")
+    most = r["virtual_device_storage"]
+    pam.kioskauth(FPRINTD, d.socket, "mode=verify")
+    c = Client(pam, FPRINTD, "toto", "authenticate")
+    c.expect(touch_on(most))
+    scan(most[2], "toto-right-index")
+    assert [(r["rc"], r["user"]) for r in c.results()] == [(PAM_SUCCESS, "toto")]
+    assert set(c.messages()) == {("info", touch_on(most))}  # the prompt, and nothing else
+
+
+def test_a_reader_unplugged_leaves_the_prints_on_the_other(make_daemon, pam):
+    """toto enrolled first on the storage reader, then on the other; with the storage reader
+    unplugged, his print on the remaining reader unlocks him (one reader: the plain prompt).
+    Someone enrolled only on the unplugged reader has no usable finger: the stack goes on."""
+    d, r = readers(make_daemon, "virtual_device", "virtual_device_storage")
+    add_person(d, "toto")
+    add_person(d, "sarah")
+    enroll_on(d, r["virtual_device_storage"], "toto", "toto-storage", "left-index")
+    enroll_on(d, r["virtual_device"], "toto", "toto-plain", "right-index")
+    enroll_on(d, r["virtual_device_storage"], "sarah", "sarah-storage", "right-index")
+    VirtualDevice(r["virtual_device_storage"][2]).unplug()
+    deadline = time.monotonic() + 10
+    while len(call(d, "GetReaders")["parameters"]["readers"]) != 1:
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    pam.kioskauth(FPRINTD, d.socket, "mode=verify")
+    c = Client(pam, FPRINTD, "toto", "authenticate")
+    c.expect(TOUCH)
+    scan(r["virtual_device"][2], "toto-plain")
+    assert [(r["rc"], r["user"]) for r in c.results()] == [(PAM_SUCCESS, "toto")]
+    assert set(c.messages()) == {("info", TOUCH)}  # the prompt, and nothing else
+    c = Client(pam, FPRINTD, "sarah", "authenticate")
+    assert [r["rc"] for r in c.results()] == [PAM_AUTHINFO_UNAVAIL]
+    assert c.messages() == []
+    [refusal] = [e for e in audit(d, "finger.verify") if e["result"] == "refused"]
+    assert refusal["person"] == "sarah" and "not attached" in refusal["detail"]
+
+
+def test_walk_up_identify_runs_on_the_reader_that_can_identify_the_roster(make_daemon, pam):
+    """Walk-up identify with a verify-only reader found first: it runs on the reader that holds
+    the roster's prints and can identify, over those prints, and the prompt names it."""
+    d, r = readers(make_daemon, "virtual_device", "virtual_device_storage")
+    assert call(d, "GetReaders")["parameters"]["readers"][0]["driver"] == "virtual_device"
+    add_person(d, "sarah")
+    add_person(d, "toto")
+    enroll_on(d, r["virtual_device"], "toto", "toto-plain", "right-index")
+    enroll_on(d, r["virtual_device_storage"], "sarah", "sarah-storage", "right-index")
+    storage = r["virtual_device_storage"]
+    pam.kioskauth("greeter-finger", d.socket, "mode=identify")
+    c = Client(pam, "greeter-finger", None, "authenticate")
+    c.expect(touch_on(storage))
+    scan(storage[2], "sarah-storage")
+    assert [(r["rc"], r["user"]) for r in c.results()] == [(PAM_SUCCESS, "sarah")]
+    assert set(c.messages()) == {("info", touch_on(storage)), ("info", "Welcome back, Sarah")}
 
 
 # The failure paths of the default conversation -----------------------------------------------------

@@ -10,13 +10,38 @@ extension Authority {
     /// The one-line prompt shown while a scan waits for a finger.
     static let touchPrompt = "Touch the fingerprint reader"
 
+    /// The touch prompt for a scan on `reader`: with several readers attached, it names the one
+    /// to touch ("Touch the fingerprint reader (NAME)"); with one, it is ``touchPrompt``.
+    static func touchPrompt(on reader: ReaderInfo?, attached: [ReaderInfo]) -> String {
+        guard let reader, attached.count > 1 else { return touchPrompt }
+        return "\(touchPrompt) (\(reader.name))"
+    }
+
+    /// The attached reader to scan `fingers` on, and those of them usable there: a template works
+    /// only on the reader it was enrolled on (driver and device id), so this is the attached
+    /// reader holding most of them (ties: discovery order), among those that can identify when
+    /// `identifying`. Nil when no attached reader holds any.
+    func readerHolding(
+        _ fingers: [StoredFinger], attached: [ReaderInfo], on service: FingerprintReader, identifying: Bool = false
+    ) async -> (reader: ReaderInfo, fingers: [StoredFinger])? {
+        let enrolledOn = await service.readerIDs(of: fingers.map(\.template))
+        var best: (reader: ReaderInfo, fingers: [StoredFinger])?
+        for candidate in attached where !identifying || candidate.canIdentify {
+            let usable = zip(fingers, enrolledOn).filter { $0.1 == candidate.id }.map(\.0)
+            if !usable.isEmpty, usable.count > best?.fingers.count ?? 0 { best = (candidate, usable) }
+        }
+        return best
+    }
+
     /// The one-line notice shown while a scan waits for another login to finish with the reader.
     static let waitPrompt = "Waiting for the fingerprint reader: another login is using it. Do not touch it yet."
 
     /// Streams where a verify or identify stands: "wait" while another operation holds the
     /// reader, then "touch" once the touch will be this scan's own (never before: a touch made
     /// while another scan holds the reader is that scan's).
-    static func scanPhases(_ sink: ReplySink, saidWait: Bool = false) -> @Sendable (ScanPhase) async -> Void {
+    static func scanPhases(_ sink: ReplySink, saidWait: Bool = false, prompt: String = touchPrompt)
+        -> @Sendable (ScanPhase) async -> Void
+    {
         { phase in
             switch phase {
             case .waitingForReader:
@@ -25,7 +50,7 @@ extension Authority {
                     try? await sink.progress(Message.ScanReply(progress: ScanProgress(state: "wait", hint: waitPrompt)))
                 }
             case .readyForTouch:
-                try? await sink.progress(Message.ScanReply(progress: ScanProgress(state: "touch", hint: touchPrompt)))
+                try? await sink.progress(Message.ScanReply(progress: ScanProgress(state: "touch", hint: prompt)))
             }
         }
     }
@@ -131,17 +156,37 @@ extension Authority {
                 "TooManyFingers", ["max": .number(Double(configuration.fingerprint.maxFingersPerPerson))])
         }
         let reader = try requireReader()
-        let gallery =
+        // On the reader asked for, else the first attached one.
+        let attached = await reader.readers
+        let target: ReaderInfo?
+        if let wanted = input.reader {
+            guard let found = attached.first(where: { $0.id == wanted }) else {
+                throw APIError.invalidInput(
+                    "reader", "no attached reader \(wanted); GetReaders (kioskauthctl reader) names those attached")
+            }
+            target = found
+        } else {
+            target = attached.first
+        }
+        var enrolled =
             configuration.fingerprint.duplicateCheck
             ? try withStore(caller, action: "finger.enroll", person: name.rawValue) { () throws(StoreError) in
                 try store.allFingers()
-            }.map { GalleryEntry(id: "\($0.personID)/\($0.finger)", template: $0.template) } : []
+            } : []
+        if let target, !enrolled.isEmpty {
+            // Only prints enrolled on that reader can be matched there.
+            let enrolledOn = await reader.readerIDs(of: enrolled.map(\.template))
+            enrolled = zip(enrolled, enrolledOn).filter { $0.1 == target.id }.map(\.0)
+        }
+        let gallery = enrolled.map { GalleryEntry(id: "\($0.personID)/\($0.finger)", template: $0.template) }
+        let prompt = Self.touchPrompt(on: target, attached: attached)
 
         let enrolment: (template: [UInt8]?, duplicateChecked: Bool)
         do {
             enrolment = try await readerScan(caller) {
                 try await Self.enrol(
-                    reader: reader, finger: finger, name: name.rawValue, gallery: gallery, sink: sink)
+                    reader: reader, finger: finger, name: name.rawValue, gallery: gallery, on: target?.id,
+                    prompt: prompt, sink: sink)
             }
         } catch {
             let apiError = Self.apiError(error, scanTimeout: configuration.fingerprint.scanTimeout)
@@ -178,7 +223,8 @@ extension Authority {
                 }
                 try tx.audit(
                     caller, action: "finger.enroll", result: "success", person: name.rawValue, method: "fingerprint",
-                    detail: finger.rawValue + (duplicateChecked ? "" : " (duplicates not checked)"))
+                    detail: finger.rawValue + (target.map { " on \($0.id)" } ?? "")
+                        + (duplicateChecked ? "" : " (duplicates not checked)"))
             }
         } catch {
             if error.code == .personExists {
@@ -201,11 +247,14 @@ extension Authority {
     /// One enrolment on the reader, its progress sent to `sink`: the template (nil when the
     /// stream ended without one) and whether duplicates were checked.
     static func enrol(
-        reader: FingerprintReader, finger: Finger, name: String, gallery: [GalleryEntry], sink: ReplySink
+        reader: FingerprintReader, finger: Finger, name: String, gallery: [GalleryEntry], on readerID: String?,
+        prompt: String, sink: ReplySink
     ) async throws -> (template: [UInt8]?, duplicateChecked: Bool) {
         var template: [UInt8]?
         var duplicateChecked = false
-        for try await event in reader.enroll(finger: finger, username: name, duplicateGallery: gallery) {
+        for try await event in reader.enroll(
+            finger: finger, username: name, duplicateGallery: gallery, reader: readerID)
+        {
             switch event {
             case .progress(let stage, let stages, let hint):
                 let state: String
@@ -223,7 +272,7 @@ extension Authority {
                     Message.ScanReply(
                         progress: ScanProgress(
                             state: state, stage: stage, stages: stages,
-                            hint: hint ?? (stage == 0 ? Self.touchPrompt : nil))))
+                            hint: hint ?? (stage == 0 ? prompt : nil))))
             case .completed(let bytes):
                 template = bytes
             }
@@ -258,13 +307,18 @@ extension Authority {
         return removed.map(\.finger)
     }
 
-    /// Deletes prints kept on the sensor; a failure is logged, never fatal (reconciliation at the
-    /// next start removes orphans).
+    /// Deletes prints kept on a sensor, each on the attached storage reader it was enrolled on; a
+    /// failure is logged, never fatal (reconciliation at the next start removes orphans; a print
+    /// on a reader not attached now is left to that).
     func deleteFromSensor(_ templates: [[UInt8]]) async {
-        guard let reader, !templates.isEmpty, await reader.readers.first?.hasStorage == true else { return }
-        for template in templates {
-            do { try await reader.deleteFromSensor(template: template) } catch {
-                logger.warning("could not delete a print from the sensor", metadata: ["error": "\(error)"])
+        guard let reader, !templates.isEmpty else { return }
+        let storageReaders = await reader.readers.filter(\.hasStorage).map(\.id)
+        guard !storageReaders.isEmpty else { return }
+        for (template, enrolledOn) in zip(templates, await reader.readerIDs(of: templates)) {
+            guard let enrolledOn, storageReaders.contains(enrolledOn) else { continue }
+            do { try await reader.deleteFromSensor(template: template, reader: enrolledOn) } catch {
+                logger.warning(
+                    "could not delete a print from the sensor", metadata: ["reader": "\(enrolledOn)", "error": "\(error)"])
             }
         }
     }
@@ -292,25 +346,40 @@ extension Authority {
         }
         guard !fingers.isEmpty else { throw APIError.own("NoFingers", ["name": .string(name.rawValue)]) }
         let reader = try requireReader()
+        // The attached reader holding this person's prints (with none attached, the scan fails
+        // as NoReader below).
+        let attached = await reader.readers
+        var target: ReaderInfo?
+        var usable = fingers
+        if !attached.isEmpty {
+            guard let holding = await readerHolding(fingers, attached: attached, on: reader) else {
+                audit(
+                    caller, action: "finger.verify", result: "refused", person: name.rawValue, method: "fingerprint",
+                    service: service, detail: "fingers enrolled only on readers not attached")
+                throw APIError.own("NoFingers", ["name": .string(name.rawValue)])
+            }
+            (target, usable) = (holding.reader, holding.fingers)
+        }
+        let prompt = Self.touchPrompt(on: target, attached: attached)
         // Both counts are taken before the scan and settled after it, so that concurrent touches
         // never share a slot.
         let saidWait = try await admitFingerTouch(
             caller, action: "finger.verify", person: name.rawValue, service: service, sink: sink)
         fingerFailures[caller.connectionID, default: [:]][person.id, default: 0] += 1
         let scanStarted = services.clock.reading()
-        let phases = Self.scanPhases(sink, saidWait: saidWait)
+        let phases = Self.scanPhases(sink, saidWait: saidWait, prompt: prompt)
         let matched: Bool
         do {
+            let (usable, target) = (usable, target)
             matched = try await readerScan(caller) {
-                if fingers.count == 1 {
-                    return try await reader.verify(template: fingers[0].template, phase: phases)
-                } else if await reader.readers.first?.canIdentify == true {
-                    // Several fingers: one touch, matched against all of this person's prints.
+                if usable.count > 1, target?.canIdentify == true {
+                    // Several fingers: one touch, matched against all of this person's prints there.
                     let result = try await reader.identify(
-                        gallery: fingers.map { GalleryEntry(id: $0.finger, template: $0.template) }, phase: phases)
+                        gallery: usable.map { GalleryEntry(id: $0.finger, template: $0.template) },
+                        reader: target?.id, phase: phases)
                     return result != .noMatch
                 } else {
-                    return try await reader.verify(template: fingers[0].template, phase: phases)
+                    return try await reader.verify(template: usable[0].template, reader: target?.id, phase: phases)
                 }
             }
         } catch {
@@ -516,16 +585,31 @@ extension Authority {
             if await reader.readers.isEmpty { throw APIError.own("NoReader") }
             throw APIError.own("NotIdentified", ["unknownInARow": .number(0), "askForName": .bool(false)])
         }
+        // One reader scans: the attached one that can identify and holds most of the roster's
+        // prints, over those of them usable there (with none attached, the scan fails as NoReader;
+        // with none that can identify, as on the first reader).
+        let attached = await reader.readers
+        var target: ReaderInfo?
+        var candidates = roster.fingers
+        if let holding = await readerHolding(roster.fingers, attached: attached, on: reader, identifying: true) {
+            (target, candidates) = (holding.reader, holding.fingers)
+        } else if attached.contains(where: \.canIdentify) {
+            // Nobody in the roster can be recognised on the readers attached: no touch to ask for.
+            throw APIError.own(
+                "NotIdentified", ["unknownInARow": .number(0), "askForName": .bool(roster.isTruncated)])
+        }
+        let prompt = Self.touchPrompt(on: target, attached: attached)
         let saidWait = try await admitFingerTouch(
             caller, action: "finger.identify", person: nil, service: service, sink: sink)
         let scanStarted = services.clock.reading()
         let result: MatchResult
         do {
-            let gallery = roster.fingers.map { GalleryEntry(id: "\($0.personID)", template: $0.template) }
+            let gallery = candidates.map { GalleryEntry(id: "\($0.personID)", template: $0.template) }
             let layout = configuration.fingerprint.identifyLayout
-            let phases = Self.scanPhases(sink, saidWait: saidWait)
+            let phases = Self.scanPhases(sink, saidWait: saidWait, prompt: prompt)
+            let targetID = target?.id
             result = try await readerScan(caller) {
-                try await reader.identify(gallery: gallery, layout: layout, phase: phases)
+                try await reader.identify(gallery: gallery, layout: layout, reader: targetID, phase: phases)
             }
         } catch {
             recordFingerTouch(nil)
@@ -535,7 +619,7 @@ extension Authority {
                 detail: apiError.name)
             throw apiError
         }
-        guard case .match(let id) = result, let match = roster.fingers.first(where: { "\($0.personID)" == id }),
+        guard case .match(let id) = result, let match = candidates.first(where: { "\($0.personID)" == id }),
             let person = try withStore(
                 caller, action: "finger.identify",
                 { () throws(StoreError) in try store.person(named: match.personName) }),
@@ -582,13 +666,22 @@ extension Authority {
 
     // MARK: Start-up
 
-    /// Reconciles a storage reader's on-sensor prints with the store: prints on the sensor that
-    /// no person owns are deleted; people's prints missing from the sensor are reported.
+    /// Reconciles each attached storage reader's on-sensor prints with the store: prints on the
+    /// sensor that no person owns are deleted; people's prints enrolled on that reader but missing
+    /// from its sensor are reported.
     func reconcileSensor() async {
-        guard let reader, let first = await reader.readers.first, first.hasStorage else { return }
+        guard let reader else { return }
+        for sensor in await reader.readers where sensor.hasStorage {
+            await reconcileSensor(sensor, on: reader)
+        }
+    }
+
+    private func reconcileSensor(_ sensor: ReaderInfo, on reader: FingerprintReader) async {
         do {
-            let onSensor = try await reader.sensorPrints()
-            let stored = try store.allFingers()
+            let onSensor = try await reader.sensorPrints(reader: sensor.id)
+            let all = try store.allFingers()
+            let enrolledOn = await reader.readerIDs(of: all.map(\.template))
+            let stored = zip(all, enrolledOn).filter { $0.1 == sensor.id }.map(\.0)
             var orphans = 0
             for print in onSensor {
                 var owned = false
@@ -597,7 +690,7 @@ extension Authority {
                     break
                 }
                 if !owned {
-                    try await reader.deleteFromSensor(template: print)
+                    try await reader.deleteFromSensor(template: print, reader: sensor.id)
                     orphans += 1
                 }
             }
@@ -613,7 +706,10 @@ extension Authority {
             if orphans > 0 || !missing.isEmpty {
                 logger.warning(
                     "sensor reconciled",
-                    metadata: ["orphans_removed": "\(orphans)", "missing": "\(missing.joined(separator: ","))"])
+                    metadata: [
+                        "reader": "\(sensor.id)", "orphans_removed": "\(orphans)",
+                        "missing": "\(missing.joined(separator: ","))",
+                    ])
             }
             audit(
                 nil, action: "reader.reconcile", result: missing.isEmpty ? "success" : "failure",
@@ -621,7 +717,7 @@ extension Authority {
                     "orphans removed: \(orphans); missing from sensor: \(missing.isEmpty ? "none" : missing.joined(separator: ","))"
             )
         } catch {
-            logger.warning("sensor reconciliation failed", metadata: ["error": "\(error)"])
+            logger.warning("sensor reconciliation failed", metadata: ["reader": "\(sensor.id)", "error": "\(error)"])
         }
     }
 }

@@ -71,7 +71,8 @@ type Person (
 
 # A fingerprint reader the daemon can use.
 type Reader (
-  # libfprint's device id.
+  # Identifies the reader: libfprint's driver and device id ("virtual_image:0"). A print is
+  # usable only on the reader it was enrolled on.
   id: string,
   # libfprint driver name, e.g. "elan", "virtual_image".
   driver: string,
@@ -98,7 +99,9 @@ type ScanProgress (
   stage: ?int,
   # Enrolment stages in all.
   stages: ?int,
-  # What to tell the person, e.g. "Touch the fingerprint reader", "centre your finger".
+  # What to tell the person, e.g. "Touch the fingerprint reader" (with several readers
+  # attached, naming the one to touch: "Touch the fingerprint reader (NAME)"), "centre your
+  # finger".
   hint: ?string
 )
 
@@ -330,7 +333,10 @@ method EnrollFinger(
   # Which finger: left-thumb ... right-little; default right-index.
   finger: ?string,
   # Self-service only: the ticket a fresh authentication returned on this connection.
-  ticket: ?string
+  ticket: ?string,
+  # The attached reader to enrol on (a GetReaders id); default the first. A print works only
+  # on the reader it was enrolled on.
+  reader: ?string
 ) -> (
   # Progress, when this is not the final reply.
   progress: ?ScanProgress,

@@ -306,10 +306,12 @@ extension Message {
         public var name: String
         public var finger: String?
         public var ticket: String?
-        public init(name: String, finger: String? = nil, ticket: String? = nil) {
+        public var reader: String?
+        public init(name: String, finger: String? = nil, ticket: String? = nil, reader: String? = nil) {
             self.name = name
             self.finger = finger
             self.ticket = ticket
+            self.reader = reader
         }
     }
 

@@ -615,13 +615,14 @@ struct FingerCommand: ParsableCommand {
         @OptionGroup var global: GlobalOptions
         @Argument(help: "Login name.") var name: String
         @Option(help: "Which finger: left-thumb ... right-little.") var finger = "right-index"
+        @Option(help: "The reader to enrol on (an id from `kioskauthctl reader`); default the first.") var reader: String?
 
         func validate() throws {
             guard fingerNames.contains(finger) else { throw ValidationError("unknown finger '\(finger)': use \(fingerNames.joined(separator: ", "))") }
         }
 
         func run() throws {
-            let reply = try scan(global, "EnrollFinger", Message.EnrollFinger(name: name, finger: finger))
+            let reply = try scan(global, "EnrollFinger", Message.EnrollFinger(name: name, finger: finger, reader: reader))
             guard !global.json else { return }
             print("enrolled \(reply.finger ?? finger) for \(name)")
             if reply.duplicateChecked == false {
@@ -692,7 +693,7 @@ struct ReaderCommand: ParsableCommand {
             var features: [String] = [r.scanType]
             if r.canIdentify { features.append("identify") }
             if r.hasStorage { features.append("storage") }
-            print("\(r.name)\tdriver \(r.driver)\t\(r.enrollStages) enrol stages\t\(features.joined(separator: ", "))")
+            print("\(r.id)\t\(r.name)\tdriver \(r.driver)\t\(r.enrollStages) enrol stages\t\(features.joined(separator: ", "))")
         }
     }
 }
