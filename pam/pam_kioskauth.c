@@ -113,6 +113,7 @@
     "Your passcode is locked. Ask an administrator to reset it, or sign in online."
 #define MESSAGE_IDP_FALLBACK "Biometric login failed. Please sign in with your email and password."
 #define MESSAGE_SIGN_IN "Please sign in with your email and password."
+#define MESSAGE_SIGN_IN_ONLINE "Sign in online: your organisation's sign-in must be renewed."
 #define MESSAGE_WRONG_CREDENTIALS "Wrong email or password."
 #define MESSAGE_NOT_AN_EMAIL "That is not an email address."
 #define MESSAGE_IDP_UNAVAILABLE                                                                    \
@@ -1829,6 +1830,14 @@ static struct step passcode_precheck(const struct login *l, const char *name) {
     bool online = is_identity_provider_person(p);
     if (is_pending(state))
         return (struct step){PAM_AUTH_ERR, NEXT_ACTIVATE};
+    /* An identity-provider person whose local unlock is suspended until they sign in online (the
+     * provider refused their token): the online login is what lifts it, not a dead end. */
+    if (online && json_get_string(p, "suspendedReason")) {
+        if (l->remote)
+            return (struct step){PAM_AUTHINFO_UNAVAIL, NEXT_NONE};
+        complain(l, MESSAGE_SIGN_IN_ONLINE);
+        return (struct step){PAM_AUTHINFO_UNAVAIL, NEXT_ONLINE, ""};
+    }
     if (!state || strcmp(state, "active") != 0) {
         complain(l, not_active_message(state));
         return (struct step){PAM_AUTH_ERR, NEXT_NONE};
