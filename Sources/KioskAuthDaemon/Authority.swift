@@ -780,8 +780,3 @@ public actor Authority {
             reason: result.reason)
     }
 }
-
-/// The version kioskauthd reports.
-public enum KioskAuthVersion {
-    public static let string = "0.1.0"
-}

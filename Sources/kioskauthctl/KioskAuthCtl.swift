@@ -100,7 +100,7 @@ struct KioskAuthCtl: ParsableCommand {
         commandName: "kioskauthctl",
         abstract: "Manage kioskauth: people, passcodes, fingerprints and the audit trail.",
         discussion: "Speaks only kioskauthd's socket API; what you may do depends on who you are (root, kioskauth-admin, kioskauth).",
-        version: "0.1.0",
+        version: KioskAuthVersion.string,
         subcommands: [
             Status.self, User.self, Passcode.self, FingerCommand.self, VerifyCommand.self, IdentifyCommand.self, ReaderCommand.self,
             Activation.self, Lockout.self, Audit.self, SessionCommand.self, Login.self,
