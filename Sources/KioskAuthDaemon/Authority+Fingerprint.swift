@@ -124,7 +124,8 @@ extension Authority {
             throw APIError.invalidInput("finger", "unknown finger \(fingerName); use left-thumb ... right-little")
         }
         guard !person.fingers.contains(finger.rawValue) else {
-            throw APIError.own("FingerAlreadyEnrolled", ["finger": .string(finger.rawValue)])
+            throw APIError.own(
+                "FingerAlreadyEnrolled", ["finger": .string(finger.rawValue), "name": .string(name.rawValue)])
         }
         guard person.fingers.count < configuration.fingerprint.maxFingersPerPerson else {
             throw APIError.own(
@@ -138,7 +139,8 @@ extension Authority {
             }.map { GalleryEntry(id: "\($0.personID)/\($0.finger)", template: $0.template) } : []
 
         var template: [UInt8]?
-        var duplicateChecked = false
+        // With nothing enrolled yet there is nothing to duplicate: checked, whatever the reader.
+        var duplicateChecked = configuration.fingerprint.duplicateCheck && gallery.isEmpty
         do {
             for try await event in reader.enroll(finger: finger, username: name.rawValue, duplicateGallery: gallery) {
                 switch event {
@@ -168,8 +170,8 @@ extension Authority {
             audit(
                 caller, action: "finger.enroll", result: "failure", person: name.rawValue, method: "fingerprint",
                 detail: "\(finger.rawValue): \(apiError.name)")
-            if (error as? FingerprintError)?.code == .duplicate {
-                throw APIError.own("FingerAlreadyEnrolled", ["finger": .string(finger.rawValue)])
+            if let error = error as? FingerprintError, error.code == .duplicate {
+                throw alreadyEnrolled(error.matchedID, caller: caller, enrolling: person)
             }
             throw apiError
         }
@@ -201,10 +203,13 @@ extension Authority {
             }
         } catch {
             if error.code == .personExists {
-                throw APIError.own("FingerAlreadyEnrolled", ["finger": .string(finger.rawValue)])
+                throw APIError.own(
+                "FingerAlreadyEnrolled", ["finger": .string(finger.rawValue), "name": .string(name.rawValue)])
             }
             throw try failStore(caller, "finger.enroll", error)
         }
+        // The new print is on the sensor whatever the last reconciliation found.
+        fingersMissingFromSensor[current.id]?.remove(finger.rawValue)
         let updated = try existingPerson(name, caller: caller, action: "finger.enroll")
         // The spent ticket's authentication is handed on, no fresher than it was, so that the
         // login that offered enrolment can still open its session (or step up) on this connection.
@@ -217,12 +222,34 @@ extension Authority {
             ticketExpiresIn: spentTicket.map { max(0, Int($0.expires.timeIntervalSince(steadyNow()))) })
     }
 
-    func listFingers(_ caller: Caller, _ name: String) throws(APIError) -> [String] {
+    func listFingers(_ caller: Caller, _ name: String) throws(APIError) -> Message.Fingers {
         let name = try loginName(name)
         let person = try authorisedPerson(
             name, caller: caller, action: "finger.list", privileged: groups.isAdmin(caller),
             refusal: "finger.list needs root or membership in \(configuration.access.adminGroup)")
-        return person.fingers
+        let missing = missingFromSensor(person)
+        return Message.Fingers(fingers: person.fingers, missingFromSensor: missing.isEmpty ? nil : missing)
+    }
+
+    /// `FingerAlreadyEnrolled` for a duplicate check's match: the finger the touch matched, and
+    /// whose it is when the caller may know (an admin, or the person enrolling it themself).
+    func alreadyEnrolled(
+        _ matchedID: String?, caller: Caller, enrolling person: StoredPerson
+    ) -> APIError {
+        guard let matchedID, let slash = matchedID.firstIndex(of: "/"),
+            let ownerID = Int64(matchedID[..<slash])
+        else { return APIError.own("FingerAlreadyEnrolled", ["finger": .string("")]) }
+        let matchedFinger = String(matchedID[matchedID.index(after: slash)...])
+        guard ownerID == person.id || groups.isAdmin(caller) else {
+            return APIError.own("FingerAlreadyEnrolled", ["finger": .string("")])
+        }
+        var parameters: [String: JSONValue] = ["finger": .string(matchedFinger)]
+        if ownerID == person.id {
+            parameters["name"] = .string(person.name.rawValue)
+        } else if let owner = try? store.person(id: ownerID) {
+            parameters["name"] = .string(owner.name.rawValue)
+        }
+        return APIError.own("FingerAlreadyEnrolled", parameters)
     }
 
     func removeFinger(_ caller: Caller, _ input: Message.RemoveFinger) async throws(APIError) -> [String] {
@@ -543,18 +570,30 @@ extension Authority {
                 }
             }
             var missing: [String] = []
+            var missingByPerson: [Int64: Set<String>] = [:]
             for finger in stored {
                 var present = false
                 for print in onSensor where await reader.isSamePrint(print, finger.template) {
                     present = true
                     break
                 }
-                if !present { missing.append("\(finger.personName.rawValue)/\(finger.finger)") }
+                if !present {
+                    missing.append("\(finger.personName.rawValue)/\(finger.finger)")
+                    missingByPerson[finger.personID, default: []].insert(finger.finger)
+                }
             }
-            if orphans > 0 || !missing.isEmpty {
+            fingersMissingFromSensor = missingByPerson
+            if !missing.isEmpty {
+                // Said plainly: a virtual reader forgets its prints whenever the daemon restarts.
                 logger.warning(
-                    "sensor reconciled",
+                    """
+                    \(missing.count) enrolled finger\(missing.count == 1 ? " is" : "s are") missing from the \
+                    sensor and cannot match until enrolled again: \(missing.joined(separator: ", ")) \
+                    (kioskauthctl finger list NAME marks them)
+                    """,
                     metadata: ["orphans_removed": "\(orphans)", "missing": "\(missing.joined(separator: ","))"])
+            } else if orphans > 0 {
+                logger.warning("sensor reconciled", metadata: ["orphans_removed": "\(orphans)"])
             }
             audit(
                 nil, action: "reader.reconcile", result: missing.isEmpty ? "success" : "failure",
