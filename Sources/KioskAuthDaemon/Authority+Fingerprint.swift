@@ -149,7 +149,8 @@ extension Authority {
             throw APIError.invalidInput("finger", "unknown finger \(fingerName); use left-thumb ... right-little")
         }
         guard !person.fingers.contains(finger.rawValue) else {
-            throw APIError.own("FingerAlreadyEnrolled", ["finger": .string(finger.rawValue)])
+            throw APIError.own(
+                "FingerAlreadyEnrolled", ["finger": .string(finger.rawValue), "name": .string(name.rawValue)])
         }
         guard person.fingers.count < configuration.fingerprint.maxFingersPerPerson else {
             throw APIError.own(
@@ -182,19 +183,21 @@ extension Authority {
         let prompt = Self.touchPrompt(on: target, attached: attached)
 
         let enrolment: (template: [UInt8]?, duplicateChecked: Bool)
+        // With nothing enrolled yet there is nothing to duplicate: checked, whatever the reader.
+        let nothingToDuplicate = configuration.fingerprint.duplicateCheck && gallery.isEmpty
         do {
             enrolment = try await readerScan(caller) {
                 try await Self.enrol(
                     reader: reader, finger: finger, name: name.rawValue, gallery: gallery, on: target?.id,
-                    prompt: prompt, sink: sink)
+                    prompt: prompt, nothingToDuplicate: nothingToDuplicate, sink: sink)
             }
         } catch {
             let apiError = Self.apiError(error, scanTimeout: configuration.fingerprint.scanTimeout)
             audit(
                 caller, action: "finger.enroll", result: "failure", person: name.rawValue, method: "fingerprint",
                 detail: "\(finger.rawValue): \(apiError.name)")
-            if (error as? FingerprintError)?.code == .duplicate {
-                throw APIError.own("FingerAlreadyEnrolled", ["finger": .string(finger.rawValue)])
+            if let error = error as? FingerprintError, error.code == .duplicate {
+                throw alreadyEnrolled(error.matchedID, caller: caller, enrolling: person)
             }
             throw apiError
         }
@@ -228,10 +231,13 @@ extension Authority {
             }
         } catch {
             if error.code == .personExists {
-                throw APIError.own("FingerAlreadyEnrolled", ["finger": .string(finger.rawValue)])
+                throw APIError.own(
+                "FingerAlreadyEnrolled", ["finger": .string(finger.rawValue), "name": .string(name.rawValue)])
             }
             throw try failStore(caller, "finger.enroll", error)
         }
+        // The new print is on the sensor whatever the last reconciliation found.
+        fingersMissingFromSensor[current.id]?.remove(finger.rawValue)
         let updated = try existingPerson(name, caller: caller, action: "finger.enroll")
         // The spent ticket's authentication is handed on, no fresher than it was, so that the
         // login that offered enrolment can still open its session (or step up) on this connection.
@@ -248,10 +254,10 @@ extension Authority {
     /// stream ended without one) and whether duplicates were checked.
     static func enrol(
         reader: FingerprintReader, finger: Finger, name: String, gallery: [GalleryEntry], on readerID: String?,
-        prompt: String, sink: ReplySink
+        prompt: String, nothingToDuplicate: Bool, sink: ReplySink
     ) async throws -> (template: [UInt8]?, duplicateChecked: Bool) {
         var template: [UInt8]?
-        var duplicateChecked = false
+        var duplicateChecked = nothingToDuplicate
         for try await event in reader.enroll(
             finger: finger, username: name, duplicateGallery: gallery, reader: readerID)
         {
@@ -280,12 +286,34 @@ extension Authority {
         return (template, duplicateChecked)
     }
 
-    func listFingers(_ caller: Caller, _ name: String) throws(APIError) -> [String] {
+    func listFingers(_ caller: Caller, _ name: String) throws(APIError) -> Message.Fingers {
         let name = try loginName(name)
         let person = try authorisedPerson(
             name, caller: caller, action: "finger.list", privileged: groups.isAdmin(caller),
             refusal: "finger.list needs root or membership in \(configuration.access.adminGroup)")
-        return person.fingers
+        let missing = missingFromSensor(person)
+        return Message.Fingers(fingers: person.fingers, missingFromSensor: missing.isEmpty ? nil : missing)
+    }
+
+    /// `FingerAlreadyEnrolled` for a duplicate check's match: the finger the touch matched, and
+    /// whose it is when the caller may know (an admin, or the person enrolling it themself).
+    func alreadyEnrolled(
+        _ matchedID: String?, caller: Caller, enrolling person: StoredPerson
+    ) -> APIError {
+        guard let matchedID, let slash = matchedID.firstIndex(of: "/"),
+            let ownerID = Int64(matchedID[..<slash])
+        else { return APIError.own("FingerAlreadyEnrolled", ["finger": .string("")]) }
+        let matchedFinger = String(matchedID[matchedID.index(after: slash)...])
+        guard ownerID == person.id || groups.isAdmin(caller) else {
+            return APIError.own("FingerAlreadyEnrolled", ["finger": .string("")])
+        }
+        var parameters: [String: JSONValue] = ["finger": .string(matchedFinger)]
+        if ownerID == person.id {
+            parameters["name"] = .string(person.name.rawValue)
+        } else if let owner = try? store.person(id: ownerID) {
+            parameters["name"] = .string(owner.name.rawValue)
+        }
+        return APIError.own("FingerAlreadyEnrolled", parameters)
     }
 
     func removeFinger(_ caller: Caller, _ input: Message.RemoveFinger) async throws(APIError) -> [String] {
@@ -671,6 +699,8 @@ extension Authority {
     /// from its sensor are reported.
     func reconcileSensor() async {
         guard let reader else { return }
+        // Recomputed over every storage reader attached now.
+        fingersMissingFromSensor = [:]
         for sensor in await reader.readers where sensor.hasStorage {
             await reconcileSensor(sensor, on: reader)
         }
@@ -695,21 +725,35 @@ extension Authority {
                 }
             }
             var missing: [String] = []
+            var missingByPerson: [Int64: Set<String>] = [:]
             for finger in stored {
                 var present = false
                 for print in onSensor where await reader.isSamePrint(print, finger.template) {
                     present = true
                     break
                 }
-                if !present { missing.append("\(finger.personName.rawValue)/\(finger.finger)") }
+                if !present {
+                    missing.append("\(finger.personName.rawValue)/\(finger.finger)")
+                    missingByPerson[finger.personID, default: []].insert(finger.finger)
+                }
             }
-            if orphans > 0 || !missing.isEmpty {
+            for (personID, fingers) in missingByPerson {
+                fingersMissingFromSensor[personID, default: []].formUnion(fingers)
+            }
+            if !missing.isEmpty {
+                // Said plainly: a virtual reader forgets its prints whenever the daemon restarts.
                 logger.warning(
-                    "sensor reconciled",
+                    """
+                    \(missing.count) enrolled finger\(missing.count == 1 ? " is" : "s are") missing from the \
+                    sensor and cannot match until enrolled again: \(missing.joined(separator: ", ")) \
+                    (kioskauthctl finger list NAME marks them)
+                    """,
                     metadata: [
                         "reader": "\(sensor.id)", "orphans_removed": "\(orphans)",
                         "missing": "\(missing.joined(separator: ","))",
                     ])
+            } else if orphans > 0 {
+                logger.warning("sensor reconciled", metadata: ["orphans_removed": "\(orphans)"])
             }
             audit(
                 nil, action: "reader.reconcile", result: missing.isEmpty ? "success" : "failure",

@@ -51,6 +51,9 @@ public actor Authority {
     /// after FailuresBeforeFallback of them that connection gets `FallbackRequired` for that
     /// person. Never durable, so nobody can drive a colleague into the fallback elsewhere.
     var fingerFailures: [UInt64: [Int64: Int]] = [:]
+    /// Per person, the enrolled fingers a storage reader did not hold at its last reconciliation
+    /// (`reconcileSensor`); shown on the person and by ListFingers until enrolled again.
+    var fingersMissingFromSensor: [Int64: Set<String>] = [:]
     /// The terminal-wide fingerprint throttle, as persisted (loaded at first use).
     var fingerThrottleState: IdentifyThrottleState?
     /// Touches admitted by the throttle and not yet recorded.
@@ -332,8 +335,16 @@ public actor Authority {
             passcodeHardLocked: person.failures.passcodeHardLocked,
             fingerprintFailures: person.failures.fingerprintFailures,
             createdAt: Self.timestamp(person.createdAt), lastUnlockAt: person.lastUnlockAt.map(Self.timestamp))
+        let missing = missingFromSensor(person)
+        record.fingersMissingFromSensor = missing.isEmpty ? nil : missing
         addIdentityProviderFields(to: &record, of: person)
         return record
+    }
+
+    /// Those of the person's fingers the storage reader lacked at its last reconciliation.
+    func missingFromSensor(_ person: StoredPerson) -> [String] {
+        guard let missing = fingersMissingFromSensor[person.id] else { return [] }
+        return person.fingers.filter(missing.contains)
     }
 
     // MARK: Status
@@ -462,6 +473,7 @@ public actor Authority {
         // The sensor's own copies cannot be in the transaction: deleted after it commits, and
         // any left by a crash in between are removed at start (`reconcileSensor`).
         await deleteFromSensor(templates)
+        fingersMissingFromSensor[person.id] = nil
         tickets = tickets.filter { $0.value.personID != person.id }
     }
 
@@ -786,7 +798,7 @@ public actor Authority {
         try requireAdmin(caller, action: "audit.read")
         let limit = min(max(input.limit ?? 1000, 1), 10_000)
         let entries = try withStore(caller, action: "audit.read") { () throws(StoreError) in
-            try store.auditEntries(after: max(input.after ?? 0, 0), limit: limit)
+            try store.auditEntries(after: max(input.after ?? 0, 0), limit: limit, newest: input.newest ?? false)
         }
         return entries.map { entry in
             AuditEventRecord(
@@ -820,9 +832,4 @@ public actor Authority {
             valid: result.isValid, events: result.events, head: result.headHex, brokenAt: result.brokenAt,
             reason: result.reason)
     }
-}
-
-/// The version kioskauthd reports.
-public enum KioskAuthVersion {
-    public static let string = "0.1.0"
 }

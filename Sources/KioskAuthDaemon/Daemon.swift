@@ -1,6 +1,7 @@
 public import Foundation
 import KioskAuthFingerprint
 import KioskAuthIdentity
+import KioskAuthProtocol
 import KioskAuthStore
 public import Logging
 import NIOPosix

@@ -135,7 +135,7 @@ public struct Dispatcher: Sendable {
             try await authority.enrollFinger(caller, input, sink: sink)
         }
         register(prefix + "ListFingers") { (input: Message.Name, caller, _) in
-            Message.Fingers(fingers: try await authority.listFingers(caller, input.name))
+            try await authority.listFingers(caller, input.name)
         }
         register(prefix + "RemoveFinger") { (input: Message.RemoveFinger, caller, _) in
             Message.Removed(removed: try await authority.removeFinger(caller, input))

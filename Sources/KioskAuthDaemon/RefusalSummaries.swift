@@ -1,4 +1,4 @@
-import NIOConcurrencyHelpers
+import Synchronization
 
 /// Tallies refusals of unprivileged callers — calls the daemon refused and calls over the rate
 /// limit — so that the durable audit gets one summary entry per uid per interval, with counts,
@@ -12,12 +12,12 @@ final class RefusalSummaries: Sendable {
         var lastPID = 0
     }
 
-    private let tallies = NIOLockedValueBox<[Int: Tally]>([:])
+    private let tallies = Mutex<[Int: Tally]>([:])
 
     /// Counts one refusal of `action` (a rate-limited call when `rateLimited`). Returns true when
     /// this is the first refusal since the last `take()`: the caller then schedules a flush.
     func add(uid: Int, pid: Int, action: String, rateLimited: Bool) -> Bool {
-        tallies.withLockedValue { tallies in
+        tallies.withLock { tallies in
             let first = tallies.isEmpty
             var tally = tallies[uid] ?? Tally()
             if rateLimited {
@@ -37,7 +37,7 @@ final class RefusalSummaries: Sendable {
 
     /// Everything counted since the last call, by uid, and starts counting afresh.
     func take() -> [(uid: Int, tally: Tally)] {
-        tallies.withLockedValue { tallies in
+        tallies.withLock { tallies in
             defer { tallies = [:] }
             return tallies.sorted { $0.key < $1.key }.map { ($0.key, $0.value) }
         }

@@ -3,10 +3,10 @@ import Foundation
 import KioskAuthCore
 import KioskAuthProtocol
 public import Logging
-import NIOConcurrencyHelpers
 import NIOCore
 public import NIOPosix
 public import ServiceLifecycle
+import Synchronization
 
 #if canImport(Glibc)
     import Glibc
@@ -33,7 +33,7 @@ final class ConnectionRegistry: Sendable {
         var nextID: UInt64 = 1
         var draining = false
     }
-    private let state = NIOLockedValueBox(State())
+    private let state = Mutex(State())
     let maxTotal: Int
     let maxPerUID: Int
     /// Connections unprivileged callers may hold together.
@@ -51,7 +51,7 @@ final class ConnectionRegistry: Sendable {
     /// Admits a connection from `uid`, or says which limit it hit. Root is exempt from the
     /// per-uid limit, not from the total; only privileged callers may use the reserved share.
     func admit(uid: Int, privileged: Bool, channel: any Channel) -> Admission {
-        state.withLockedValue { state in
+        state.withLock { state in
             if state.draining { return .draining }
             if state.total >= maxTotal { return .rejected(limit: maxTotal) }
             if !privileged, state.unprivileged >= maxUnprivileged { return .rejected(limit: maxUnprivileged) }
@@ -67,7 +67,7 @@ final class ConnectionRegistry: Sendable {
     }
 
     func release(id: UInt64, uid: Int) {
-        state.withLockedValue { state in
+        state.withLock { state in
             guard let entry = state.channels.removeValue(forKey: id) else { return }
             state.total -= 1
             if !entry.privileged { state.unprivileged -= 1 }
@@ -78,7 +78,7 @@ final class ConnectionRegistry: Sendable {
 
     /// Stops admitting and asks every open connection to close once its current call is done.
     func drain() {
-        let channels = state.withLockedValue { state -> [any Channel] in
+        let channels = state.withLock { state -> [any Channel] in
             state.draining = true
             return state.channels.values.map(\.channel)
         }
@@ -87,7 +87,7 @@ final class ConnectionRegistry: Sendable {
         }
     }
 
-    var openConnections: Int { state.withLockedValue { $0.total } }
+    var openConnections: Int { state.withLock { $0.total } }
 }
 
 /// The varlink socket server: a `Service` that accepts until graceful shutdown, then lets calls
@@ -101,7 +101,7 @@ public final class VarlinkServer: Service, Sendable {
     private let group: MultiThreadedEventLoopGroup
     private let registry: ConnectionRegistry
     /// Calls per second per unprivileged uid.
-    private let rateLimit: NIOLockedValueBox<RequestRateLimit>
+    private let rateLimit: Mutex<RequestRateLimit>
     private let onListening: @Sendable () -> Void
 
     /// How long calls in progress may run after shutdown begins before they are cancelled.
@@ -121,7 +121,7 @@ public final class VarlinkServer: Service, Sendable {
         self.registry = ConnectionRegistry(
             maxTotal: configuration.maxConnections, maxPerUID: configuration.maxConnectionsPerUID,
             reserved: configuration.reservedConnections)
-        self.rateLimit = NIOLockedValueBox(RequestRateLimit(rate: configuration.requestsPerSecondPerUID))
+        self.rateLimit = Mutex(RequestRateLimit(rate: configuration.requestsPerSecondPerUID))
     }
 
     struct Connection: Sendable {
@@ -298,7 +298,7 @@ public final class VarlinkServer: Service, Sendable {
     /// until it may retry.
     private func takeToken(_ caller: Caller) -> Double? {
         let now = Double(DispatchTime.now().uptimeNanoseconds) / 1e9
-        return rateLimit.withLockedValue { $0.take(uid: caller.uid, now: now) }
+        return rateLimit.withLock { $0.take(uid: caller.uid, now: now) }
     }
 
     /// Handles one message; returns false when the connection must close.

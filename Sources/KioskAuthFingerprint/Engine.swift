@@ -647,9 +647,11 @@ final class Engine: @unchecked Sendable {
         // The enrolment touches follow on the device: take the result when the operation ends.
         identify(gallery: duplicateGallery, answerAtReport: false, readerID: reader.info.id, control: control) { [self] result in
             switch result {
-            case .success(.match):
+            case .success(.match(let id)):
                 logger.notice("enroll refused: finger already enrolled", metadata: ["finger": "\(finger.rawValue)"])
-                completion(.failure(FingerprintError(.duplicate, "this finger is already enrolled")))
+                var error = FingerprintError(.duplicate, "this finger is already enrolled")
+                error.matchedID = id
+                completion(.failure(error))
             case .success(.noMatch):
                 enrollTouches(
                     finger: finger, username: username, reader: reader, control: control, emit: emit,

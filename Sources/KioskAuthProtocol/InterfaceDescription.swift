@@ -46,6 +46,10 @@ type Person (
   hasPasscode: bool,
   # Enrolled fingers by name (right-index, ...).
   fingers: []string,
+  # Enrolled fingers that the reader's on-sensor storage did not hold when the daemon last
+  # checked it (at start, or when the reader appeared): they cannot match until enrolled again.
+  # Absent when every finger is on the sensor, or the reader keeps no prints.
+  fingersMissingFromSensor: ?[]string,
   # Consecutive failed passcode attempts.
   passcodeFailures: int,
   # Passcode attempts are refused until this time (RFC 3339), when delayed.
@@ -299,7 +303,9 @@ method GetAudit(
   # Only events after this sequence number.
   after: ?int,
   # At most this many events (default 1000).
-  limit: ?int
+  limit: ?int,
+  # The newest limit events (after after, when given) rather than the oldest; still oldest first.
+  newest: ?bool
 ) -> (events: []AuditEvent)
 
 # Check the audit trail's HMAC chain (admin), and that it still reaches the head recorded in the
@@ -354,7 +360,12 @@ method EnrollFinger(
 )
 
 # A person's enrolled fingers (admin, or the person themself).
-method ListFingers(name: string) -> (fingers: []string)
+method ListFingers(name: string) -> (
+  # Enrolled fingers by name (right-index, ...).
+  fingers: []string,
+  # Those of fingers the reader's on-sensor storage lacks (see Person.fingersMissingFromSensor).
+  missingFromSensor: ?[]string
+)
 
 # Remove one finger, or all of a person's fingers, including copies on the sensor (admin).
 method RemoveFinger(
@@ -581,7 +592,9 @@ error FingerprintPaused (retryAfterSeconds: int)
 error NoFingers (name: string)
 
 # That finger is already enrolled (to this person or, where the reader can tell, anyone).
-error FingerAlreadyEnrolled (finger: string)
+# finger names the enrolled finger the touch matched ("" when the reader did not say), and name
+# its owner when the caller may know it (an admin, or the owner themself).
+error FingerAlreadyEnrolled (finger: string, name: ?string)
 
 # A person may enrol at most max fingers.
 error TooManyFingers (max: int)

@@ -179,11 +179,16 @@ extension Store {
             mac: row["mac"].bytes ?? [])
     }
 
-    /// Audit entries after `sequence`, oldest first, at most `limit`.
-    public func auditEntries(after sequence: Int = 0, limit: Int = 1000) throws(StoreError) -> [AuditEntry] {
+    /// Audit entries after `sequence`, oldest first, at most `limit`: the first `limit` of them,
+    /// or with `newest` the last `limit` (as `journalctl -n` shows the end of the journal).
+    public func auditEntries(
+        after sequence: Int = 0, limit: Int = 1000, newest: Bool = false
+    ) throws(StoreError) -> [AuditEntry] {
         try locked {
             try connection.query(
-                "SELECT * FROM audit WHERE seq > ? ORDER BY seq LIMIT ?",
+                newest
+                    ? "SELECT * FROM (SELECT * FROM audit WHERE seq > ? ORDER BY seq DESC LIMIT ?) ORDER BY seq"
+                    : "SELECT * FROM audit WHERE seq > ? ORDER BY seq LIMIT ?",
                 [.integer(Int64(sequence)), .integer(Int64(limit))]
             ).map(decodeAudit)
         }

@@ -15,8 +15,11 @@ struct GlobalOptions: ParsableArguments {
     @Flag(help: "Print the daemon's replies as JSON.")
     var json = false
 
-    var socketPath: String {
-        socket ?? ProcessInfo.processInfo.environment["KIOSKAUTH_SOCKET"].flatMap { $0.isEmpty ? nil : $0 }
+    var socketPath: String { Self.socketPath(socket) }
+
+    /// `given` (--socket), else $KIOSKAUTH_SOCKET, else the system socket.
+    static func socketPath(_ given: String?) -> String {
+        given ?? ProcessInfo.processInfo.environment["KIOSKAUTH_SOCKET"].flatMap { $0.isEmpty ? nil : $0 }
             ?? "/run/kioskauth/io.kioskauth"
     }
 
@@ -100,7 +103,7 @@ struct KioskAuthCtl: ParsableCommand {
         commandName: "kioskauthctl",
         abstract: "Manage kioskauth: people, passcodes, fingerprints and the audit trail.",
         discussion: "Speaks only kioskauthd's socket API; what you may do depends on who you are (root, kioskauth-admin, kioskauth).",
-        version: "0.1.0",
+        version: KioskAuthVersion.string,
         subcommands: [
             Status.self, User.self, Passcode.self, FingerCommand.self, VerifyCommand.self, IdentifyCommand.self, ReaderCommand.self,
             Activation.self, Lockout.self, Audit.self, SessionCommand.self, Login.self,
@@ -209,7 +212,13 @@ struct KioskAuthCtl: ParsableCommand {
             return "fingerprint matching is paused after unrecognised fingers; try again in \(number("retryAfterSeconds") ?? 0) s or use the passcode"
         case "IdentifyPaused": return "walk-up identify is paused after unknown fingers; try again in \(number("retryAfterSeconds") ?? 0) s or give your name"
         case "NoFingers": return "\(string("name") ?? "that person") has no enrolled finger"
-        case "FingerAlreadyEnrolled": return "that finger is already enrolled\(string("finger").map { $0.isEmpty ? "" : " (\($0))" } ?? "")"
+        case "FingerAlreadyEnrolled":
+            // The finger the touch matched, and whose it is when the daemon says.
+            switch (string("name"), string("finger").flatMap { $0.isEmpty ? nil : $0 }) {
+            case (let owner?, let finger?): return "that finger is already enrolled as \(owner)'s \(finger)"
+            case (nil, let finger?): return "that finger is already enrolled (as \(finger))"
+            default: return "that finger is already enrolled"
+            }
         case "TooManyFingers": return "at most \(number("max") ?? 10) fingers per person"
         case "ScanRetry": return "the touch was not usable: \(string("hint") ?? "try again")"
         case "ScanTimeout": return "no finger was presented within \(number("seconds") ?? 0) s"
@@ -307,7 +316,7 @@ struct User: ParsableCommand {
         static let configuration = CommandConfiguration(
             abstract: "Suspend a person: every authentication is refused and their sessions end; secrets are kept.")
         @OptionGroup var global: GlobalOptions
-        @Argument(help: "Login name.") var name: String
+        @Argument(help: "Login name.", completion: .people) var name: String
         @Option(help: "Why (recorded in the audit trail).") var reason: String?
 
         func run() throws {
@@ -321,7 +330,7 @@ struct User: ParsableCommand {
         static let configuration = CommandConfiguration(
             abstract: "Make a person an admin suspended active again (identity-provider people sign in online).")
         @OptionGroup var global: GlobalOptions
-        @Argument(help: "Login name.") var name: String
+        @Argument(help: "Login name.", completion: .people) var name: String
 
         func run() throws {
             try global.call("ResumePerson", Message.Name(name: name), as: Message.PersonReply.self)
@@ -332,7 +341,7 @@ struct User: ParsableCommand {
     struct Set: ParsableCommand {
         static let configuration = CommandConfiguration(abstract: "Change a person's settings.")
         @OptionGroup var global: GlobalOptions
-        @Argument(help: "Login name.") var name: String
+        @Argument(help: "Login name.", completion: .people) var name: String
         @Option(help: "Offer fingerprint enrolment after online logins: on, or off (as if declined).")
         var biometricOffer: String?
         @Option(help: "Bind the person (local or from the identity provider) to this Unix uid.") var uid: Int?
@@ -407,7 +416,11 @@ struct User: ParsableCommand {
                         safe(p.name), safe(p.displayName), safe(p.roles.joined(separator: ",")), safe(p.origin), safe(p.state),
                         p.uid.map(String.init) ?? "-",
                                 p.passcodeHardLocked ? "locked" : (p.hasPasscode ? "set" : "-"),
-                        p.fingers.isEmpty ? "-" : safe(p.fingers.joined(separator: ",")),
+                        p.fingers.isEmpty
+                            ? "-"
+                            : safe(
+                                p.fingers.map { (p.fingersMissingFromSensor ?? []).contains($0) ? $0 + "(missing)" : $0 }
+                                    .joined(separator: ",")),
                     ]
                 }
             let widths = (0..<rows[0].count).map { column in rows.map { $0[column].count }.max() ?? 0 }
@@ -420,7 +433,7 @@ struct User: ParsableCommand {
     struct Show: ParsableCommand {
         static let configuration = CommandConfiguration(abstract: "Show one person.")
         @OptionGroup var global: GlobalOptions
-        @Argument(help: "Login name.") var name: String
+        @Argument(help: "Login name.", completion: .people) var name: String
 
         func run() throws {
             let p = try global.call("GetPerson", Message.Name(name: name), as: Message.PersonReply.self).person
@@ -434,6 +447,10 @@ struct User: ParsableCommand {
             print("passcode:      \(p.hasPasscode ? "set" : "not set")\(p.passcodeHardLocked ? ", HARD-LOCKED" : "")\(p.passcodeLockedUntil.map { ", delayed until \($0)" } ?? "")")
             print("failures:      passcode \(p.passcodeFailures), fingerprint \(p.fingerprintFailures)")
             print("fingers:       \(p.fingers.isEmpty ? "-" : p.fingers.joined(separator: ", "))")
+            if let missing = p.fingersMissingFromSensor, !missing.isEmpty {
+                print("missing:       \(missing.joined(separator: ", ")) (not on the sensor: cannot match)")
+                print(missingAdvice(name: p.name, missing))
+            }
             print("created:       \(p.createdAt)")
             print("last unlock:   \(iso(p.lastUnlockAt))")
             if p.origin == "idp" {
@@ -449,7 +466,7 @@ struct User: ParsableCommand {
         static let configuration = CommandConfiguration(
             abstract: "Print everything stored about a person except secrets, as JSON (e.g. before user remove).")
         @OptionGroup var global: GlobalOptions
-        @Argument(help: "Login name.") var name: String
+        @Argument(help: "Login name.", completion: .people) var name: String
 
         func run() throws {
             let reply = try global.connect().call(
@@ -462,7 +479,7 @@ struct User: ParsableCommand {
         static let configuration = CommandConfiguration(
             abstract: "Remove a person and erase their passcode, fingerprints, tokens and sessions.")
         @OptionGroup var global: GlobalOptions
-        @Argument(help: "Login name.") var name: String
+        @Argument(help: "Login name.", completion: .people) var name: String
 
         func run() throws {
             try global.call("RemovePerson", Message.Name(name: name), as: Message.Empty.self)
@@ -479,7 +496,7 @@ struct Passcode: ParsableCommand {
         static let configuration = CommandConfiguration(
             abstract: "Set a person's passcode: typed twice on a terminal, or two lines on standard input.")
         @OptionGroup var global: GlobalOptions
-        @Argument(help: "Login name.") var name: String
+        @Argument(help: "Login name.", completion: .people) var name: String
 
         func run() throws {
             let first = try readSecret(prompt: "New passcode for \(name): ")
@@ -494,7 +511,7 @@ struct Passcode: ParsableCommand {
         static let configuration = CommandConfiguration(
             abstract: "Check a passcode (one line on standard input); exits 0 only when it matches.")
         @OptionGroup var global: GlobalOptions
-        @Argument(help: "Login name.") var name: String
+        @Argument(help: "Login name.", completion: .people) var name: String
 
         func run() throws {
             let passcode = try readSecret(prompt: "Passcode for \(name): ")
@@ -511,7 +528,7 @@ struct Lockout: ParsableCommand {
         static let configuration = CommandConfiguration(
             abstract: "Clear a person's passcode and fingerprint failure counts, including a hard lock.")
         @OptionGroup var global: GlobalOptions
-        @Argument(help: "Login name.") var name: String
+        @Argument(help: "Login name.", completion: .people) var name: String
 
         func run() throws {
             try global.call("ResetLockout", Message.Name(name: name), as: Message.PersonReply.self)
@@ -529,10 +546,17 @@ struct Audit: ParsableCommand {
         static let configuration = CommandConfiguration(commandName: "show", abstract: "Show audit events, oldest first.")
         @OptionGroup var global: GlobalOptions
         @Option(help: "Only events after this sequence number.") var after: Int?
-        @Option(help: "At most this many events.") var limit: Int?
+        @Option(name: [.customShort("n"), .long], help: "Only the newest N events (like journalctl -n), still oldest first.")
+        var limit: Int?
+
+        func validate() throws {
+            if let limit, limit < 1 { throw ValidationError("--limit takes a positive number") }
+        }
 
         func run() throws {
-            let reply = try global.call("GetAudit", Message.GetAudit(after: after, limit: limit), as: Message.AuditEvents.self)
+            let reply = try global.call(
+                "GetAudit", Message.GetAudit(after: after, limit: limit, newest: limit == nil ? nil : true),
+                as: Message.AuditEvents.self)
             guard !global.json else { return }
             for e in reply.events {
                 var line = "\(e.sequence)\t\(safe(e.time))\t\(safe(e.action))\t\(safe(e.result))"
@@ -606,6 +630,13 @@ let fingerNames = [
     "right-thumb", "right-index", "right-middle", "right-ring", "right-little",
 ]
 
+/// What to do about enrolled fingers the storage reader no longer holds.
+func missingAdvice(name: String, _ missing: [String]) -> String {
+    let finger = missing.count == 1 ? missing[0] : "FINGER"
+    return "The reader lost \(missing.count == 1 ? "this print" : "these prints") (e.g. a virtual reader restarted): "
+        + "kioskauthctl finger remove \(name) --finger \(finger), then enrol it again."
+}
+
 struct FingerCommand: ParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "finger", abstract: "Enrol, list and remove fingers.", subcommands: [Enroll.self, List.self, Remove.self])
@@ -613,8 +644,9 @@ struct FingerCommand: ParsableCommand {
     struct Enroll: ParsableCommand {
         static let configuration = CommandConfiguration(abstract: "Enrol a finger, with live progress.")
         @OptionGroup var global: GlobalOptions
-        @Argument(help: "Login name.") var name: String
-        @Option(help: "Which finger: left-thumb ... right-little.") var finger = "right-index"
+        @Argument(help: "Login name.", completion: .people) var name: String
+        @Option(help: "Which finger: left-thumb ... right-little.", completion: .list(fingerNames))
+        var finger = "right-index"
         @Option(help: "The reader to enrol on (an id from `kioskauthctl reader`); default the first.") var reader: String?
 
         func validate() throws {
@@ -626,7 +658,7 @@ struct FingerCommand: ParsableCommand {
             guard !global.json else { return }
             print("enrolled \(reply.finger ?? finger) for \(name)")
             if reply.duplicateChecked == false {
-                print("note: this reader cannot identify, so duplicates could not be checked")
+                print("note: duplicates were not checked (the reader cannot identify, or the check is off)")
             }
         }
     }
@@ -634,19 +666,24 @@ struct FingerCommand: ParsableCommand {
     struct List: ParsableCommand {
         static let configuration = CommandConfiguration(abstract: "List a person's enrolled fingers.")
         @OptionGroup var global: GlobalOptions
-        @Argument(help: "Login name.") var name: String
+        @Argument(help: "Login name.", completion: .people) var name: String
 
         func run() throws {
             let reply = try global.call("ListFingers", Message.Name(name: name), as: Message.Fingers.self)
-            if !global.json { reply.fingers.forEach { print($0) } }
+            guard !global.json else { return }
+            let missing = reply.missingFromSensor ?? []
+            for finger in reply.fingers {
+                print(missing.contains(finger) ? "\(finger)\tmissing from the sensor" : finger)
+            }
+            if !missing.isEmpty { print(missingAdvice(name: name, missing)) }
         }
     }
 
     struct Remove: ParsableCommand {
         static let configuration = CommandConfiguration(abstract: "Remove one finger, or all of a person's fingers (also from the sensor).")
         @OptionGroup var global: GlobalOptions
-        @Argument(help: "Login name.") var name: String
-        @Option(help: "The finger; all fingers when absent.") var finger: String?
+        @Argument(help: "Login name.", completion: .people) var name: String
+        @Option(help: "The finger; all fingers when absent.", completion: .enrolledFingers) var finger: String?
 
         func validate() throws {
             if let finger, !fingerNames.contains(finger) { throw ValidationError("unknown finger '\(finger)'") }
@@ -662,7 +699,7 @@ struct FingerCommand: ParsableCommand {
 struct VerifyCommand: ParsableCommand {
     static let configuration = CommandConfiguration(commandName: "verify", abstract: "Scan a finger and match one person; exits 0 only on a match.")
     @OptionGroup var global: GlobalOptions
-    @Argument(help: "Login name.") var name: String
+    @Argument(help: "Login name.", completion: .people) var name: String
 
     func run() throws {
         let reply = try scan(global, "VerifyFinger", Message.VerifyFinger(name: name))
@@ -705,7 +742,7 @@ struct SessionCommand: ParsableCommand {
     struct List: ParsableCommand {
         static let configuration = CommandConfiguration(abstract: "List open sessions.")
         @OptionGroup var global: GlobalOptions
-        @Argument(help: "Only this person's.") var name: String?
+        @Argument(help: "Only this person's.", completion: .people) var name: String?
 
         func run() throws {
             let reply = try global.call("ListSessions", Message.ListSessions(name: name), as: Message.Sessions.self)
@@ -725,7 +762,7 @@ struct SessionCommand: ParsableCommand {
         static let configuration = CommandConfiguration(
             abstract: "End every session of a person (security logout).")
         @OptionGroup var global: GlobalOptions
-        @Argument(help: "Login name.") var name: String
+        @Argument(help: "Login name.", completion: .people) var name: String
 
         func run() throws {
             let reply = try global.call("EndSessions", Message.Name(name: name), as: Message.EndedSessions.self)
@@ -758,7 +795,7 @@ struct Activation: ParsableCommand {
         static let configuration = CommandConfiguration(
             abstract: "Issue a new code for a person pending activation; the old one dies.")
         @OptionGroup var global: GlobalOptions
-        @Argument(help: "Login name.") var name: String
+        @Argument(help: "Login name.", completion: .people) var name: String
 
         func run() throws {
             let reply = try global.call(
@@ -770,12 +807,83 @@ struct Activation: ParsableCommand {
     struct Revoke: ParsableCommand {
         static let configuration = CommandConfiguration(abstract: "Revoke a person's activation code.")
         @OptionGroup var global: GlobalOptions
-        @Argument(help: "Login name.") var name: String
+        @Argument(help: "Login name.", completion: .people) var name: String
 
         func run() throws {
             let reply = try global.call("RevokeActivationCode", Message.Name(name: name), as: Message.Revoked.self)
             if !global.json { print(reply.revoked ? "revoked" : "\(name) had no live activation code") }
             if !reply.revoked { throw ExitCode(1) }
         }
+    }
+}
+
+// MARK: Shell completion
+
+/// Completion of people's and fingers' names, asked of the daemon: the shell runs
+/// `kioskauthctl ---completion SUBCOMMAND... -- ARGUMENT INDEX CURSOR WORD...` and offers the
+/// lines printed. A caller the daemon does not let list them (or no daemon) gets no candidates,
+/// never an error, so the shell simply offers nothing.
+enum ShellCompletion {
+    /// Options of any subcommand that take a value, so their values are not taken for the name.
+    static let optionsWithValues: Swift.Set<String> = [
+        "--socket", "--finger", "--display-name", "--role", "--uid", "--reason", "--biometric-offer",
+        "--after", "--limit", "-n", "--head",
+    ]
+
+    /// The socket the command line names (`--socket PATH` or `--socket=PATH`), else the default.
+    static func client(_ words: [String]) -> VarlinkClient? {
+        var socket: String?
+        for (index, word) in words.enumerated() {
+            if word == "--socket", index + 1 < words.count { socket = words[index + 1] }
+            if word.hasPrefix("--socket=") { socket = String(word.dropFirst("--socket=".count)) }
+        }
+        return try? VarlinkClient(socketPath: GlobalOptions.socketPath(socket))
+    }
+
+    /// The names of everyone on the terminal starting with `prefix` (admins only).
+    static func people(_ words: [String], prefix: String) -> [String] {
+        guard let client = client(words),
+            let reply = try? client.call("io.kioskauth.ListPeople", Message.Empty(), as: Message.People.self)
+        else { return [] }
+        return reply.people.map(\.name).filter { $0.hasPrefix(prefix) && SafeText.escaped($0) == $0 }
+    }
+
+    /// The enrolled fingers of the person the command line names (admins, or that person).
+    static func enrolledFingers(_ words: [String], prefix: String) -> [String] {
+        // The person is the first word after the subcommands that is neither an option nor an
+        // option's value: `finger remove NAME --finger <TAB>`.
+        guard let start = words.indices.first(where: { words[$0] == "finger" && words.dropFirst($0 + 1).first == "remove" })
+        else { return [] }
+        var name: String?
+        var index = start + 2
+        while index < words.count {
+            let word = words[index]
+            if optionsWithValues.contains(word) {
+                index += 2
+                continue
+            }
+            if !word.hasPrefix("-") {
+                name = word
+                break
+            }
+            index += 1
+        }
+        guard let name, let client = client(words),
+            let reply = try? client.call(
+                "io.kioskauth.ListFingers", Message.Name(name: name), as: Message.Fingers.self)
+        else { return [] }
+        return reply.fingers.filter { $0.hasPrefix(prefix) && fingerNames.contains($0) }
+    }
+}
+
+extension CompletionKind {
+    /// People's login names, from the daemon.
+    static var people: CompletionKind {
+        .custom { words, _, prefix in ShellCompletion.people(words, prefix: prefix) }
+    }
+
+    /// The fingers enrolled for the person named on the command line, from the daemon.
+    static var enrolledFingers: CompletionKind {
+        .custom { words, _, prefix in ShellCompletion.enrolledFingers(words, prefix: prefix) }
     }
 }

@@ -1,6 +1,7 @@
 import ArgumentParser
 import Foundation
 import KioskAuthDaemon
+import KioskAuthProtocol
 import Logging
 
 #if canImport(Glibc)
