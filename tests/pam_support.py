@@ -192,12 +192,26 @@ class Conversation:
         waiting (after the prompt is shown, on a loaded machine) reaches only the
         application's handler, as it would for any blocking call."""
         for _ in range(attempts):
+            # To the client itself as well as to `timeout` in front of it: timeout forwards the
+            # signal, but not when it lands while timeout is between its own steps.
             self.proc.send_signal(signal.SIGINT)
+            for child in self._children():
+                try:
+                    os.kill(child, signal.SIGINT)
+                except ProcessLookupError:
+                    pass
             deadline = time.monotonic() + every
             while time.monotonic() < deadline:
                 if self.proc.poll() is not None or any(e["event"] == "result" for e in self.events()):
                     return
                 time.sleep(0.02)
+
+    def _children(self) -> list[int]:
+        try:
+            text = Path(f"/proc/{self.proc.pid}/task/{self.proc.pid}/children").read_text()
+        except OSError:
+            return []
+        return [int(pid) for pid in text.split()]
 
     @property
     def elapsed(self) -> float:
