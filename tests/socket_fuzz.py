@@ -27,7 +27,6 @@ import re
 import socket
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from pathlib import Path
@@ -230,9 +229,9 @@ def run(daemon, frames: int, warmup: int, workers_root: int = 2, workers_user: i
 
     description = raw_call(daemon.socket, "org.varlink.service.GetInterfaceDescription",
                            {"interface": "io.kioskauth"})["parameters"]["description"]
-    interface = Path(tempfile.mkdtemp(prefix="kioskauth-fuzz-")) / "io.kioskauth.varlink"
+    # Beside the daemon's directories (readable by the unprivileged worker).
+    interface = Path(daemon.root) / "fuzz-io.kioskauth.varlink"
     interface.write_text(description)
-    interface.parent.chmod(0o755)
     interface.chmod(0o644)
     pid = daemon.proc.pid
     result = {"frames": 0, "crashes": 0, "hangs": 0, "probes": 0, "slowest_probe_s": 0.0, "replies": {}}
