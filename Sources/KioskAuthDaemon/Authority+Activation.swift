@@ -90,13 +90,15 @@ extension Authority {
         // The same service rules as passcodes: activation sets one. Never through su/sudo-like
         // services, where the invoking user is somebody else, nor from services not allowed to
         // take passcodes.
-        if let service, configuration.access.switchUserServices.contains(service)
-            || !configuration.access.passcodeServices.contains(service)
+        if let service,
+            configuration.access.switchUserServices.contains(service)
+                || !configuration.access.passcodeServices.contains(service)
         {
             audit(
                 caller, action: "activation.check", result: "refused", method: "activation-code", service: service,
                 detail: "service not allowed")
-            throw APIError.own("PasscodeNotAllowed", ["reason": .string("the PAM service \(service) cannot activate accounts")])
+            throw APIError.own(
+                "PasscodeNotAllowed", ["reason": .string("the PAM service \(service) cannot activate accounts")])
         }
         if input.context?.isRemote == true {
             audit(
@@ -107,7 +109,8 @@ extension Authority {
         let started = now()
         var limiter =
             try terminalValue(
-                ActivationRateLimiter.self, forKey: Self.activationLimiterKey, caller: caller, action: "activation.check")
+                ActivationRateLimiter.self, forKey: Self.activationLimiterKey, caller: caller,
+                action: "activation.check")
             ?? ActivationRateLimiter(
                 maxFailures: configuration.activation.terminalMaxFailures,
                 window: configuration.activation.terminalWindow)

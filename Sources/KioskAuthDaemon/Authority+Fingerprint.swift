@@ -39,7 +39,9 @@ extension Authority {
     /// Streams where a verify or identify stands: "wait" while another operation holds the
     /// reader, then "touch" once the touch will be this scan's own (never before: a touch made
     /// while another scan holds the reader is that scan's).
-    static func scanPhases(_ sink: ReplySink, saidWait: Bool = false, prompt: String = touchPrompt)
+    static func scanPhases(
+        _ sink: ReplySink, saidWait: Bool = false, prompt: String = touchPrompt
+    )
         -> @Sendable (ScanPhase) async -> Void
     {
         { phase in
@@ -54,7 +56,6 @@ extension Authority {
             }
         }
     }
-
 
     /// Every reader failure as exactly one named API error.
     static func apiError(_ error: any Error, scanTimeout: TimeInterval) -> APIError {
@@ -232,7 +233,7 @@ extension Authority {
         } catch {
             if error.code == .personExists {
                 throw APIError.own(
-                "FingerAlreadyEnrolled", ["finger": .string(finger.rawValue), "name": .string(name.rawValue)])
+                    "FingerAlreadyEnrolled", ["finger": .string(finger.rawValue), "name": .string(name.rawValue)])
             }
             throw try failStore(caller, "finger.enroll", error)
         }
@@ -346,7 +347,8 @@ extension Authority {
             guard let enrolledOn, storageReaders.contains(enrolledOn) else { continue }
             do { try await reader.deleteFromSensor(template: template, reader: enrolledOn) } catch {
                 logger.warning(
-                    "could not delete a print from the sensor", metadata: ["reader": "\(enrolledOn)", "error": "\(error)"])
+                    "could not delete a print from the sensor",
+                    metadata: ["reader": "\(enrolledOn)", "error": "\(error)"])
             }
         }
     }

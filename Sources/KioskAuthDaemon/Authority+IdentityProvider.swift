@@ -551,7 +551,8 @@ extension Authority {
             since: online.reachability.since.map(Self.timestamp),
             lastContactAt: online.reachability.lastAnswer.map(Self.timestamp),
             circuit: circuit, offlineWindowSeconds: Int(configuration.identityProvider.offlineWindow), people: list,
-            windows: seesAggregate ? counts : nil, outboxPending: outbox.pending, lastDeliveryAt: outbox.lastDelivery.map(Self.timestamp),
+            windows: seesAggregate ? counts : nil, outboxPending: outbox.pending,
+            lastDeliveryAt: outbox.lastDelivery.map(Self.timestamp),
             lastDeliveryError: outbox.lastError)
     }
 

@@ -88,7 +88,8 @@ extension Authority {
     }
 
     func onlineLoginLimiter(_ caller: Caller?) throws(APIError) -> ActivationRateLimiter {
-        try terminalValue(ActivationRateLimiter.self, forKey: Self.onlineLoginLimiterKey, caller: caller, action: "idp.login")
+        try terminalValue(
+            ActivationRateLimiter.self, forKey: Self.onlineLoginLimiterKey, caller: caller, action: "idp.login")
             ?? ActivationRateLimiter(
                 maxFailures: configuration.identityProvider.loginMaxFailures,
                 window: configuration.identityProvider.loginFailureWindow)

@@ -275,7 +275,8 @@ extension Authority {
                         }
                     } catch {
                         logger.error(
-                            "cannot record new roles", metadata: ["person": "\(person.name)", "error": "\(error.message)"])
+                            "cannot record new roles",
+                            metadata: ["person": "\(person.name)", "error": "\(error.message)"])
                     }
                 }
             }

@@ -113,7 +113,8 @@ public actor Authority {
         let reading = given ?? services.clock.reading()
         let loaded = online.steadyClock
         var clock =
-            loaded ?? ((try? terminalValue(SteadyClock.self, forKey: Self.steadyClockKey, caller: nil, action: "clock")) ?? nil)
+            loaded
+            ?? ((try? terminalValue(SteadyClock.self, forKey: Self.steadyClockKey, caller: nil, action: "clock")) ?? nil)
             ?? SteadyClock(first: reading)
         let bootBefore = clock.anchor.bootID
         let time = clock.time(at: reading)
@@ -217,7 +218,8 @@ public actor Authority {
             tallyRefusal(caller, action: action, rateLimited: false)
             return
         }
-        appendAudit(caller, action: action, result: result, person: person, method: method, service: service, detail: detail)
+        appendAudit(
+            caller, action: action, result: result, person: person, method: method, service: service, detail: detail)
     }
 
     private func appendAudit(
@@ -467,7 +469,8 @@ public actor Authority {
         try prepareRemoval(caller, of: person)
         let templates = try audited(caller, action: "person.remove", person: name.rawValue) { tx throws(StoreError) in
             let templates = try store.removePerson(person)
-            try tx.audit(caller, action: "person.remove", result: "success", person: name.rawValue, detail: "secrets erased")
+            try tx.audit(
+                caller, action: "person.remove", result: "success", person: name.rawValue, detail: "secrets erased")
             return templates
         }
         // The sensor's own copies cannot be in the transaction: deleted after it commits, and
@@ -685,7 +688,8 @@ public actor Authority {
                 throw error
             }
             let current = try recordAuthentication(
-                caller, person: subject, failures: cleared, unlocked: true, action: "passcode.verify", result: "success",
+                caller, person: subject, failures: cleared, unlocked: true, action: "passcode.verify",
+                result: "success",
                 method: "passcode", service: service,
                 detail: input.context?.logind.map { "logind: \($0.prefix(80))" })
             let ticket = issueTicket(for: subject, caller: caller)
@@ -810,7 +814,9 @@ public actor Authority {
         }
     }
 
-    func verifyAudit(_ caller: Caller, _ input: Message.VerifyAudit = .init()) throws(APIError)
+    func verifyAudit(
+        _ caller: Caller, _ input: Message.VerifyAudit = .init()
+    ) throws(APIError)
         -> Message.AuditVerification
     {
         try requireAdmin(caller, action: "audit.verify")

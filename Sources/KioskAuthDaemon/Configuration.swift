@@ -178,7 +178,9 @@ public struct DaemonConfiguration: Sendable {
             let number = index + 1
             if line.isEmpty || line.hasPrefix("#") || line.hasPrefix(";") { continue }
             if line.hasPrefix("[") {
-                guard line.hasSuffix("]") else { throw ParseError(file: file, line: number, message: "bad section header") }
+                guard line.hasSuffix("]") else {
+                    throw ParseError(file: file, line: number, message: "bad section header")
+                }
                 section = String(line.dropFirst().dropLast())
                 continue
             }
@@ -232,7 +234,9 @@ public struct DaemonConfiguration: Sendable {
         switch (section, key) {
         case ("Daemon", "LogLevel"):
             let levels = ["trace", "debug", "info", "notice", "warning", "error", "critical"]
-            guard levels.contains(value) else { throw ValueError(message: "expected one of \(levels.joined(separator: ", "))") }
+            guard levels.contains(value) else {
+                throw ValueError(message: "expected one of \(levels.joined(separator: ", "))")
+            }
             logLevel = value
         case ("Socket", "MaxConnections"): socket.maxConnections = try int(value, 1...4096)
         case ("Socket", "MaxConnectionsPerUID"): socket.maxConnectionsPerUID = try int(value, 1...4096)

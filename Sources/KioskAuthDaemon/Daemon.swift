@@ -104,7 +104,8 @@ public enum Daemon {
         }
         let clock = DaemonClock.system()
         if clock.isTestClock {
-            logger.warning("TEST CLOCK ACTIVE: readings are shifted by KIOSKAUTH_TEST_CLOCK_FILE (debug build, tests only)")
+            logger.warning(
+                "TEST CLOCK ACTIVE: readings are shifted by KIOSKAUTH_TEST_CLOCK_FILE (debug build, tests only)")
         }
         let notifier = SystemdNotifier()
         let readyLogger = logger
@@ -116,7 +117,8 @@ public enum Daemon {
         do {
             (key, source) = try StoreKeyLoader.load(
                 credentialsDirectory: paths.credentialsDirectory, stateDirectory: paths.stateDirectory,
-                storeExists: storeExists, allowDevelopmentKeyFile: developmentKeyFile || configuration.store.developmentKeyFile,
+                storeExists: storeExists,
+                allowDevelopmentKeyFile: developmentKeyFile || configuration.store.developmentKeyFile,
                 logger: logger)
         } catch {
             throw StartupError(message: error.message, exitCode: StartupError.configurationExitCode)
@@ -155,7 +157,8 @@ public enum Daemon {
         let eventLoops = MultiThreadedEventLoopGroup(numberOfThreads: 1)
         let hashingPool = NIOThreadPool(numberOfThreads: 2)
         hashingPool.start()
-        let groups = AccessGroups.resolve(admin: configuration.access.adminGroup, authenticator: configuration.access.authenticatorGroup)
+        let groups = AccessGroups.resolve(
+            admin: configuration.access.adminGroup, authenticator: configuration.access.authenticatorGroup)
         // The reader starts before the socket is served, so READY=1 means readers present are usable.
         var reader: FingerprintReader?
         if configuration.fingerprint.enabled {
@@ -166,7 +169,9 @@ public enum Daemon {
                 try await candidate.start()
                 reader = candidate
                 let present = await candidate.readers
-                logger.info("fingerprint readers", metadata: ["readers": "\(present.map { "\($0.driver) (\($0.name))" }.joined(separator: ", "))"])
+                logger.info(
+                    "fingerprint readers",
+                    metadata: ["readers": "\(present.map { "\($0.driver) (\($0.name))" }.joined(separator: ", "))"])
             } catch {
                 logger.error("fingerprint support unavailable; passcodes only", metadata: ["error": "\(error)"])
             }
@@ -176,9 +181,12 @@ public enum Daemon {
             do {
                 provider = try IdentityProviderClient(configuration: identityProviderConfiguration, logger: logger)
             } catch {
-                throw StartupError(message: "configuration: [IdentityProvider]: \(error)", exitCode: StartupError.configurationExitCode)
+                throw StartupError(
+                    message: "configuration: [IdentityProvider]: \(error)", exitCode: StartupError.configurationExitCode
+                )
             }
-            logger.info("identity provider configured", metadata: ["issuer": "\(configuration.identityProvider.issuer)"])
+            logger.info(
+                "identity provider configured", metadata: ["issuer": "\(configuration.identityProvider.issuer)"])
         }
         let auditMonitor = auditEndpoint.map { AuditDeliveryMonitor(endpointHost: $0.endpointHost) }
         if let auditEndpoint {
@@ -187,7 +195,8 @@ public enum Daemon {
         let onlineServices = OnlineServices(clock: clock, provider: provider, auditDelivery: auditMonitor)
         let authority = Authority(
             store: store, configuration: configuration, groups: groups, hashingPool: hashingPool,
-            isSocketActivated: listenFD != nil, usesDevelopmentKey: { if case .developmentKeyFile = source { true } else { false } }(),
+            isSocketActivated: listenFD != nil,
+            usesDevelopmentKey: { if case .developmentKeyFile = source { true } else { false } }(),
             reader: reader, logger: logger, services: onlineServices, now: { clock.now() })
         await authority.audit(nil, action: "daemon.start", result: "success", detail: "schema \(Store.schemaVersion)")
         await authority.reconcileSensor()
@@ -201,14 +210,19 @@ public enum Daemon {
             readyLogger.info("ready", metadata: ["version": "\(KioskAuthVersion.string)"])
         }
         var services: [ServiceGroupConfiguration.ServiceConfiguration] = [
-            .init(service: server, successTerminationBehavior: .gracefullyShutdownGroup, failureTerminationBehavior: .gracefullyShutdownGroup)
+            .init(
+                service: server, successTerminationBehavior: .gracefullyShutdownGroup,
+                failureTerminationBehavior: .gracefullyShutdownGroup)
         ]
         if let reader {
             services.append(.init(service: ReaderService(reader: reader, authority: authority, logger: logger)))
         }
         if let provider {
             services.append(
-                .init(service: RefreshService(authority: authority, provider: provider, wakeup: onlineServices.refreshWakeup, logger: logger)))
+                .init(
+                    service: RefreshService(
+                        authority: authority, provider: provider, wakeup: onlineServices.refreshWakeup, logger: logger))
+            )
         }
         if let auditEndpoint, let auditMonitor {
             services.append(
@@ -218,9 +232,15 @@ public enum Daemon {
                         endpoint: configuration.auditDelivery.endpoint, policy: configuration.auditDelivery.policy,
                         terminal: hostName(), logger: logger, now: { clock.now() })))
         }
-        services.append(.init(service: TimekeepingService(authority: authority, wakeup: onlineServices.sessionWakeup, events: onlineServices.events)))
+        services.append(
+            .init(
+                service: TimekeepingService(
+                    authority: authority, wakeup: onlineServices.sessionWakeup, events: onlineServices.events)))
         if let interval = SystemdNotifier.watchdogInterval() {
-            services.append(.init(service: WatchdogService(interval: interval, notifier: notifier, authority: authority, logger: logger)))
+            services.append(
+                .init(
+                    service: WatchdogService(
+                        interval: interval, notifier: notifier, authority: authority, logger: logger)))
         }
         var groupConfiguration = ServiceGroupConfiguration(services: services, logger: logger)
         groupConfiguration.gracefulShutdownSignals = [.sigterm, .sigint]
@@ -309,7 +329,8 @@ struct ReaderService: Service {
             switch event {
             case .added(let info):
                 logger.info("reader added", metadata: ["driver": "\(info.driver)", "reader": "\(info.name)"])
-                await authority.audit(nil, action: "reader.added", result: "success", detail: "\(info.driver): \(info.name)")
+                await authority.audit(
+                    nil, action: "reader.added", result: "success", detail: "\(info.driver): \(info.name)")
                 await authority.publishReaderEvent(added: true, reader: info.id)
                 await authority.reconcileSensor()
             case .removed(let id):

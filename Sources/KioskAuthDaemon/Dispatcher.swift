@@ -184,7 +184,9 @@ public struct Dispatcher: Sendable {
     static func checkText(_ value: JSONValue, path: String) throws(APIError) {
         switch value {
         case .string(let text):
-            do { try SafeText.check(text, field: path) } catch { throw APIError.invalidInput(error.field, error.message) }
+            do { try SafeText.check(text, field: path) } catch {
+                throw APIError.invalidInput(error.field, error.message)
+            }
         case .array(let items):
             for item in items { try checkText(item, path: path) }
         case .object(let members):

@@ -49,7 +49,8 @@ final class RefusalSummaries: Sendable {
         if tally.rateLimited > 0 { parts.append("\(tally.rateLimited) rate-limited") }
         var text = parts.joined(separator: ", ") + " within \(Int(interval.rounded())) s"
         if !tally.actions.isEmpty {
-            text += ": " + tally.actions.sorted { $0.key < $1.key }.map { "\($0.key)×\($0.value)" }.joined(separator: " ")
+            text +=
+                ": " + tally.actions.sorted { $0.key < $1.key }.map { "\($0.key)×\($0.value)" }.joined(separator: " ")
         }
         return text
     }

@@ -645,7 +645,8 @@ final class Engine: @unchecked Sendable {
         }
         emit(.progress(stage: 0, of: stages, hint: EnrollHint.checkingForDuplicates))
         // The enrolment touches follow on the device: take the result when the operation ends.
-        identify(gallery: duplicateGallery, answerAtReport: false, readerID: reader.info.id, control: control) { [self] result in
+        identify(gallery: duplicateGallery, answerAtReport: false, readerID: reader.info.id, control: control) {
+            [self] result in
             switch result {
             case .success(.match(let id)):
                 logger.notice("enroll refused: finger already enrolled", metadata: ["finger": "\(finger.rawValue)"])

@@ -106,7 +106,8 @@ extension Store {
         for row in live {
             try updatingRows(Self.activationCodesTable, where: "id = ?", [row["id"]], in: db) {
                 try db.query(
-                    "UPDATE activation_codes SET revoked_at = ? WHERE id = ?", [.real(now.timeIntervalSince1970), row["id"]])
+                    "UPDATE activation_codes SET revoked_at = ? WHERE id = ?",
+                    [.real(now.timeIntervalSince1970), row["id"]])
             }
         }
         return live.count

@@ -348,7 +348,8 @@ extension Store {
                     let answer = rows.compactMap { $0["quick_check"].string }
                     guard answer == ["ok"] else {
                         throw StoreError(
-                            .integrity("PRAGMA quick_check(\(table)): \(answer.first ?? "no answer") (the file is damaged)"))
+                            .integrity(
+                                "PRAGMA quick_check(\(table)): \(answer.first ?? "no answer") (the file is damaged)"))
                     }
                 }
                 try checkAllRowMACs(in: connection)
@@ -364,8 +365,8 @@ extension Store {
                     _ = try sealer.open(sealed, binding: binding)
                 }
                 for row in try connection.query(
-                    "SELECT f.person_id, f.finger, f.template, p.name FROM fingers f JOIN people p ON p.id = f.person_id")
-                {
+                    "SELECT f.person_id, f.finger, f.template, p.name FROM fingers f JOIN people p ON p.id = f.person_id"
+                ) {
                     let name = try LoginName(row["name"].string ?? "")
                     let binding = Self.fingerBinding(
                         personID: Int64(row["person_id"].int ?? 0), name: name, finger: row["finger"].string ?? "")

@@ -74,25 +74,30 @@ extension Store {
                 case .text(let v): v
                 default: "?"
                 }
-            throw StoreError(.integrity("\(table.name) row \(key) does not match its MAC (changed behind the store's back)"))
+            throw StoreError(
+                .integrity("\(table.name) row \(key) does not match its MAC (changed behind the store's back)"))
         }
     }
 
     /// Checks the rows of `table` matching `condition` (before a write).
-    func checkRows(_ table: MACTable, where condition: String, _ parameters: [SQLValue], in db: SQLiteConnection) throws {
+    func checkRows(_ table: MACTable, where condition: String, _ parameters: [SQLValue], in db: SQLiteConnection) throws
+    {
         for row in try db.query("SELECT \(table.selectList) FROM \(table.name) WHERE \(condition)", parameters) {
             try checkRow(table, row)
         }
     }
 
     /// Recomputes the MACs of the rows of `table` matching `condition` (after a write).
-    func resealRows(_ table: MACTable, where condition: String, _ parameters: [SQLValue], in db: SQLiteConnection) throws {
+    func resealRows(
+        _ table: MACTable, where condition: String, _ parameters: [SQLValue], in db: SQLiteConnection
+    ) throws {
         for row in try db.query(
             "SELECT \(([table.keyColumn] + table.columns).joined(separator: ", ")) FROM \(table.name) WHERE \(condition)",
             parameters)
         {
             try db.query(
-                "UPDATE \(table.name) SET mac = ? WHERE \(table.keyColumn) = ?", [.blob(rowMAC(table, row)), row[table.keyColumn]])
+                "UPDATE \(table.name) SET mac = ? WHERE \(table.keyColumn) = ?",
+                [.blob(rowMAC(table, row)), row[table.keyColumn]])
         }
     }
 

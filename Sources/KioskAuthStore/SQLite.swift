@@ -180,7 +180,8 @@ final class SQLiteConnection {
                         values[name] = .text("")
                     } else {
                         let pointer = sqlite3_column_text(statement, column)!
-                        values[name] = .text(String(decoding: UnsafeBufferPointer(start: pointer, count: count), as: UTF8.self))
+                        values[name] = .text(
+                            String(decoding: UnsafeBufferPointer(start: pointer, count: count), as: UTF8.self))
                     }
                 case SQLITE_BLOB:
                     let count = Int(sqlite3_column_bytes(statement, column))

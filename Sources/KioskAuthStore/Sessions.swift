@@ -52,12 +52,12 @@ extension Store {
     public func updateSession(id: String, state: String, endedAt: Date?, endReason: String?) throws(StoreError) {
         try transaction { db in
             try updatingRows(Self.sessionsTable, where: "id = ?", [.text(id)], in: db) {
-            _ = try db.query(
-                "UPDATE sessions SET state = ?, ended_at = COALESCE(?, ended_at), end_reason = COALESCE(?, end_reason) WHERE id = ?",
-                [
-                    .text(state), endedAt.map { .real($0.timeIntervalSince1970) } ?? .null,
-                    endReason.map { .text($0) } ?? .null, .text(id),
-                ])
+                _ = try db.query(
+                    "UPDATE sessions SET state = ?, ended_at = COALESCE(?, ended_at), end_reason = COALESCE(?, end_reason) WHERE id = ?",
+                    [
+                        .text(state), endedAt.map { .real($0.timeIntervalSince1970) } ?? .null,
+                        endReason.map { .text($0) } ?? .null, .text(id),
+                    ])
             }
         }
     }

@@ -159,7 +159,8 @@ public final class Store: @unchecked Sendable {
             if required || anchor.exists {
                 switch anchor.read() {
                 case .missing:
-                    problem = "the audit head anchor \(anchor.path) is missing (the chain ends at entry \(head.sequence))"
+                    problem =
+                        "the audit head anchor \(anchor.path) is missing (the chain ends at entry \(head.sequence))"
                 case .invalid:
                     problem =
                         "the audit head anchor \(anchor.path) does not check out for this store (edited, or another store's: \(anchor.describeForRollback()))"
@@ -379,7 +380,8 @@ public final class Store: @unchecked Sendable {
         {
             let id = Int64(row["id"].int ?? 0)
             if version == 3, row["mac"].bytes != personRowMAC(id: id, row, columns: Self.peopleMACColumnNamesV3) {
-                throw StoreError(.integrity("people row \(id) does not match its MAC (found while upgrading the store)"))
+                throw StoreError(
+                    .integrity("people row \(id) does not match its MAC (found while upgrading the store)"))
             }
             try connection.query(
                 "UPDATE people SET has_passcode = EXISTS (SELECT 1 FROM secrets s WHERE s.person_id = people.id AND s.kind = 'passcode') WHERE id = ?",
@@ -562,7 +564,8 @@ public final class Store: @unchecked Sendable {
         guard let mac = row["mac"].bytes, mac == personRowMAC(id: id, row) else {
             throw StoreError(
                 .integrity(
-                    "people row \(id) does not match its MAC (a uid, role, state, counter, window or passcode was changed)"))
+                    "people row \(id) does not match its MAC (a uid, role, state, counter, window or passcode was changed)"
+                ))
         }
         // The passcode's existence is under the MAC; the secrets row must agree with it.
         if let rows = row["passcode_rows"].int, (rows > 0) != ((row["has_passcode"].int ?? 0) != 0) {
@@ -764,8 +767,10 @@ public final class Store: @unchecked Sendable {
     public func setUID(_ uid: Int?, for person: StoredPerson, now: Date) throws(StoreError) {
         try transaction { db in
             if let uid,
-                try !db.query("SELECT id FROM people WHERE uid = ? AND id != ?", [.integer(Int64(uid)), .integer(person.id)])
-                    .isEmpty
+                try !db.query(
+                    "SELECT id FROM people WHERE uid = ? AND id != ?", [.integer(Int64(uid)), .integer(person.id)]
+                )
+                .isEmpty
             {
                 throw StoreError(.personExists("uid \(uid)"))
             }

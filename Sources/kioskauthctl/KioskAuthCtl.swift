@@ -102,10 +102,12 @@ struct KioskAuthCtl: ParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "kioskauthctl",
         abstract: "Manage kioskauth: people, passcodes, fingerprints and the audit trail.",
-        discussion: "Speaks only kioskauthd's socket API; what you may do depends on who you are (root, kioskauth-admin, kioskauth).",
+        discussion:
+            "Speaks only kioskauthd's socket API; what you may do depends on who you are (root, kioskauth-admin, kioskauth).",
         version: KioskAuthVersion.string,
         subcommands: [
-            Status.self, User.self, Passcode.self, FingerCommand.self, VerifyCommand.self, IdentifyCommand.self, ReaderCommand.self,
+            Status.self, User.self, Passcode.self, FingerCommand.self, VerifyCommand.self, IdentifyCommand.self,
+            ReaderCommand.self,
             Activation.self, Lockout.self, Audit.self, SessionCommand.self, Login.self,
         ])
 
@@ -180,18 +182,25 @@ struct KioskAuthCtl: ParsableCommand {
             return "wrong passcode (\(count))"
         case "PasscodeLocked":
             if case .bool(true)? = p?["hardLocked"] {
-                return "passcode locked after too many failures: an admin must reset it (kioskauthctl lockout reset NAME), or sign in online; fingerprint unlock still works"
+                return
+                    "passcode locked after too many failures: an admin must reset it (kioskauthctl lockout reset NAME), or sign in online; fingerprint unlock still works"
             }
-            return "passcode locked for \(number("retryAfterSeconds") ?? 0) s after failed attempts; fingerprint unlock still works"
+            return
+                "passcode locked for \(number("retryAfterSeconds") ?? 0) s after failed attempts; fingerprint unlock still works"
         case "NoPasscode": return "\(string("name") ?? "that person") has no passcode"
-        case "PersonNotActive": return "\(string("name") ?? "that person") cannot unlock: \(string("state") ?? "not active")"
+        case "PersonNotActive":
+            return "\(string("name") ?? "that person") cannot unlock: \(string("state") ?? "not active")"
         case "PasscodeNotAllowed": return "passcode not allowed: \(string("reason") ?? "")"
         case "TicketInvalid": return "authenticate first: the ticket is missing, expired or from another connection"
         case "StoreIntegrity": return "store integrity failure: \(string("reason") ?? "")"
         case "TooManyConnections": return "kioskauthd is refusing connections: too many open"
         case "RateLimited":
             let retry: String
-            if case .number(let seconds)? = p?["retryAfter"] { retry = String(format: "%.1f", seconds) } else { retry = "1" }
+            if case .number(let seconds)? = p?["retryAfter"] {
+                retry = String(format: "%.1f", seconds)
+            } else {
+                retry = "1"
+            }
             return "too many calls from this user (at most \(number("limit") ?? 0) a second); try again in \(retry) s"
         case "ActivationCodeWrong", "ActivationCodeExpired", "ActivationCodeUsed", "ActivationCodeRevoked",
             "ActivationPaused":
@@ -200,17 +209,24 @@ struct KioskAuthCtl: ParsableCommand {
         case "NoReader": return "no fingerprint reader is present; use the passcode"
         case "FingerprintNotRecognized":
             if case .bool(true)? = p?["fallbackRequired"] {
-                return "finger not recognised (\(number("failures") ?? 0) in a row): use your \(string("fallback") == "idp" ? "email and password" : "passcode") now"
+                return
+                    "finger not recognised (\(number("failures") ?? 0) in a row): use your \(string("fallback") == "idp" ? "email and password" : "passcode") now"
             }
             return "finger not recognised (\(number("failures") ?? 0) in a row)"
         case "FallbackRequired":
-            return "too many unrecognised fingers: \(string("name") ?? "this person") must use the \(string("fallback") == "idp" ? "email and password login" : "passcode") first"
+            return
+                "too many unrecognised fingers: \(string("name") ?? "this person") must use the \(string("fallback") == "idp" ? "email and password login" : "passcode") first"
         case "NotIdentified":
-            if case .bool(true)? = p?["askForName"] { return "finger not recognised among the most recent users: give your name and verify instead" }
+            if case .bool(true)? = p?["askForName"] {
+                return "finger not recognised among the most recent users: give your name and verify instead"
+            }
             return "finger not recognised"
         case "FingerprintPaused":
-            return "fingerprint matching is paused after unrecognised fingers; try again in \(number("retryAfterSeconds") ?? 0) s or use the passcode"
-        case "IdentifyPaused": return "walk-up identify is paused after unknown fingers; try again in \(number("retryAfterSeconds") ?? 0) s or give your name"
+            return
+                "fingerprint matching is paused after unrecognised fingers; try again in \(number("retryAfterSeconds") ?? 0) s or use the passcode"
+        case "IdentifyPaused":
+            return
+                "walk-up identify is paused after unknown fingers; try again in \(number("retryAfterSeconds") ?? 0) s or give your name"
         case "NoFingers": return "\(string("name") ?? "that person") has no enrolled finger"
         case "FingerAlreadyEnrolled":
             // The finger the touch matched, and whose it is when the daemon says.
@@ -232,7 +248,8 @@ struct KioskAuthCtl: ParsableCommand {
         case "NotAdmitted": return "not admitted on this terminal: \(string("reason") ?? "")"
         case "UnknownRole": return "refused: \(string("reason") ?? "unknown role")"
         case "SubjectChanged": return "refused: \(string("reason") ?? "the account changed at the identity provider")"
-        case "IdentityProviderUnavailable": return "\(string("reason") ?? "cannot reach the identity provider"); try again later"
+        case "IdentityProviderUnavailable":
+            return "\(string("reason") ?? "cannot reach the identity provider"); try again later"
         case "IdentityProviderRefused": return string("reason") ?? "the identity provider refused the request"
         case "DeviceLoginDenied": return "the device login was denied"
         case "DeviceLoginExpired": return "the device code expired; start again"
@@ -259,12 +276,16 @@ struct Status: ParsableCommand {
         print("kioskauthd \(status.version), store schema \(status.schemaVersion)")
         print("people:       \(status.people)")
         print("socket:       \(global.socketPath)\(status.socketActivated ? " (socket-activated)" : "")")
-        print("store key:    \(status.developmentKey ? "DEVELOPMENT KEY FILE (not for production)" : "systemd credential")")
+        print(
+            "store key:    \(status.developmentKey ? "DEVELOPMENT KEY FILE (not for production)" : "systemd credential")"
+        )
         print("uptime:       \(status.uptimeSeconds) s")
         print("audit:        \(status.auditEvents) events, head \(status.auditHead.prefix(16))…")
         if let delivery = status.auditDelivery { printAuditDelivery(delivery) }
-        guard let connectivity = try? global.call(
-                "GetConnectivity", Message.GetConnectivity(people: true), as: Message.Connectivity.self) else {
+        guard
+            let connectivity = try? global.call(
+                "GetConnectivity", Message.GetConnectivity(people: true), as: Message.Connectivity.self)
+        else {
             return
         }
         guard connectivity.identityProvider else {
@@ -281,7 +302,9 @@ struct Status: ParsableCommand {
             if let reason = person.suspendedReason { window += " (\(reason))" }
             print(window)
         }
-        print("revocation queue: \(connectivity.outboxPending) pending\(connectivity.lastDeliveryAt.map { ", last delivery \($0)" } ?? "")\(connectivity.lastDeliveryError.map { ", last error: \($0)" } ?? "")")
+        print(
+            "revocation queue: \(connectivity.outboxPending) pending\(connectivity.lastDeliveryAt.map { ", last delivery \($0)" } ?? "")\(connectivity.lastDeliveryError.map { ", last error: \($0)" } ?? "")"
+        )
     }
 }
 
@@ -367,7 +390,9 @@ struct User: ParsableCommand {
             }
             if let biometricOffer {
                 let enabled = biometricOffer == "on"
-                try global.call("SetBiometricOffer", Message.SetBiometricOffer(name: name, enabled: enabled), as: Message.PersonReply.self)
+                try global.call(
+                    "SetBiometricOffer", Message.SetBiometricOffer(name: name, enabled: enabled),
+                    as: Message.PersonReply.self)
                 if !global.json { print("fingerprint enrolment offer for \(name): \(enabled ? "on" : "off")") }
             }
         }
@@ -410,22 +435,28 @@ struct User: ParsableCommand {
         func run() throws {
             let reply = try global.call("ListPeople", Message.Empty(), as: Message.People.self)
             guard !global.json else { return }
-            let rows = [["NAME", "DISPLAY NAME", "ROLES", "ORIGIN", "STATE", "UID", "PASSCODE", "FINGERS"]]
+            let rows =
+                [["NAME", "DISPLAY NAME", "ROLES", "ORIGIN", "STATE", "UID", "PASSCODE", "FINGERS"]]
                 + reply.people.map { p in
                     [
-                        safe(p.name), safe(p.displayName), safe(p.roles.joined(separator: ",")), safe(p.origin), safe(p.state),
+                        safe(p.name), safe(p.displayName), safe(p.roles.joined(separator: ",")), safe(p.origin),
+                        safe(p.state),
                         p.uid.map(String.init) ?? "-",
-                                p.passcodeHardLocked ? "locked" : (p.hasPasscode ? "set" : "-"),
+                        p.passcodeHardLocked ? "locked" : (p.hasPasscode ? "set" : "-"),
                         p.fingers.isEmpty
                             ? "-"
                             : safe(
-                                p.fingers.map { (p.fingersMissingFromSensor ?? []).contains($0) ? $0 + "(missing)" : $0 }
-                                    .joined(separator: ",")),
+                                p.fingers.map {
+                                    (p.fingersMissingFromSensor ?? []).contains($0) ? $0 + "(missing)" : $0
+                                }
+                                .joined(separator: ",")),
                     ]
                 }
             let widths = (0..<rows[0].count).map { column in rows.map { $0[column].count }.max() ?? 0 }
             for row in rows {
-                print(zip(row, widths).map { $0.padding(toLength: $1, withPad: " ", startingAt: 0) }.joined(separator: "  "))
+                print(
+                    zip(row, widths).map { $0.padding(toLength: $1, withPad: " ", startingAt: 0) }.joined(
+                        separator: "  "))
             }
         }
     }
@@ -444,7 +475,9 @@ struct User: ParsableCommand {
             print("origin:        \(p.origin)")
             print("state:         \(p.state)")
             print("uid:           \(p.uid.map(String.init) ?? "-")")
-            print("passcode:      \(p.hasPasscode ? "set" : "not set")\(p.passcodeHardLocked ? ", HARD-LOCKED" : "")\(p.passcodeLockedUntil.map { ", delayed until \($0)" } ?? "")")
+            print(
+                "passcode:      \(p.hasPasscode ? "set" : "not set")\(p.passcodeHardLocked ? ", HARD-LOCKED" : "")\(p.passcodeLockedUntil.map { ", delayed until \($0)" } ?? "")"
+            )
             print("failures:      passcode \(p.passcodeFailures), fingerprint \(p.fingerprintFailures)")
             print("fingers:       \(p.fingers.isEmpty ? "-" : p.fingers.joined(separator: ", "))")
             if let missing = p.fingersMissingFromSensor, !missing.isEmpty {
@@ -502,7 +535,8 @@ struct Passcode: ParsableCommand {
             let first = try readSecret(prompt: "New passcode for \(name): ")
             let second = try readSecret(prompt: "Again: ")
             try global.call(
-                "SetPasscode", Message.SetPasscode(name: name, passcode: first, confirmation: second), as: Message.PersonReply.self)
+                "SetPasscode", Message.SetPasscode(name: name, passcode: first, confirmation: second),
+                as: Message.PersonReply.self)
             if !global.json { print("passcode set for \(name)") }
         }
     }
@@ -515,7 +549,8 @@ struct Passcode: ParsableCommand {
 
         func run() throws {
             let passcode = try readSecret(prompt: "Passcode for \(name): ")
-            let reply = try global.call("VerifyPasscode", Message.VerifyPasscode(name: name, passcode: passcode), as: Message.Verified.self)
+            let reply = try global.call(
+                "VerifyPasscode", Message.VerifyPasscode(name: name, passcode: passcode), as: Message.Verified.self)
             if !global.json { print("passcode accepted for \(reply.person.displayName)") }
         }
     }
@@ -543,10 +578,13 @@ struct Audit: ParsableCommand {
         defaultSubcommand: Show.self)
 
     struct Show: ParsableCommand {
-        static let configuration = CommandConfiguration(commandName: "show", abstract: "Show audit events, oldest first.")
+        static let configuration = CommandConfiguration(
+            commandName: "show", abstract: "Show audit events, oldest first.")
         @OptionGroup var global: GlobalOptions
         @Option(help: "Only events after this sequence number.") var after: Int?
-        @Option(name: [.customShort("n"), .long], help: "Only the newest N events (like journalctl -n), still oldest first.")
+        @Option(
+            name: [.customShort("n"), .long], help: "Only the newest N events (like journalctl -n), still oldest first."
+        )
         var limit: Int?
 
         func validate() throws {
@@ -572,13 +610,16 @@ struct Audit: ParsableCommand {
     }
 
     struct Verify: ParsableCommand {
-        static let configuration = CommandConfiguration(abstract: "Check the audit trail's HMAC chain; exits 1 when broken.")
+        static let configuration = CommandConfiguration(
+            abstract: "Check the audit trail's HMAC chain; exits 1 when broken.")
         @OptionGroup var global: GlobalOptions
-        @Option(name: .long, help: "A trusted head SEQ:MAC (e.g. the journal's audit_seq:audit_head) the chain must reach.")
+        @Option(
+            name: .long, help: "A trusted head SEQ:MAC (e.g. the journal's audit_seq:audit_head) the chain must reach.")
         var head: String?
 
         func run() throws {
-            let result = try global.call("VerifyAudit", Message.VerifyAudit(head: head), as: Message.AuditVerification.self)
+            let result = try global.call(
+                "VerifyAudit", Message.VerifyAudit(head: head), as: Message.AuditVerification.self)
             if !global.json {
                 if result.valid {
                     print("audit chain intact: \(result.events) events, head \(result.head)")
@@ -609,7 +650,9 @@ func scan(_ global: GlobalOptions, _ method: String, _ input: some Encodable) th
         if let stage = progress.stage, let stages = progress.stages, stages > 0, progress.state != "duplicate-check" {
             let width = 20
             let filled = min(width, stage * width / stages)
-            line = "[" + String(repeating: "#", count: filled) + String(repeating: "-", count: width - filled) + "] stage \(stage)/\(stages)"
+            line =
+                "[" + String(repeating: "#", count: filled) + String(repeating: "-", count: width - filled)
+                + "] stage \(stage)/\(stages)"
             if let hint = progress.hint { line += ": \(hint)" }
         } else {
             line = progress.hint ?? progress.state
@@ -639,7 +682,8 @@ func missingAdvice(name: String, _ missing: [String]) -> String {
 
 struct FingerCommand: ParsableCommand {
     static let configuration = CommandConfiguration(
-        commandName: "finger", abstract: "Enrol, list and remove fingers.", subcommands: [Enroll.self, List.self, Remove.self])
+        commandName: "finger", abstract: "Enrol, list and remove fingers.",
+        subcommands: [Enroll.self, List.self, Remove.self])
 
     struct Enroll: ParsableCommand {
         static let configuration = CommandConfiguration(abstract: "Enrol a finger, with live progress.")
@@ -647,14 +691,18 @@ struct FingerCommand: ParsableCommand {
         @Argument(help: "Login name.", completion: .people) var name: String
         @Option(help: "Which finger: left-thumb ... right-little.", completion: .list(fingerNames))
         var finger = "right-index"
-        @Option(help: "The reader to enrol on (an id from `kioskauthctl reader`); default the first.") var reader: String?
+        @Option(help: "The reader to enrol on (an id from `kioskauthctl reader`); default the first.") var reader:
+            String?
 
         func validate() throws {
-            guard fingerNames.contains(finger) else { throw ValidationError("unknown finger '\(finger)': use \(fingerNames.joined(separator: ", "))") }
+            guard fingerNames.contains(finger) else {
+                throw ValidationError("unknown finger '\(finger)': use \(fingerNames.joined(separator: ", "))")
+            }
         }
 
         func run() throws {
-            let reply = try scan(global, "EnrollFinger", Message.EnrollFinger(name: name, finger: finger, reader: reader))
+            let reply = try scan(
+                global, "EnrollFinger", Message.EnrollFinger(name: name, finger: finger, reader: reader))
             guard !global.json else { return }
             print("enrolled \(reply.finger ?? finger) for \(name)")
             if reply.duplicateChecked == false {
@@ -680,7 +728,8 @@ struct FingerCommand: ParsableCommand {
     }
 
     struct Remove: ParsableCommand {
-        static let configuration = CommandConfiguration(abstract: "Remove one finger, or all of a person's fingers (also from the sensor).")
+        static let configuration = CommandConfiguration(
+            abstract: "Remove one finger, or all of a person's fingers (also from the sensor).")
         @OptionGroup var global: GlobalOptions
         @Argument(help: "Login name.", completion: .people) var name: String
         @Option(help: "The finger; all fingers when absent.", completion: .enrolledFingers) var finger: String?
@@ -690,14 +739,18 @@ struct FingerCommand: ParsableCommand {
         }
 
         func run() throws {
-            let reply = try global.call("RemoveFinger", Message.RemoveFinger(name: name, finger: finger), as: Message.Removed.self)
-            if !global.json { print(reply.removed.isEmpty ? "nothing to remove" : "removed \(reply.removed.joined(separator: ", "))") }
+            let reply = try global.call(
+                "RemoveFinger", Message.RemoveFinger(name: name, finger: finger), as: Message.Removed.self)
+            if !global.json {
+                print(reply.removed.isEmpty ? "nothing to remove" : "removed \(reply.removed.joined(separator: ", "))")
+            }
         }
     }
 }
 
 struct VerifyCommand: ParsableCommand {
-    static let configuration = CommandConfiguration(commandName: "verify", abstract: "Scan a finger and match one person; exits 0 only on a match.")
+    static let configuration = CommandConfiguration(
+        commandName: "verify", abstract: "Scan a finger and match one person; exits 0 only on a match.")
     @OptionGroup var global: GlobalOptions
     @Argument(help: "Login name.", completion: .people) var name: String
 
@@ -708,7 +761,8 @@ struct VerifyCommand: ParsableCommand {
 }
 
 struct IdentifyCommand: ParsableCommand {
-    static let configuration = CommandConfiguration(commandName: "identify", abstract: "Scan a finger and say whose it is; exits 0 only when recognised.")
+    static let configuration = CommandConfiguration(
+        commandName: "identify", abstract: "Scan a finger and say whose it is; exits 0 only when recognised.")
     @OptionGroup var global: GlobalOptions
 
     func run() throws {
@@ -719,7 +773,8 @@ struct IdentifyCommand: ParsableCommand {
 }
 
 struct ReaderCommand: ParsableCommand {
-    static let configuration = CommandConfiguration(commandName: "reader", abstract: "Show the fingerprint readers present.")
+    static let configuration = CommandConfiguration(
+        commandName: "reader", abstract: "Show the fingerprint readers present.")
     @OptionGroup var global: GlobalOptions
 
     func run() throws {
@@ -730,14 +785,17 @@ struct ReaderCommand: ParsableCommand {
             var features: [String] = [r.scanType]
             if r.canIdentify { features.append("identify") }
             if r.hasStorage { features.append("storage") }
-            print("\(r.id)\t\(r.name)\tdriver \(r.driver)\t\(r.enrollStages) enrol stages\t\(features.joined(separator: ", "))")
+            print(
+                "\(r.id)\t\(r.name)\tdriver \(r.driver)\t\(r.enrollStages) enrol stages\t\(features.joined(separator: ", "))"
+            )
         }
     }
 }
 
 struct SessionCommand: ParsableCommand {
     static let configuration = CommandConfiguration(
-        commandName: "session", abstract: "List sessions, or end every session of a person.", subcommands: [List.self, End.self])
+        commandName: "session", abstract: "List sessions, or end every session of a person.",
+        subcommands: [List.self, End.self])
 
     struct List: ParsableCommand {
         static let configuration = CommandConfiguration(abstract: "List open sessions.")
@@ -747,13 +805,19 @@ struct SessionCommand: ParsableCommand {
         func run() throws {
             let reply = try global.call("ListSessions", Message.ListSessions(name: name), as: Message.Sessions.self)
             guard !global.json else { return }
-            let rows = [["ID", "NAME", "STATE", "SERVICE", "OPENED", "LAST ACTIVITY", "CUT-OFF"]]
+            let rows =
+                [["ID", "NAME", "STATE", "SERVICE", "OPENED", "LAST ACTIVITY", "CUT-OFF"]]
                 + reply.sessions.map { s in
-                    [String(s.id.prefix(12)), s.name, s.state, s.service ?? "-", s.openedAt, s.lastActivityAt, s.overnightCutoff ?? "-"]
+                    [
+                        String(s.id.prefix(12)), s.name, s.state, s.service ?? "-", s.openedAt, s.lastActivityAt,
+                        s.overnightCutoff ?? "-",
+                    ]
                 }
             let widths = (0..<rows[0].count).map { column in rows.map { $0[column].count }.max() ?? 0 }
             for row in rows {
-                print(zip(row, widths).map { $0.padding(toLength: $1, withPad: " ", startingAt: 0) }.joined(separator: "  "))
+                print(
+                    zip(row, widths).map { $0.padding(toLength: $1, withPad: " ", startingAt: 0) }.joined(
+                        separator: "  "))
             }
         }
     }
@@ -780,10 +844,15 @@ struct Login: ParsableCommand {
     func run() throws {
         let password = try readSecret(prompt: "Password for \(email): ")
         let reply = try global.call(
-            "LoginWithPassword", Message.LoginWithPassword(email: email, password: password), as: Message.OnlineLogin.self)
+            "LoginWithPassword", Message.LoginWithPassword(email: email, password: password),
+            as: Message.OnlineLogin.self)
         guard !global.json, let person = reply.person else { return }
-        print("signed in as \(person.name) (\(person.roles.joined(separator: ", ")))\(reply.created == true ? ", new on this terminal" : "")")
-        if reply.offerFingerprint == true { print("fingerprint enrolment can be offered (kioskauthctl finger enroll \(person.name))") }
+        print(
+            "signed in as \(person.name) (\(person.roles.joined(separator: ", ")))\(reply.created == true ? ", new on this terminal" : "")"
+        )
+        if reply.offerFingerprint == true {
+            print("fingerprint enrolment can be offered (kioskauthctl finger enroll \(person.name))")
+        }
     }
 }
 
@@ -852,7 +921,10 @@ enum ShellCompletion {
     static func enrolledFingers(_ words: [String], prefix: String) -> [String] {
         // The person is the first word after the subcommands that is neither an option nor an
         // option's value: `finger remove NAME --finger <TAB>`.
-        guard let start = words.indices.first(where: { words[$0] == "finger" && words.dropFirst($0 + 1).first == "remove" })
+        guard
+            let start = words.indices.first(where: {
+                words[$0] == "finger" && words.dropFirst($0 + 1).first == "remove"
+            })
         else { return [] }
         var name: String?
         var index = start + 2

@@ -4,10 +4,11 @@ import Testing
 
 @Suite struct SafeTextTests {
     @Test func refusesControlAndBidiCharacters() {
-        for bad in ["login\u{0}evil", "a\u{1B}[31mred", "tab\there", "line\nbreak", "del\u{7F}", "c1\u{9B}31m",
+        for bad in [
+            "login\u{0}evil", "a\u{1B}[31mred", "tab\there", "line\nbreak", "del\u{7F}", "c1\u{9B}31m",
             "\u{202E}gpj.exe", "iso\u{2066}late", "x\u{202A}", "pop\u{2069}",
-            "line\u{2028}forged", "para\u{2029}"]
-        {
+            "line\u{2028}forged", "para\u{2029}",
+        ] {
             #expect(SafeText.firstForbidden(in: bad) != nil, "\(bad.debugDescription)")
             #expect(throws: InvalidInputError.self) { try SafeText.check(bad, field: "context.service") }
         }

@@ -255,7 +255,8 @@ struct AuditChainTests {
         let raw = try fixture.raw()
         try raw.query("DELETE FROM audit WHERE seq > 2")
         try raw.query(
-            "UPDATE meta SET value = ? WHERE key = 'audit_head'", [.blob(recordedHead(sequence: 2, mac: entries[1].mac))])
+            "UPDATE meta SET value = ? WHERE key = 'audit_head'",
+            [.blob(recordedHead(sequence: 2, mac: entries[1].mac))])
         raw.close()
         for round in 0..<4 {
             do {

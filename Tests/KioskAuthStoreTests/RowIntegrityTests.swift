@@ -44,11 +44,15 @@ struct RowIntegrityTests {
         try fixture.raw().query(Self.edits[index].sql)
         try fixture.withStore { store throws in
             #expect(storeErrorCode { _ = try store.person(id: sarah.id) } == .integrity)
-            #expect(storeErrorCode { _ = try store.person(boundTo: 4242) } != nil || (try? store.person(boundTo: 4242)) == nil)
+            #expect(
+                storeErrorCode { _ = try store.person(boundTo: 4242) } != nil
+                    || (try? store.person(boundTo: 4242)) == nil)
             #expect(storeErrorCode { _ = try store.people() } == .integrity)
             #expect(storeErrorCode { _ = try store.identityProviderProfile(of: sarah) } == .integrity)
             // A write never launders the edit into a valid MAC.
-            #expect(storeErrorCode { try store.saveFailures(CredentialFailureState(), for: sarah, now: testNow) } == .integrity)
+            #expect(
+                storeErrorCode { try store.saveFailures(CredentialFailureState(), for: sarah, now: testNow) }
+                    == .integrity)
             #expect(storeErrorCode { try store.setState(.active, for: sarah, now: testNow) } == .integrity)
             #expect(storeErrorCode { _ = try store.person(id: sarah.id) } == .integrity)
         }

@@ -79,7 +79,9 @@ struct StoreFaultTests {
         let (fixture, _) = try Self.populated()
         try fixture.raw().query("UPDATE terminal_state SET value = '{\"unknownInARow\":0}'")
         try fixture.withStore { store throws in
-            #expect(storeErrorCode { _ = try store.terminalValue(Throttle.self, forKey: "identify-throttle") } == .integrity)
+            #expect(
+                storeErrorCode { _ = try store.terminalValue(Throttle.self, forKey: "identify-throttle") } == .integrity
+            )
             // A write does not launder it either.
             #expect(
                 storeErrorCode { try store.setTerminalValue(Throttle(unknownInARow: 0), forKey: "identify-throttle") }
@@ -166,7 +168,8 @@ struct StoreFaultTests {
             #expect(error.code == .rollback)
             #expect(error.message.contains("behind its audit head anchor"))
         }
-        let store = try Store(path: fixture.path, key: fixture.key, logger: quietLogger, now: testNow, acceptRollback: true)
+        let store = try Store(
+            path: fixture.path, key: fixture.key, logger: quietLogger, now: testNow, acceptRollback: true)
         defer { store.close() }
         #expect(store.acceptedRollback?.contains("behind") == true)
         let last = try #require(try store.auditEntries(after: 0, limit: 10_000).last)
@@ -188,9 +191,11 @@ struct StoreFaultTests {
             _ = try fixture.open()
             Issue.record("an emptied store opened")
         } catch let error as StoreError {
-            #expect(error.code == .rollback && error.message.contains("empty") && error.message.contains("records store"))
+            #expect(
+                error.code == .rollback && error.message.contains("empty") && error.message.contains("records store"))
         }
-        let store = try Store(path: fixture.path, key: fixture.key, logger: quietLogger, now: testNow, acceptRollback: true)
+        let store = try Store(
+            path: fixture.path, key: fixture.key, logger: quietLogger, now: testNow, acceptRollback: true)
         #expect(try store.peopleCount() == 0)
         store.close()
         // Accepted once: the new store and its fresh anchor open normally.
