@@ -104,6 +104,8 @@
 #define PROMPT_ENABLE_FINGERPRINT "Enable fingerprint login? [y/N] "
 #define PROMPT_EMAIL "Email: "
 #define PROMPT_PASSWORD "Password: "
+/* The longest wait a message names (a day); a reply's larger figure is shown as this. */
+#define MAX_WAIT_SHOWN_SEC (24LL * 3600)
 #define MESSAGE_NOT_RECOGNISED "Fingerprint not recognised."
 #define MESSAGE_WRONG_PASSCODE "Wrong passcode."
 #define MESSAGE_SCAN_TIMED_OUT "Fingerprint timed out: no finger was placed on the reader."
@@ -1410,6 +1412,8 @@ static const char *not_active_message(const char *state) {
 
 static void say_wait(const struct login *l, const char *what, long long seconds) {
     char text[MAX_MESSAGE_LENGTH];
+    if (seconds > MAX_WAIT_SHOWN_SEC)
+        seconds = MAX_WAIT_SHOWN_SEC;
     long long minutes = (seconds + 59) / 60;
     if (seconds < 60)
         snprintf(text, sizeof(text), "%s Try again in %lld second%s.", what, seconds,
@@ -1499,6 +1503,8 @@ static void say_identify_paused(const struct login *l, const struct reply *reply
     const char *alternative = l->options.mode == MODE_AUTO ? ", or use your name and passcode" : "";
     if (!json_get_integer(reply->parameters, "retryAfterSeconds", &seconds) || seconds <= 0)
         seconds = 60;
+    if (seconds > MAX_WAIT_SHOWN_SEC) /* a daemon's number, never trusted to fit arithmetic */
+        seconds = MAX_WAIT_SHOWN_SEC;
     long long minutes = (seconds + 59) / 60;
     if (seconds < 60)
         snprintf(text, sizeof(text),
