@@ -522,21 +522,25 @@ extension Authority {
     func admitFingerTouch(
         _ caller: Caller, action: String, person: String?, service: String?, sink: ReplySink
     ) async throws(APIError) -> Bool {
-        var waited = false
         var prompted = false
         let wait = Message.ScanReply(progress: ScanProgress(state: "wait", hint: Self.waitPrompt))
+        // Strictly first come, first served: only the oldest waiting touch may be admitted, so
+        // touches reach the reader's queue in the order they arrived (a touch must never be
+        // charged to someone whose prompt came later).
+        let ticket = nextFingerTouchTicket
+        nextFingerTouchTicket &+= 1
+        fingerTouchQueue.append(ticket)
+        defer {
+            if let index = fingerTouchQueue.firstIndex(of: ticket) { fingerTouchQueue.remove(at: index) }
+            // The next in line may fit now, or learn of a pause.
+            wakeFingerTouchWaiters()
+        }
         while true {
-            let state = try loadFingerThrottleState(caller)
             let at = steadyNow()
-            switch fingerThrottle.admission(state, inFlight: fingerTouchesInFlight, now: at) {
-            case .admit:
-                fingerTouchesInFlight += 1
-                // The next in line may fit too.
-                if waited, !fingerTouchWaiters.isEmpty { fingerTouchWaiters.removeFirst().resume() }
-                return prompted
+            let admission = fingerThrottle.admission(
+                try loadFingerThrottleState(caller), inFlight: fingerTouchesInFlight, now: at)
+            switch admission {
             case .paused(let until):
-                // Everyone waiting is refused the same way, in order.
-                if !fingerTouchWaiters.isEmpty { fingerTouchWaiters.removeFirst().resume() }
                 audit(
                     caller, action: action, result: "refused", person: person, method: "fingerprint",
                     service: service, detail: "paused after unknown fingers")
@@ -544,26 +548,28 @@ extension Authority {
                 throw action == "finger.identify"
                     ? APIError.own("IdentifyPaused", ["retryAfterSeconds": retry])
                     : APIError.own("FingerprintPaused", ["retryAfterSeconds": retry])
-            case .wait:
+            case .admit where fingerTouchQueue.first == ticket:
+                fingerTouchesInFlight += 1
+                return prompted
+            case .admit, .wait:
                 if !prompted {
                     prompted = true
                     try? await sink.progress(wait)
+                    // Re-checked after the notice went out: things may have moved meanwhile.
+                    continue
                 }
-                // Re-checked after the prompt went out: a touch may have been recorded meanwhile.
-                let recheck = fingerThrottle.admission(
-                    try loadFingerThrottleState(caller), inFlight: fingerTouchesInFlight, now: steadyNow())
-                guard case .wait = recheck else { continue }
-                await withCheckedContinuation { continuation in
-                    // One that waited already keeps its place at the front.
-                    if waited {
-                        fingerTouchWaiters.insert(continuation, at: 0)
-                    } else {
-                        fingerTouchWaiters.append(continuation)
-                    }
-                }
-                waited = true
+                // No suspension point between the check above and this registration: a wake-up
+                // cannot be lost.
+                await withCheckedContinuation { continuation in fingerTouchWaiters[ticket] = continuation }
             }
         }
+    }
+
+    /// Lets every waiting touch check again (each one admits itself only when it is first).
+    func wakeFingerTouchWaiters() {
+        let waiters = fingerTouchWaiters
+        fingerTouchWaiters = [:]
+        for continuation in waiters.values { continuation.resume() }
     }
 
     /// Records an admitted touch: matched, unknown, or (nil) never matched (a reader failure);
@@ -573,7 +579,7 @@ extension Authority {
         fingerTouchesInFlight = max(0, fingerTouchesInFlight - 1)
         // Loaded when the touch was admitted; cached since.
         guard var state = try? loadFingerThrottleState() else {
-            if !fingerTouchWaiters.isEmpty { fingerTouchWaiters.removeFirst().resume() }
+            wakeFingerTouchWaiters()
             return 0
         }
         var position = state.unknownInARow
@@ -582,7 +588,7 @@ extension Authority {
             fingerThrottle.record(identified: outcome, in: &state, now: steadyNow())
             saveFingerThrottleState(state)
         }
-        if !fingerTouchWaiters.isEmpty { fingerTouchWaiters.removeFirst().resume() }
+        wakeFingerTouchWaiters()
         return position
     }
 

@@ -58,8 +58,12 @@ public actor Authority {
     var fingerThrottleState: IdentifyThrottleState?
     /// Touches admitted by the throttle and not yet recorded.
     var fingerTouchesInFlight = 0
-    /// Touches waiting for admission, first come first served.
-    var fingerTouchWaiters: [CheckedContinuation<Void, Never>] = []
+    /// Touches waiting for admission, by ticket, in arrival order (`fingerTouchQueue`).
+    var fingerTouchWaiters: [UInt64: CheckedContinuation<Void, Never>] = [:]
+    /// The tickets of the touches not yet admitted, oldest first.
+    var fingerTouchQueue: [UInt64] = []
+    /// The next touch's ticket.
+    var nextFingerTouchTicket: UInt64 = 0
     /// Scans of unprivileged callers running or waiting for the reader, each with what cancels
     /// it: a scan of root or the groups (the greeter, a kiosk app, an admin enrolling) takes the
     /// reader from them (see `readerScan`).
