@@ -82,7 +82,7 @@ let package = Package(
         .executableTarget(
             name: "kioskauthd",
             dependencies: [
-                "KioskAuthDaemon",
+                "KioskAuthDaemon", "KioskAuthProtocol",
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
                 .product(name: "Logging", package: "swift-log"),
             ],
@@ -90,7 +90,7 @@ let package = Package(
         .executableTarget(
             name: "kioskauthctl",
             dependencies: [
-                "KioskAuthProtocol", "CKioskAuthSystem",
+                "KioskAuthCore", "KioskAuthProtocol",
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
             ],
             swiftSettings: strictSettings),

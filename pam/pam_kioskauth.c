@@ -104,17 +104,28 @@
 #define PROMPT_ENABLE_FINGERPRINT "Enable fingerprint login? [y/N] "
 #define PROMPT_EMAIL "Email: "
 #define PROMPT_PASSWORD "Password: "
+/* The longest wait a message names (a day); a reply's larger figure is shown as this. */
+#define MAX_WAIT_SHOWN_SEC (24LL * 3600)
 #define MESSAGE_NOT_RECOGNISED "Fingerprint not recognised."
 #define MESSAGE_WRONG_PASSCODE "Wrong passcode."
+#define MESSAGE_SCAN_TIMED_OUT "Fingerprint timed out: no finger was placed on the reader."
+#define MESSAGE_USE_PASSCODE "Too many tries with the finger: use your passcode."
+#define MESSAGE_USE_NAME "Too many tries with the finger: use your name and passcode."
 #define MESSAGE_HARD_LOCKED                                                                        \
     "Your passcode is locked. Ask an administrator to reset it, or sign in online."
 #define MESSAGE_IDP_FALLBACK "Biometric login failed. Please sign in with your email and password."
 #define MESSAGE_SIGN_IN "Please sign in with your email and password."
+#define MESSAGE_SIGN_IN_ONLINE "Sign in online: your organisation's sign-in must be renewed."
 #define MESSAGE_WRONG_CREDENTIALS "Wrong email or password."
 #define MESSAGE_NOT_AN_EMAIL "That is not an email address."
 #define MESSAGE_IDP_UNAVAILABLE                                                                    \
     "Your organisation's sign-in cannot be reached. Try again later, or use your finger or "       \
     "passcode."
+/* The same, to someone who must sign in online before their finger or passcode works again. */
+#define MESSAGE_IDP_UNAVAILABLE_ONLINE_ONLY                                                        \
+    "Your organisation's sign-in cannot be reached, and you must sign in online before your "      \
+    "finger or passcode works again. Try again when this terminal is back online, or ask your "    \
+    "coordinator."
 #define MESSAGE_IDP_BROKEN "Online sign-in is not working on this terminal. Ask an administrator."
 #define MESSAGE_NOT_ADMITTED "Your account may not sign in on this terminal."
 #define MESSAGE_UNKNOWN_ROLE "Your account has no role this terminal knows. Ask your coordinator."
@@ -243,6 +254,9 @@ struct person_info {
     bool known;
     bool bound; /* the person is bound to a Unix uid: `uid` */
     uid_t uid;
+    /* The daemon said this person must sign in online (offline window ended, local unlock
+     * suspended): their finger and passcode do not work until then. */
+    bool online_only;
     char role[MAX_ROLE_LENGTH + 1];
     char display_name[MAX_DISPLAY_NAME_LENGTH + 1];
 };
@@ -1341,22 +1355,25 @@ static void take_handover(const struct login *l, const char *name, struct connec
 
 /* A scan (VerifyFinger, Identify) on a connection of its own, `c` (which the caller closes, or
  * keeps for the session after a match): shows the daemon's prompts as they stream in and leaves
- * the final reply in `reply`. Returns 0; -ETIMEDOUT when no final reply came within timeout=;
- * -EINTR when a signal ended the wait; another negative errno when the daemon could not be
- * asked. Closing the connection cancels a scan still running. */
+ * the final reply in `reply`. `*deadline` bounds it: when 0, it is set to timeout= from now (a
+ * caller passes the same deadline again for the touches that follow an unusable one). Returns
+ * 0; -ETIMEDOUT when no final reply came by the deadline; -EINTR when a signal ended the wait;
+ * another negative errno when the daemon could not be asked. Closing the connection cancels a
+ * scan still running. */
 static int scan(const struct login *l, struct connection *c, const struct buffer *request,
-                struct reply *reply, bool *touch_requested) {
+                struct reply *reply, bool *touch_requested, uint64_t *deadline) {
     *touch_requested = false;
     if (request->failed)
         return log_ret(l, -ENOMEM, LOG_CRIT, "Out of memory");
     int r = connection_open(l, c);
     if (r < 0)
         return r;
-    uint64_t deadline = now_msec() + (uint64_t)l->options.timeout_sec * 1000;
-    r = connection_send(c, request, deadline);
+    if (*deadline == 0)
+        *deadline = now_msec() + (uint64_t)l->options.timeout_sec * 1000;
+    r = connection_send(c, request, *deadline);
     for (;;) {
         if (r >= 0)
-            r = connection_receive(c, deadline, true, reply);
+            r = connection_receive(c, *deadline, true, reply);
         if (r == -EINTR || r == -ETIMEDOUT) {
             log_debug(l, "Scan ended: %s", r == -EINTR ? "interrupted by a signal" : "timed out");
             return r;
@@ -1395,6 +1412,8 @@ static const char *not_active_message(const char *state) {
 
 static void say_wait(const struct login *l, const char *what, long long seconds) {
     char text[MAX_MESSAGE_LENGTH];
+    if (seconds > MAX_WAIT_SHOWN_SEC)
+        seconds = MAX_WAIT_SHOWN_SEC;
     long long minutes = (seconds + 59) / 60;
     if (seconds < 60)
         snprintf(text, sizeof(text), "%s Try again in %lld second%s.", what, seconds,
@@ -1416,6 +1435,9 @@ struct step {
     char name[MAX_NAME_LENGTH + 1];
     /* NEXT_ONLINE: say "Please sign in..." once the daemon allows the online login. */
     bool say_sign_in;
+    /* NEXT_ASK_NAME: the finger is done with (out of tries, or identify paused); after the name
+     * comes the passcode, not another touch. */
+    bool finger_done;
 };
 
 /* Errors that end a scan without a verdict on the finger: a name or the passcode can go on. */
@@ -1452,10 +1474,49 @@ static struct step sign_in_required(const struct login *l, const struct reply *r
     const char *name = json_get_string(reply->parameters, "name");
     struct step s = {PAM_AUTHINFO_UNAVAIL, NEXT_ONLINE, ""};
     complain(l, message ? message : "Sign in online.");
+    if (l->person)
+        l->person->online_only = true;
     if (name && login_name_is_valid(name))
         memcpy(s.name, name, strlen(name) + 1);
     log_debug(l, "%s: %s", reply->error, name ? name : "-");
     return s;
+}
+
+/* What the person is told when the scan ended without a verdict on the finger. */
+static void say_reader_trouble(const struct login *l, const struct reply *reply) {
+    if (is_error(reply, "ScanTimeout"))
+        complain(l, MESSAGE_SCAN_TIMED_OUT);
+}
+
+/* A touch the reader could not use (ScanRetry: too short, off centre, a finger already down) is
+ * not a failed match: the person is told why and touches again without using up a try, for as
+ * long as timeout= allows from the first touch of that try. */
+static void say_retry(const struct login *l, const struct reply *reply) {
+    const char *hint = json_get_string(reply->parameters, "hint");
+    complain(l, hint ? hint : "Try again.");
+}
+
+/* Walk-up identify paused after unknown fingers: for how long, and what works meanwhile. */
+static void say_identify_paused(const struct login *l, const struct reply *reply) {
+    long long seconds = 0;
+    char text[MAX_MESSAGE_LENGTH];
+    const char *alternative = l->options.mode == MODE_AUTO ? ", or use your name and passcode" : "";
+    if (!json_get_integer(reply->parameters, "retryAfterSeconds", &seconds) || seconds <= 0)
+        seconds = 60;
+    if (seconds > MAX_WAIT_SHOWN_SEC) /* a daemon's number, never trusted to fit arithmetic */
+        seconds = MAX_WAIT_SHOWN_SEC;
+    long long minutes = (seconds + 59) / 60;
+    if (seconds < 60)
+        snprintf(text, sizeof(text),
+                 "Fingerprint unlock is paused after too many unknown fingers. "
+                 "Try again in %lld second%s%s.",
+                 seconds, seconds == 1 ? "" : "s", alternative);
+    else
+        snprintf(text, sizeof(text),
+                 "Fingerprint unlock is paused after too many unknown fingers. "
+                 "Try again in %lld minute%s%s.",
+                 minutes, minutes == 1 ? "" : "s", alternative);
+    complain(l, text);
 }
 
 /* Walk-up unlock: on a match, and only then, PAM_USER becomes the person recognised. */
@@ -1466,17 +1527,26 @@ static struct step identify(const struct login *l) {
     json_context(&request, l);
     buffer_puts(&request, "}}");
 
-    for (unsigned attempt = 1;; attempt++) {
+    uint64_t deadline = 0;
+    for (unsigned attempt = 1;;) {
         _cleanup_connection_ struct connection c = CONNECTION_INIT;
         _cleanup_reply_ struct reply reply = {0};
         bool touch_requested;
-        int r = scan(l, &c, &request, &reply, &touch_requested);
+        int r = scan(l, &c, &request, &reply, &touch_requested, &deadline);
+        /* Ctrl-C: the person chose another way in; the stack goes on to its next module. */
         if (r == -EINTR)
-            return (struct step){PAM_AUTH_ERR, NEXT_NONE};
-        if (r == -ETIMEDOUT)
+            return (struct step){PAM_AUTHINFO_UNAVAIL, NEXT_NONE};
+        if (r == -ETIMEDOUT) {
+            complain(l, MESSAGE_SCAN_TIMED_OUT);
             return (struct step){PAM_AUTHINFO_UNAVAIL, NEXT_ASK_NAME};
+        }
         if (r < 0)
             return (struct step){PAM_AUTHINFO_UNAVAIL, NEXT_NONE};
+        if (is_error(&reply, "ScanRetry")) {
+            say_retry(l, &reply);
+            continue;
+        }
+        deadline = 0;
 
         if (!reply.error) {
             const char *name = reply_person_name(&reply);
@@ -1503,19 +1573,19 @@ static struct step identify(const struct login *l) {
             if (!touch_requested || json_get_bool(reply.parameters, "askForName"))
                 return (struct step){PAM_AUTH_ERR, NEXT_ASK_NAME};
             complain(l, MESSAGE_NOT_RECOGNISED);
-            if (attempt >= l->options.max_tries)
-                return (struct step){PAM_MAXTRIES, NEXT_ASK_NAME};
+            if (attempt++ >= l->options.max_tries) {
+                complain(l, MESSAGE_USE_NAME);
+                return (struct step){PAM_MAXTRIES, NEXT_ASK_NAME, .finger_done = true};
+            }
             continue;
         }
-        if (is_error(&reply, "ScanRetry")) {
-            const char *hint = json_get_string(reply.parameters, "hint");
-            complain(l, hint ? hint : "Try again.");
-            if (attempt >= l->options.max_tries)
-                return (struct step){PAM_MAXTRIES, NEXT_ASK_NAME};
-            continue;
+        if (is_error(&reply, "IdentifyPaused")) {
+            say_identify_paused(l, &reply);
+            return (struct step){PAM_AUTHINFO_UNAVAIL, NEXT_ASK_NAME, .finger_done = true};
         }
-        if (is_error(&reply, "IdentifyPaused") || is_reader_trouble(&reply)) {
+        if (is_reader_trouble(&reply)) {
             log_debug(l, "Identify: %s", reply.error);
+            say_reader_trouble(l, &reply);
             return (struct step){PAM_AUTHINFO_UNAVAIL, NEXT_ASK_NAME};
         }
         if (is_error(&reply, "FingerprintNotAllowed")) {
@@ -1525,18 +1595,25 @@ static struct step identify(const struct login *l) {
         }
         if (must_sign_in_online(&reply))
             return sign_in_required(l, &reply);
+        /* Recognised, but not someone who may log in now (suspended by an administrator). */
+        if (is_error(&reply, "PersonNotActive")) {
+            complain(l, not_active_message(json_get_string(reply.parameters, "state")));
+            return (struct step){PAM_AUTH_ERR, NEXT_NONE};
+        }
         return unexpected(l, "Identify", &reply);
     }
 }
 
 /* After too many failed matches: the passcode, or for a person from the identity provider who
- * has none, their email and password (or a device login) with the identity provider. */
+ * has none, their email and password (or a device login) with the identity provider. Either way
+ * the person is told what comes next. */
 static struct step fallback(const struct login *l, const struct reply *reply) {
     const char *to = json_get_string(reply->parameters, "fallback");
     if (to && strcmp(to, "idp") == 0) {
         complain(l, MESSAGE_IDP_FALLBACK);
         return (struct step){PAM_AUTHINFO_UNAVAIL, NEXT_ONLINE};
     }
+    complain(l, MESSAGE_USE_PASSCODE);
     return (struct step){PAM_MAXTRIES, NEXT_PASSCODE};
 }
 
@@ -1550,17 +1627,25 @@ static struct step verify_finger(const struct login *l, const char *name) {
     json_context(&request, l);
     buffer_puts(&request, "}}");
 
-    for (unsigned attempt = 1;; attempt++) {
+    uint64_t deadline = 0;
+    for (unsigned attempt = 1;;) {
         _cleanup_connection_ struct connection c = CONNECTION_INIT;
         _cleanup_reply_ struct reply reply = {0};
         bool touch_requested;
-        int r = scan(l, &c, &request, &reply, &touch_requested);
+        int r = scan(l, &c, &request, &reply, &touch_requested, &deadline);
         if (r == -EINTR)
-            return (struct step){PAM_AUTH_ERR, NEXT_NONE};
-        if (r == -ETIMEDOUT)
+            return (struct step){PAM_AUTHINFO_UNAVAIL, NEXT_NONE};
+        if (r == -ETIMEDOUT) {
+            complain(l, MESSAGE_SCAN_TIMED_OUT);
             return (struct step){PAM_AUTHINFO_UNAVAIL, NEXT_PASSCODE};
+        }
         if (r < 0)
             return (struct step){PAM_AUTHINFO_UNAVAIL, NEXT_NONE};
+        if (is_error(&reply, "ScanRetry")) {
+            say_retry(l, &reply);
+            continue;
+        }
+        deadline = 0;
 
         if (!reply.error) {
             const char *matched = reply_person_name(&reply);
@@ -1574,17 +1659,10 @@ static struct step verify_finger(const struct login *l, const char *name) {
         if (is_error(&reply, "FingerprintNotRecognized")) {
             complain(l, MESSAGE_NOT_RECOGNISED);
             /* The daemon counts failed matches per connection, and every touch has its own: the
-             * conversation's count is this loop's. */
+             * conversation's count is this loop's (a retry hint is not a try). */
             if (json_get_bool(reply.parameters, "fallbackRequired") ||
-                attempt >= l->options.max_tries)
+                attempt++ >= l->options.max_tries)
                 return fallback(l, &reply);
-            continue;
-        }
-        if (is_error(&reply, "ScanRetry")) {
-            const char *hint = json_get_string(reply.parameters, "hint");
-            complain(l, hint ? hint : "Try again.");
-            if (attempt >= l->options.max_tries)
-                return (struct step){PAM_MAXTRIES, NEXT_PASSCODE};
             continue;
         }
         if (is_error(&reply, "FallbackRequired"))
@@ -1594,6 +1672,7 @@ static struct step verify_finger(const struct login *l, const char *name) {
         if (is_error(&reply, "NoFingers") || is_error(&reply, "FingerprintPaused") ||
             is_reader_trouble(&reply)) {
             log_debug(l, "VerifyFinger: %s", reply.error);
+            say_reader_trouble(l, &reply);
             return (struct step){PAM_AUTHINFO_UNAVAIL, NEXT_PASSCODE};
         }
         if (is_error(&reply, "NoSuchPerson"))
@@ -1757,6 +1836,14 @@ static struct step passcode_precheck(const struct login *l, const char *name) {
     bool online = is_identity_provider_person(p);
     if (is_pending(state))
         return (struct step){PAM_AUTH_ERR, NEXT_ACTIVATE};
+    /* An identity-provider person whose local unlock is suspended until they sign in online (the
+     * provider refused their token): the online login is what lifts it, not a dead end. */
+    if (online && json_get_string(p, "suspendedReason")) {
+        if (l->remote)
+            return (struct step){PAM_AUTHINFO_UNAVAIL, NEXT_NONE};
+        complain(l, MESSAGE_SIGN_IN_ONLINE);
+        return (struct step){PAM_AUTHINFO_UNAVAIL, NEXT_ONLINE, ""};
+    }
     if (!state || strcmp(state, "active") != 0) {
         complain(l, not_active_message(state));
         return (struct step){PAM_AUTH_ERR, NEXT_NONE};
@@ -2365,6 +2452,12 @@ static bool looks_like_email(const char *name) {
            at[strlen(at) - 1] != '.' && at[1] != '.';
 }
 
+/* The provider cannot be reached: what still works, said plainly. */
+static const char *idp_unavailable_message(const struct login *l) {
+    return l->person && l->person->online_only ? MESSAGE_IDP_UNAVAILABLE_ONLINE_ONLY
+                                               : MESSAGE_IDP_UNAVAILABLE;
+}
+
 /* What the person is told when the daemon did not log them in, and the PAM code. */
 static int online_login_refused(const struct login *l, const struct reply *reply) {
     const char *reason = json_get_string(reply->parameters, "reason");
@@ -2394,7 +2487,7 @@ static int online_login_refused(const struct login *l, const struct reply *reply
         return PAM_AUTH_ERR;
     }
     if (is_error(reply, "IdentityProviderUnavailable")) {
-        complain(l, MESSAGE_IDP_UNAVAILABLE);
+        complain(l, idp_unavailable_message(l));
         return log_ret(l, PAM_AUTHINFO_UNAVAIL, LOG_WARNING,
                        "The identity provider is unavailable: %s", reason);
     }
@@ -2465,7 +2558,7 @@ static int password_login(const struct login *l, struct connection *c, const cha
         return PAM_AUTH_ERR;
     }
     if (r < 0) {
-        complain(l, MESSAGE_IDP_UNAVAILABLE);
+        complain(l, idp_unavailable_message(l));
         return PAM_AUTHINFO_UNAVAIL;
     }
     return PAM_SUCCESS;
@@ -2497,7 +2590,7 @@ static int device_login(const struct login *l, struct connection *c, struct repl
             return log_ret(l, PAM_AUTHINFO_UNAVAIL, LOG_NOTICE, "Device login: no answer in time");
         }
         if (r < 0) {
-            complain(l, MESSAGE_IDP_UNAVAILABLE);
+            complain(l, idp_unavailable_message(l));
             return log_ret(l, PAM_AUTHINFO_UNAVAIL, LOG_WARNING, "kioskauthd did not answer: %s",
                            strerror(-r));
         }
@@ -2680,9 +2773,11 @@ static int authenticate(const struct login *l) {
         return activate(l, user, NULL);
 
     bool given = user != NULL;
+    bool finger_done = false;
     if (!user) {
         if (mode == MODE_AUTO || mode == MODE_IDENTIFY) {
             struct step s = identify(l);
+            finger_done = s.finger_done;
             /* Recognised, but their offline window has ended: they sign in online as themselves. */
             if (s.next == NEXT_ONLINE && mode == MODE_AUTO && s.name[0])
                 return sign_in_again(l, s.name, NULL);
@@ -2699,7 +2794,7 @@ static int authenticate(const struct login *l) {
             return r;
     }
 
-    if (mode != MODE_PASSCODE) {
+    if (mode != MODE_PASSCODE && !finger_done) {
         struct step s = verify_finger(l, user);
         if (s.next == NEXT_ACTIVATE) {
             /* A finger-only conversation has no keyboard for the code. */

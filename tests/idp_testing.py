@@ -276,19 +276,29 @@ class PlainProvider:
     def __init__(self, provider: str, *, users, access_seconds=300, refresh_seconds=3600, publish_groups=False):
         self.provider = provider
         self.state_dir = Path(tempfile.mkdtemp(prefix="kioskauth-plain-idp-"))
-        cmd = [sys.executable, str(PLAIN_SERVER), "--provider", provider, "--port", "0",
-               "--state-dir", str(self.state_dir), "--access-token-seconds", str(access_seconds),
-               "--refresh-token-seconds", str(refresh_seconds)]
+        self.args = ["--provider", provider, "--state-dir", str(self.state_dir),
+                     "--access-token-seconds", str(access_seconds), "--refresh-token-seconds", str(refresh_seconds)]
         if publish_groups:
-            cmd.append("--publish-groups")
+            self.args.append("--publish-groups")
         for email, password, groups in users:
-            cmd += ["--user", f"{email}:{password}:{','.join(groups)}"]
+            self.args += ["--user", f"{email}:{password}:{','.join(groups)}"]
+        self._launch(0, [])
+
+    def _launch(self, port: int, extra: list[str]) -> None:
+        cmd = [sys.executable, str(PLAIN_SERVER), "--port", str(port), *self.args, *extra]
         self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
                                      text=True)
         line = self.proc.stdout.readline()
         if not line:
-            raise RuntimeError(f"{provider} did not start (exit {self.proc.poll()})")
+            raise RuntimeError(f"{self.provider} did not start (exit {self.proc.poll()})")
         self.info = json.loads(line)
+
+    def restart(self, *extra: str) -> None:
+        """Stops the provider and starts it again on the same port with the same database (its
+        users and tokens), with `extra` command-line settings: an administrator's reconfiguration."""
+        self.proc.stdin.close()
+        self.proc.wait(10)
+        self._launch(self.info["port"], list(extra))
 
     @property
     def issuer(self) -> str:

@@ -93,6 +93,9 @@ class Daemon:
             key_path.write_bytes(credential_key)
             key_path.chmod(0o400)
         self.extra_env = env or {}
+        # Extra command-line options, and a prefix (e.g. setpriv) to run the daemon under.
+        self.extra_args: list[str] = []
+        self.prefix: list[str] = []
         self.proc: subprocess.Popen | None = None
         self.notify: NotifyListener | None = None
         self.log_path = self.root / "daemon.log"
@@ -106,7 +109,7 @@ class Daemon:
                "--runtime-directory", str(self.runtime)]
         if self.credentials is None:
             cmd.append("--development-key-file")
-        return cmd
+        return self.prefix + cmd + self.extra_args
 
     def environment(self) -> dict:
         env = {k: v for k, v in os.environ.items() if k not in ("NOTIFY_SOCKET", "LISTEN_FDS", "LISTEN_PID", "CREDENTIALS_DIRECTORY", "WATCHDOG_USEC")}

@@ -192,12 +192,26 @@ class Conversation:
         waiting (after the prompt is shown, on a loaded machine) reaches only the
         application's handler, as it would for any blocking call."""
         for _ in range(attempts):
+            # To the client itself as well as to `timeout` in front of it: timeout forwards the
+            # signal, but not when it lands while timeout is between its own steps.
             self.proc.send_signal(signal.SIGINT)
+            for child in self._children():
+                try:
+                    os.kill(child, signal.SIGINT)
+                except ProcessLookupError:
+                    pass
             deadline = time.monotonic() + every
             while time.monotonic() < deadline:
                 if self.proc.poll() is not None or any(e["event"] == "result" for e in self.events()):
                     return
                 time.sleep(0.02)
+
+    def _children(self) -> list[int]:
+        try:
+            text = Path(f"/proc/{self.proc.pid}/task/{self.proc.pid}/children").read_text()
+        except OSError:
+            return []
+        return [int(pid) for pid in text.split()]
 
     @property
     def elapsed(self) -> float:
@@ -446,8 +460,10 @@ def client_main(argv: list[str]) -> int:
         key, value = item.split("=", 1)
         pam.pam_set_item(handle, ITEMS[key], value.encode())
 
-    # A signal must interrupt the module's wait, not kill this process or raise in Python.
-    signal.signal(signal.SIGINT, lambda *_: _emit({"event": "signal", "signal": "SIGINT"}))
+    # A signal must interrupt the module's wait, not kill this process or raise in Python. The
+    # handler writes with os.write: one landing while _emit writes a result would otherwise make
+    # a reentrant call into sys.stdout, which raises and loses the result.
+    signal.signal(signal.SIGINT, lambda *_: os.write(1, b'{"event": "signal", "signal": "SIGINT"}\n'))
 
     pam.pam_get_item.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.POINTER(ctypes.c_char_p)]
     pam.pam_getenv.argtypes = [ctypes.c_void_p, ctypes.c_char_p]

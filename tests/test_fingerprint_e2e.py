@@ -99,6 +99,8 @@ def test_enrol_with_progress_then_identify_and_remove_deletes_the_sensor_print(m
     out = proc.stdout.read()
     assert proc.wait(timeout=30) == 0, lines
     assert "enrolled right-index for sarah" in out
+    # The first finger on the terminal duplicates nobody's: no note that duplicates went unchecked.
+    assert "duplicates" not in out and not any("duplicate" in line for line in lines), (out, lines)
     assert lines[0] == "[--------------------] stage 0/5: Touch the fingerprint reader"
     assert lines[-1].startswith("[####################] stage 5/5")
 
@@ -122,15 +124,81 @@ def test_enrol_with_progress_then_identify_and_remove_deletes_the_sensor_print(m
     assert stored_ids(sensor) == {"omar-finger"}
 
 
+def ctl_enroll(d, sensor, name, finger_id, *args):
+    """kioskauthctl finger enroll, touching the virtual reader whenever it prompts."""
+    proc = subprocess.Popen([str(KIOSKAUTHCTL), "finger", "enroll", name, *args, "--socket", d.socket],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    lines = []
+    for line in proc.stderr:
+        lines.append(line.strip())
+        if line.startswith(("[", "touch the reader")) and "stage 5/5" not in line:
+            scan(sensor, finger_id)
+    out = proc.stdout.read()
+    return proc.wait(timeout=30), out, lines
+
+
 def test_a_finger_enrolled_to_someone_else_is_refused(make_daemon):
     d, sensor = start(make_daemon, "virtual_device_storage")
     for name in ("sarah", "mallory"):
         assert d.ctl("user", "add", name).returncode == 0
     reply, _ = enroll(d, sensor, "sarah", "sarah-finger")
     assert reply["parameters"]["finger"] == "right-index", reply
-    reply, reports = enroll(d, sensor, "mallory", "sarah-finger")
+    # The error names the finger the touch matched (and, to an admin, whose), not the one asked for.
+    reply, reports = enroll(d, sensor, "mallory", "sarah-finger", finger="left-thumb")
     assert reply["error"] == "io.kioskauth.FingerAlreadyEnrolled", reply
+    assert reply["parameters"] == {"finger": "right-index", "name": "sarah"}, reply
     assert json.loads(d.ctl("user", "show", "mallory", "--json").stdout)["person"]["fingers"] == []
+    code, out, lines = ctl_enroll(d, sensor, "mallory", "sarah-finger", "--finger", "left-thumb")
+    assert code == 1, (out, lines)
+    assert lines[-1] == "kioskauthctl: that finger is already enrolled as sarah's right-index", lines
+
+
+def test_fingers_the_sensor_lost_in_a_restart_are_shown_missing(make_daemon):
+    """libfprint's virtual storage reader forgets its prints when the daemon restarts: the store
+    still has them, and finger list, user show and user list say which ones the sensor lacks."""
+    d, sensor = start(make_daemon, "virtual_device_storage")
+    assert d.ctl("user", "add", "sarah").returncode == 0
+    for finger, finger_id in (("right-index", "sarah-1"), ("left-index", "sarah-2")):
+        reply, _ = enroll(d, sensor, "sarah", finger_id, finger=finger)
+        assert reply["parameters"]["finger"] == finger, reply
+    assert d.ctl("finger", "list", "sarah").stdout.splitlines() == ["right-index", "left-index"]
+    assert "fingersMissingFromSensor" not in json.loads(d.ctl("user", "show", "sarah", "--json").stdout)["person"]
+
+    d.restart()
+    deadline = time.monotonic() + 15
+    while True:
+        listed = json.loads(d.ctl("finger", "list", "sarah", "--json").stdout)
+        if listed.get("missingFromSensor") or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    assert listed == {"fingers": ["right-index", "left-index"], "missingFromSensor": ["right-index", "left-index"]}
+    lines = d.ctl("finger", "list", "sarah").stdout.splitlines()
+    assert lines[:2] == ["right-index\tmissing from the sensor", "left-index\tmissing from the sensor"]
+    assert "finger remove sarah --finger FINGER" in lines[2]
+    person = json.loads(d.ctl("user", "show", "sarah", "--json").stdout)["person"]
+    assert person["fingersMissingFromSensor"] == ["right-index", "left-index"]
+    show = d.ctl("user", "show", "sarah").stdout
+    assert "missing:       right-index, left-index (not on the sensor: cannot match)" in show
+    assert "right-index(missing),left-index(missing)" in d.ctl("user", "list").stdout
+    assert "2 enrolled fingers are missing from the sensor" in d.log_text()
+
+    # Enrolled again, a finger is on the sensor and no longer reported.
+    assert d.ctl("finger", "remove", "sarah", "--finger", "right-index").returncode == 0
+    reply, _ = enroll(d, sensor, "sarah", "sarah-1", finger="right-index")
+    assert reply["parameters"]["person"]["fingersMissingFromSensor"] == ["left-index"], reply
+    assert json.loads(d.ctl("finger", "list", "sarah", "--json").stdout) == {
+        "fingers": ["left-index", "right-index"], "missingFromSensor": ["left-index"]}
+
+
+def test_completion_offers_a_persons_enrolled_fingers(make_daemon):
+    d, sensor = start(make_daemon, "virtual_device_storage")
+    assert d.ctl("user", "add", "sarah").returncode == 0
+    reply, _ = enroll(d, sensor, "sarah", "sarah-1", finger="left-ring")
+    assert reply["parameters"]["finger"] == "left-ring", reply
+    words = ["kioskauthctl", "finger", "remove", "sarah", "--finger", ""]
+    r = subprocess.run([str(KIOSKAUTHCTL), "---completion", "finger", "remove", "--", "--finger", "5", "0", *words],
+                       capture_output=True, text=True, timeout=30, env={"KIOSKAUTH_SOCKET": d.socket})
+    assert (r.returncode, r.stdout.split()) == (0, ["left-ring"]), r
 
 
 def verify_on(s, sensor, finger, name="sarah"):
@@ -424,6 +492,7 @@ def test_identify_answers_while_the_finger_is_still_on_the_reader(make_daemon):
     d, sensor = start(make_daemon, "virtual_image")
     enroll_image(d, sensor, "omar", "loop-right")
     reply, elapsed = identify_image(d, sensor, "loop-right-rot", hold=4.0)
+    assert "person" in reply.get("parameters", {}), reply
     assert reply["parameters"]["person"]["name"] == "omar", reply
     assert elapsed < 3.0, f"the answer waited for the finger to be lifted ({elapsed:.1f} s)"
     # The reader finished that touch once the finger was lifted; the next identify works.

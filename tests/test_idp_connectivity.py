@@ -10,10 +10,12 @@ import time
 import pytest
 
 from idp_testing import (
-    Connection, IdentityServer, have_identity_server, login, make_identity_daemon, ok, person, set_passcode,
+    SARAH, Connection, IdentityServer, have_identity_server, login, make_identity_daemon, ok, person, set_passcode,
     wait_until,
 )
+from kioskauth_testing import ensure_group
 from test_idp_refresh import PASSCODE, Subscriber, median_latency
+from test_pam import unix_user  # noqa: F401 (fixture)
 
 pytestmark = pytest.mark.skipif(not have_identity_server(), reason="django-oauth-toolkit is not installed")
 
@@ -25,8 +27,8 @@ PROBE = f"ProbeIntervalSec={INTERVAL}\nProbeTimeoutSec={TIMEOUT}\n"
 NOTICE = INTERVAL * 1.1 + TIMEOUT
 
 
-def connectivity(d):
-    return ok(d.call("io.kioskauth.GetConnectivity"))
+def connectivity(d, people=True):
+    return ok(d.call("io.kioskauth.GetConnectivity", {"people": True} if people else None))
 
 
 def state(d):
@@ -131,3 +133,50 @@ def test_a_probe_success_renews_nobodys_offline_window(make_daemon, idp):
     # Nothing refreshed her tokens meanwhile (the IdP issued one refresh token: the login's).
     with sqlite3.connect(idp.state_dir / "idp.sqlite3") as db:
         assert db.execute("SELECT COUNT(*) FROM oauth2_provider_refreshtoken").fetchone() == (1,)
+
+
+def test_the_per_person_list_only_when_asked_and_only_to_admins(make_daemon, unix_user):
+    """Root (a greeter, a kiosk app) needs only the aggregate; the names and windows of everyone
+    go to admins who ask (kioskauthctl status); anyone else asking sees only their own person."""
+    noor = ("noor@clinic.example", "pw-noor", "coordinator", "nurses")
+    server = IdentityServer(access_seconds=3600, refresh_seconds=7200, users=(SARAH, noor))
+    try:
+        d, _ = make_identity_daemon(make_daemon, server)
+        d.start()
+        sarah = ok(login(d))["person"]["name"]
+        noor_name = ok(login(d, noor[0], noor[1]))["person"]["name"]
+        ensure_group("kioskauth")
+        ensure_group("kioskauth-admin")
+        admin, _ = unix_user()
+        own, own_uid = unix_user()
+        stranger, _ = unix_user()
+        assert d.ctl("user", "set", noor_name, "--uid", str(own_uid)).returncode == 0
+        everyone = {sarah, noor_name}
+        counts = {"open": 2, "expired": 0, "clockWentBackwards": 0, "suspended": 0, "never": 0}
+
+        def ask(people, user=None, groups=None):
+            parameters = {"people": True} if people else None
+            return ok(d.call("io.kioskauth.GetConnectivity", parameters, user=user, groups=groups))
+
+        callers = {  # (user, groups): (names listed when asked, aggregate)
+            "root": ((None, None), everyone, counts),
+            "admin": ((admin, ["kioskauth-admin"]), everyone, counts),
+            "kioskauth": (("nobody", ["kioskauth"]), set(), counts),
+            "own": ((own, None), {noor_name}, None),
+            "stranger": ((stranger, None), set(), None),
+        }
+        for caller, ((user, groups), listed, aggregate) in callers.items():
+            quiet = ask(False, user, groups)
+            assert quiet["people"] == [], (caller, quiet)
+            assert quiet.get("windows") == aggregate, (caller, quiet)
+            assert quiet["identityProvider"] is True and quiet["state"] in ("online", "unknown"), caller
+            asked = ask(True, user, groups)
+            assert {p["name"] for p in asked["people"]} == listed, (caller, asked)
+            assert asked.get("windows") == aggregate, (caller, asked)
+        # kioskauthctl status asks: an admin sees everyone's window.
+        status = d.ctl("status")
+        assert status.returncode == 0, status.stderr
+        assert f"  {sarah}: offline window open" in status.stdout
+        assert f"  {noor_name}: offline window open" in status.stdout
+    finally:
+        server.close()

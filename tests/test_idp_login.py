@@ -7,6 +7,8 @@ these tests cover what the daemon makes of a login.
 """
 
 import sqlite3
+import threading
+import time
 
 import pytest
 
@@ -189,3 +191,39 @@ def test_a_configuration_that_admits_nobody_does_not_start(make_daemon, idp):
     d.start(expect_ready=False)
     assert d.wait_exit(30) == 78
     assert "admits nobody" in d.log_text()
+
+
+def test_an_idp_answering_byte_by_byte_times_out_as_a_whole_and_unlock_never_waits(make_daemon, idp):
+    """The token endpoint processes the login, then sends its answer a byte every 0.1 s: never
+    silent for the 2 s RequestTimeoutSec, done only after minutes. The request timeout is for
+    the whole exchange, so the login ends as unavailable after about 2 s; unlocks meanwhile are
+    answered at once."""
+    d, _ = make_identity_daemon(make_daemon, idp)
+    d.start()
+    name = ok(login(d))["person"]["name"]
+    set_passcode(d, name, "482913")
+    idp.control("fault", {"kind": "drip", "interval": 0.1, "count": 1})
+    result = {}
+
+    def slow_login():
+        started = time.monotonic()
+        result["reply"] = login(d)
+        result["seconds"] = time.monotonic() - started
+
+    thread = threading.Thread(target=slow_login)
+    thread.start()
+    unlock = Connection(d.socket)
+    unlocks = []
+    time.sleep(0.3)
+    while thread.is_alive() and len(unlocks) < 200:
+        started = time.monotonic()
+        ok(unlock.call("VerifyPasscode", {"name": name, "passcode": "482913"}))
+        unlocks.append(time.monotonic() - started)
+        time.sleep(0.1)
+    thread.join(60)
+    unlock.close()
+    assert error_name(result["reply"]) == "IdentityProviderUnavailable", result
+    assert result["seconds"] < 2 + 3, result
+    assert unlocks and max(unlocks) < 1.0, unlocks
+    # The next login, answered normally, is served.
+    assert ok(login(d))["person"]["name"] == name

@@ -14,7 +14,7 @@ import pytest
 
 from idp_testing import (
     Connection, PlainProvider, audit_events, error_name, have_plain_provider, login, make_plain_daemon, ok, person,
-    set_passcode, wait_until,
+    plain_config, set_passcode, wait_until,
 )
 
 ALICE = ("alice@example.com", "alice pw 1", [])
@@ -153,5 +153,93 @@ def test_errors_carry_the_oauth_error_and_never_a_platform_number(make_daemon):
         assert error_name(gone) == "IdentityProviderUnavailable"
         assert gone["parameters"]["reason"] == "cannot reach the identity provider (connection refused)", gone
         assert "-100" not in json.dumps(audit_events(d2))
+    finally:
+        server.close()
+
+
+def test_a_user_recreated_at_dot_does_not_take_over_the_old_person(make_daemon):
+    """Deleted and added again with the same email in DOT's admin: a new `sub`. DOT deletes the
+    old user's tokens with it, so the next refresh is refused; the new account's login is refused
+    too, with what an administrator does, until the old person is removed."""
+    skip_without("dot")
+    server = PlainProvider("dot", users=USERS, access_seconds=3, refresh_seconds=600)
+    try:
+        d, _ = make_plain_daemon(make_daemon, server, "DefaultRole=caregiver\n")
+        d.start()
+        who = ok(login(d, ALICE[0], ALICE[1]))["person"]["name"]
+        set_passcode(d, who, PASSCODE)
+        server.admin("recreate-user", email=ALICE[0], password=ALICE[1])
+        wait_until(lambda: person(d, who).get("suspendedReason"), 20, message="the suspension")
+        assert person(d, who)["suspendedReason"] == "refresh-token-rejected"
+        # The new account: refused, named, audited; nobody created, the old record untouched.
+        refused = login(d, ALICE[0], ALICE[1])
+        assert error_name(refused) == "SubjectChanged", refused
+        assert refused["parameters"]["name"] == who
+        assert f"kioskauthctl user remove {who}" in refused["parameters"]["reason"]
+        assert [p["name"] for p in ok(d.call("io.kioskauth.ListPeople"))["people"]] == [who]
+        assert person(d, who)["suspendedReason"] == "refresh-token-rejected"
+        [event] = [e for e in audit_events(d) if e["action"] == "idp.login" and e["result"] == "refused"]
+        assert event["person"] == who and event["detail"].startswith("subject-changed: ")
+        cli = d.ctl("login", ALICE[0], input=ALICE[1] + "\n")
+        assert cli.returncode != 0 and "refused: the identity provider now names alice@example.com" in cli.stderr
+        # The refused logins' tokens are revoked at DOT (RFC 7009), not left alive.
+        wait_until(lambda: ok(d.call("io.kioskauth.GetConnectivity"))["outboxPending"] == 0, 20, message="delivery")
+        import sqlite3
+
+        with sqlite3.connect(server.state_dir / "idp.sqlite3") as db:
+            issued, live = db.execute(
+                "SELECT COUNT(*), COUNT(*) FILTER (WHERE revoked IS NULL) FROM oauth2_provider_refreshtoken").fetchone()
+        assert (issued, live) == (2, 0)  # the API's and the CLI's refused logins
+        # The administrator removes the old person: the new account signs in as a new person.
+        assert d.ctl("user", "remove", who).returncode == 0
+        again = ok(login(d, ALICE[0], ALICE[1]))
+        assert again["created"] is True and again["person"]["name"] == ALICE[0]
+    finally:
+        server.close()
+
+
+def test_a_different_subject_on_refresh_suspends_and_is_audited(make_daemon):
+    """django-oidc-provider's administrator switches `sub` from the database id to the username
+    (its documented OIDC_IDTOKEN_SUB_GENERATOR): the refresh token stays valid, but the refreshed
+    ID token names someone else as far as the terminal can tell."""
+    skip_without("oidc-provider")
+    server = PlainProvider("oidc-provider", users=USERS, access_seconds=3, refresh_seconds=600)
+    try:
+        d, _ = make_plain_daemon(make_daemon, server, "DefaultRole=caregiver\n")
+        d.start()
+        who = ok(login(d, ALICE[0], ALICE[1]))["person"]["name"]
+        set_passcode(d, who, PASSCODE)
+        server.restart("--sub-generator", "oidc_provider_site.claims.subject_by_username")
+        wait_until(lambda: person(d, who).get("suspendedReason"), 20, message="the suspension")
+        assert person(d, who)["suspendedReason"] == "subject-changed"
+        [event] = [e for e in audit_events(d) if e["action"] == "idp.refresh" and e["result"] == "failure"]
+        assert event["person"] == who
+        assert f"the refreshed identity has the subject {ALICE[0]}, not " in event["detail"], event
+        assert "local unlock suspended, tokens revoked" in event["detail"]
+        # Signing in again with the new subject does not take the record over either.
+        assert error_name(login(d, ALICE[0], ALICE[1])) == "SubjectChanged"
+        assert person(d, who)["suspendedReason"] == "subject-changed"
+        assert len(ok(d.call("io.kioskauth.ListPeople"))["people"]) == 1
+    finally:
+        server.close()
+
+
+def test_a_client_dot_does_not_know_is_invalid_client_in_the_message_and_the_audit(make_daemon):
+    skip_without("dot")
+    server = PlainProvider("dot", users=USERS)
+    try:
+        config = plain_config(server, "DefaultRole=caregiver\n").replace(
+            f"ClientID={server.info['client_id']}\n", "ClientID=not-registered-here\n")
+        d = make_daemon(config=config)
+        d.start()
+        refused = login(d, ALICE[0], ALICE[1])
+        assert error_name(refused) == "IdentityProviderRefused", refused
+        reason = refused["parameters"]["reason"]
+        assert "invalid_client" in reason and "HTTP 401" in reason, reason
+        [event] = [e for e in audit_events(d) if e["action"] == "idp.login"]
+        assert event["result"] == "failure" and "invalid_client" in event["detail"], event
+        cli = d.ctl("login", ALICE[0], input=ALICE[1] + "\n")
+        assert cli.returncode != 0 and "invalid_client" in cli.stderr, cli.stderr
+        assert ALICE[1] not in d.log_text()
     finally:
         server.close()

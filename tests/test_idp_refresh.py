@@ -70,7 +70,7 @@ def test_tokens_are_refreshed_before_they_expire_and_rotated_tokens_replace_old_
             # The first refresh came before the first access token expired.
             assert time.monotonic() - started < ACCESS_SECONDS
     assert person(d)["state"] == "active" and person(d).get("suspendedReason") is None
-    connectivity = ok(d.call("io.kioskauth.GetConnectivity"))
+    connectivity = ok(d.call("io.kioskauth.GetConnectivity", {"people": True}))
     assert connectivity["state"] == "online" and connectivity["people"][0]["window"] == "open"
 
 
@@ -221,7 +221,7 @@ def test_the_offline_window_is_honoured_to_the_second(make_daemon, idp):
     # One second before the window closes (time passes on both clocks): still allowed.
     clock.set(WINDOW - 1 - (time.monotonic() - logged_in) - 0.3)
     ok(verify(d, conn=conn))
-    left = ok(d.call("io.kioskauth.GetConnectivity"))["people"][0]
+    left = ok(d.call("io.kioskauth.GetConnectivity", {"people": True}))["people"][0]
     assert left["window"] == "open" and left["windowSecondsLeft"] <= 1
     # The moment it closes: refused, with the one plain line.
     clock.set(WINDOW - (time.monotonic() - logged_in))
@@ -229,7 +229,7 @@ def test_the_offline_window_is_honoured_to_the_second(make_daemon, idp):
     assert error_name(refused) == "OfflineWindowExpired", refused
     assert refused["parameters"]["message"] == OFFLINE_MESSAGE
     assert person(d)["passcodeFailures"] == 0  # not counted as a wrong passcode
-    assert ok(d.call("io.kioskauth.GetConnectivity"))["people"][0]["window"] == "expired"
+    assert ok(d.call("io.kioskauth.GetConnectivity", {"people": True}))["people"][0]["window"] == "expired"
     audit = [e for e in audit_events(d) if e["action"] == "passcode.verify" and e["result"] == "refused"]
     assert "offline window ended" in audit[-1]["detail"]
     # A local person on the same terminal has no window.

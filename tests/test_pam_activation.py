@@ -225,12 +225,15 @@ def test_walk_up_offers_the_code_after_identify_gives_up_and_enter_skips_to_the_
     c.send("")
     c.expect_message("Name: ")
     c.send("omar")
-    c.expect(TOUCH)
-    scan(sensor, "omar-finger")
+    # The finger is done with (out of tries): after the name comes the passcode, not another touch.
+    c.expect_message("Passcode: ")
+    c.send(GOOD)
     [result] = c.results()
     assert (result["rc"], result["user"]) == (PAM_SUCCESS, "omar")
-    assert c.messages() == [("info", TOUCH), ("error", "Fingerprint not recognised."), ("prompt_echo_on", OFFER),
-                            ("prompt_echo_on", "Name: "), ("info", TOUCH)]
+    assert c.messages() == [("info", TOUCH), ("error", "Fingerprint not recognised."),
+                            ("error", "Too many tries with the finger: use your name and passcode."),
+                            ("prompt_echo_on", OFFER), ("prompt_echo_on", "Name: "),
+                            ("prompt_echo_off", "Passcode: ")]
 
     # The newcomer: touch, not recognised, the code.
     c = Client(pam, "kioskauth", None, "authenticate")
@@ -377,14 +380,16 @@ def test_no_activation_over_a_remote_session(make_daemon, pam):
 def test_role_variables_follow_every_kind_of_auth_and_go_with_a_failure(make_daemon, pam):
     d, sensor = start(make_daemon, "virtual_device_storage")
     add_active(d, "sarah", "Sarah Lee")
-    # A display name from an admin's typing: an escape sequence, a tab, and more bytes than the
-    # environment takes (each euro sign is three).
-    messy = "Omar\x1b[31m O'Neill\t" + "€" * 100
+    # An escape sequence or a tab in a display name is refused when the admin types it ...
+    refused = call(d, "AddPerson", {"name": "omar", "displayName": "Omar\x1b[31m O'Neill\t"})
+    assert refused["error"] == "io.kioskauth.InvalidInput" and refused["parameters"]["field"] == "displayName"
+    # ... more bytes than the environment takes (each euro sign is three) are not.
+    messy = "Omar O'Neill " + "€" * 100
     add_active(d, "omar", messy, roles=("coordinator", "family"))
     enroll(d, sensor, "sarah", "sarah-finger")
     enroll(d, sensor, "omar", "omar-finger")
     sarah = {"KIOSKAUTH_ROLE": "caregiver", "KIOSKAUTH_DISPLAY_NAME": "Sarah Lee"}
-    clean = "Omar [31m O'Neill " + "€" * 79  # 18 + 3 * 79 = 255 bytes: whole characters, at most 256
+    clean = "Omar O'Neill " + "€" * 81  # 13 + 3 * 81 = 256 bytes: whole characters, at most 256
     omar = {"KIOSKAUTH_ROLE": "coordinator", "KIOSKAUTH_DISPLAY_NAME": clean}
     pam.kioskauth("kioskauth", d.socket)
 

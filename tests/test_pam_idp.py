@@ -9,6 +9,7 @@ virtual readers. Each test starts its own daemon; the tests run as root.
 """
 
 import signal
+import sqlite3
 import tempfile
 import time
 from pathlib import Path
@@ -17,7 +18,7 @@ import pytest
 
 from fprint_virtual import environment, scan
 from idp_testing import (SARAH, Connection, IdentityServer, error_name, have_identity_server, login,
-                         make_identity_daemon, ok)
+                         make_identity_daemon, ok, person, set_passcode, wait_until)
 from kioskauth_testing import as_user, ensure_group
 from pam_support import (PAM_AUTH_ERR, PAM_AUTHINFO_UNAVAIL, PAM_MAXTRIES, PAM_SUCCESS, PAM_USER_UNKNOWN, Client, PamConfig,
                          Pamtester, VarlinkConnection, enroll, run_pamtester)
@@ -38,6 +39,10 @@ NOT_ADMITTED = "Your account may not sign in on this terminal."
 UNKNOWN_ROLE = "Your account has no role this terminal knows. Ask your coordinator."
 WINDOW_ENDED = "Sign in online: this terminal has been offline for too long."
 NOT_HERE = "Online sign-in is not possible here."
+UNREACHABLE_ONLINE_ONLY = ("Your organisation's sign-in cannot be reached, and you must sign in online before your "
+                           "finger or passcode works again. Try again when this terminal is back online, or ask your "
+                           "coordinator.")
+RENEW = "Sign in online: your organisation's sign-in must be renewed."
 
 
 def password_prompt(email):
@@ -375,6 +380,82 @@ def test_an_ended_offline_window_asks_for_an_online_login_and_reopens_it(make_da
     c.expect(TOUCH)
     scan(sensor, "sarah-finger")
     assert [r["rc"] for r in c.results()] == [PAM_SUCCESS]
+
+
+def test_an_ended_offline_window_with_the_provider_down_says_what_will_work(make_daemon, idp, pam):
+    """Her finger and passcode are refused until she signs in online, and the provider cannot be
+    reached: she is not told to use her finger or passcode."""
+    d, sensor, clock = start(make_daemon, idp, extra="OfflineWindowSec=3600\n")
+    name = existing(d, sensor, finger="sarah-finger")
+    pam.kioskauth("kioskauth", d.socket)
+    idp.kill()
+    try:
+        clock.advance(2 * 3600)
+        c = Client(pam, "kioskauth", None, "authenticate")
+        c.expect(TOUCH)
+        scan(sensor, "sarah-finger")
+        c.expect_message(password_prompt(SARAH[0]))
+        c.send(SARAH[1])
+        [result] = c.results()
+    finally:
+        idp.start()
+    assert (result["rc"], result["user"]) == (PAM_AUTHINFO_UNAVAIL, None)
+    assert c.messages() == [("info", TOUCH), ("error", WINDOW_ENDED), ("prompt_echo_off", password_prompt(SARAH[0])),
+                            ("error", UNREACHABLE_ONLINE_ONLY)]
+    assert name
+
+
+def suspend_by_revocation(d, idp, name):
+    """The provider revokes her tokens; the daemon's next refresh is refused (invalid_grant) and
+    suspends her local unlock until she signs in online. The caller has moved the daemon's clock
+    close to the access token's expiry, so the background refresh runs now."""
+    idp.control("revoke-user-tokens", {"email": SARAH[0]})
+    wait_until(lambda: person(d, name).get("suspendedReason"), 60, message="the suspension")
+    assert person(d, name)["state"] == "suspended"
+
+
+def test_a_suspended_identity_provider_person_named_at_the_prompt_signs_in_online(make_daemon, idp, pam):
+    """Her local unlock is suspended (the provider revoked her token): with her name given, the
+    module does not dead-end at "Your account is suspended." but asks her to sign in online,
+    which lifts the suspension."""
+    d, sensor, clock = start(make_daemon, idp, kind=None)
+    name = existing(d, sensor)
+    set_passcode(d, name)
+    clock.advance(280)
+    suspend_by_revocation(d, idp, name)
+    pam.kioskauth("kioskauth", d.socket, "mode=passcode")
+    c = Client(pam, "kioskauth", name, "authenticate")
+    c.expect_message(password_prompt(SARAH[0]))
+    c.send(SARAH[1])
+    assert [(r["rc"], r["user"]) for r in c.results()] == [(PAM_SUCCESS, name)]
+    assert ("error", RENEW) in c.messages()
+    assert person(d, name)["state"] == "active"
+
+
+def test_a_recognised_person_whose_local_unlock_is_suspended_signs_in_online(make_daemon, idp, pam):
+    """Walk-up recognises her although her local unlock is suspended (her refresh token was
+    rejected): she is asked to sign in online, not told her finger is unknown, and the touch does
+    not count towards the terminal's identify pause."""
+    d, sensor, clock = start(make_daemon, idp, extra="\n[Fingerprint]\nIdentifyPauseAfter=1\nIdentifyPauseSec=600\n")
+    name = existing(d, sensor, finger="sarah-finger")
+    clock.advance(280)
+    suspend_by_revocation(d, idp, name)
+    pam.kioskauth("kioskauth", d.socket)
+    c = Client(pam, "kioskauth", None, "authenticate")
+    c.expect(TOUCH)
+    scan(sensor, "sarah-finger")
+    c.expect_message(password_prompt(SARAH[0]))
+    c.send(SARAH[1])
+    assert [(r["rc"], r["user"]) for r in c.results()] == [(PAM_SUCCESS, name)]
+    assert c.messages() == [("info", TOUCH), ("error", RENEW), ("prompt_echo_off", password_prompt(SARAH[0])),
+                            ("info", "Welcome back, Sarah")]
+    [event] = audit(d, "finger.identify")
+    assert event["result"] == "refused" and event["person"] == name
+    # Identify is not paused: the next walk-up asks for a finger.
+    c = Client(pam, "kioskauth", None, "authenticate")
+    c.expect(TOUCH)
+    scan(sensor, "sarah-finger")
+    assert [(r["rc"], r["user"]) for r in c.results()] == [(PAM_SUCCESS, name)]
 
 
 def test_no_online_login_over_a_remote_session(make_daemon, idp, pam):

@@ -13,7 +13,8 @@ from kioskauth_testing import FAST_HASH_CONFIG, connect, ensure_group, read_mess
 
 @pytest.fixture
 def served(make_daemon):
-    d = make_daemon(config=FAST_HASH_CONFIG + "\n[Socket]\nIdleTimeoutSec=2\nMaxConnections=64\nMaxConnectionsPerUID=8\n").start()
+    d = make_daemon(config=FAST_HASH_CONFIG + "\n[Socket]\nIdleTimeoutSec=2\nMaxConnections=64\nMaxConnectionsPerUID=8\n"
+                    "[Access]\nRefusalSummaryIntervalSec=1\n").start()
     r = d.ctl("user", "add", "sarah", "--uid", "65534")
     assert r.returncode == 0, r.stderr
     assert d.ctl("passcode", "set", "sarah", input="482913\n482913\n").returncode == 0
@@ -193,8 +194,14 @@ def test_unprivileged_user_cannot_call_admin_methods(served):
         reply = served.call(method, params, user="nobody")
         assert reply["error"] == "io.kioskauth.PermissionDenied", (method, reply)
     assert served.ctl("user", "show", "omar").returncode == 0
+    # An unprivileged caller's refusals are audited as one summary per uid and interval.
+    time.sleep(2)
     events = json.loads(served.ctl("audit", "--json").stdout)["events"]
-    assert any(e["action"] == "person.add" and e["result"] == "refused" and e["callerUid"] == 65534 for e in events)
+    summaries = [e for e in events if e["action"] == "access.refused.summary" and e.get("callerUid") == 65534]
+    assert len(summaries) == 1, summaries
+    assert summaries[0]["result"] == "refused" and summaries[0]["detail"].startswith("6 refused calls")
+    assert "person.add×1" in summaries[0]["detail"]
+    assert not any(e.get("callerUid") == 65534 and e["action"] == "person.add" for e in events)
 
 
 def test_unprivileged_user_cannot_try_someone_elses_passcode(served):
@@ -275,3 +282,293 @@ def test_passcode_context_rules(served):
     assert su_self["parameters"]["person"]["name"] == "sarah"
     # Refusals never count as failures.
     assert served.call("io.kioskauth.GetPerson", {"name": "omar"})["parameters"]["person"]["passcodeFailures"] == 0
+
+
+# --- Hogging, flooding and injecting (issue #11) ------------------------------------------------
+
+def _as_uid(uid: int, cmd: list[str], groups: list[int] | None = None) -> list[str]:
+    """Runs `cmd` as a numeric uid (it need not exist in passwd) with exactly `groups`."""
+    prefix = ["setpriv", f"--reuid={uid}", f"--regid={uid}"]
+    prefix += [f"--groups={','.join(map(str, groups))}"] if groups else ["--clear-groups"]
+    return prefix + ["--"] + cmd
+
+
+HOLD_CONNECTIONS = """
+import json, socket, sys, time
+socks, refused = [], 0
+for i in range({count}):
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.connect({path!r})
+    socks.append(s)
+time.sleep(1.0)
+for s in socks:
+    s.setblocking(False)
+    try:
+        data = s.recv(4096)
+        if data and json.loads(data.split(b"\\0")[0])["error"] == "io.kioskauth.TooManyConnections":
+            refused += 1
+    except BlockingIOError:
+        pass
+print(refused, flush=True)
+sys.stdin.read()  # hold the connections until the test is done
+"""
+
+
+def test_unprivileged_uids_cannot_take_the_connections_reserved_for_root_and_the_groups(make_daemon):
+    import subprocess
+    import sys
+
+    kiosk_gid = ensure_group("kioskauth")
+    admin_gid = ensure_group("kioskauth-admin")
+    d = make_daemon(config=FAST_HASH_CONFIG + "\n[Socket]\nIdleTimeoutSec=30\nMaxConnections=64\n"
+                    "MaxConnectionsPerUID=8\nReservedConnections=16\n").start()
+    # Eight unprivileged uids each take their whole per-uid share: 64 connections, the total.
+    holders = [subprocess.Popen(_as_uid(70001 + i, [sys.executable, "-c", HOLD_CONNECTIONS.format(count=8, path=d.socket)]),
+                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True) for i in range(8)]
+    try:
+        refused = sum(int(h.stdout.readline()) for h in holders)
+        # Root, the greeter's group and the admin group still get in.
+        assert "error" not in d.call("io.kioskauth.GetStatus")
+        assert "error" not in d.call("io.kioskauth.GetReaders", {}, user="nobody", groups=["kioskauth"])
+        assert "error" not in d.call("io.kioskauth.ListPeople", {}, user="nobody", groups=["kioskauth-admin"])
+        # Unprivileged callers together get 64 - 16 = 48; the rest are refused, by name.
+        assert refused == 16
+        # Another unprivileged uid is refused, naming the unprivileged budget.
+        reply = d.call("io.kioskauth.GetStatus", user="nobody")
+        assert reply == {"error": "io.kioskauth.TooManyConnections", "parameters": {"limit": 48}}
+        # Even with privileged connections held open alongside the flood.
+        greeter = subprocess.Popen(_as_uid(70100, [sys.executable, "-c", HOLD_CONNECTIONS.format(count=8, path=d.socket)],
+                                           groups=[kiosk_gid]), stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        holders.append(greeter)
+        assert int(greeter.stdout.readline()) == 0
+        assert "error" not in d.call("io.kioskauth.GetStatus", user="nobody", groups=["kioskauth-admin"])
+        assert admin_gid
+    finally:
+        for h in holders:
+            h.stdin.close()
+            h.wait(timeout=20)
+    # Once the flood is gone its slots are free again.
+    time.sleep(0.5)
+    assert "error" not in d.call("io.kioskauth.GetStatus", user="nobody")
+
+
+def test_a_client_that_never_reads_its_replies_is_closed_within_the_idle_timeout(make_daemon):
+    # The write timeout (10 s by default) is longer: the idle timeout bounds a stalled reply too.
+    d = make_daemon(config=FAST_HASH_CONFIG + "\n[Socket]\nIdleTimeoutSec=3\nMaxConnectionsPerUID=2\n").start()
+    call = json.dumps({"method": "org.varlink.service.GetInterfaceDescription",
+                       "parameters": {"interface": "io.kioskauth"}}).encode() + b"\0"
+    # Two connections from nobody, its whole per-uid share, pipelining calls and never reading.
+    script = f"""
+import socket, sys, threading, time
+outcome = {{}}
+def flood(n):
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    s.connect({d.socket!r})
+    s.settimeout(40)
+    started = time.monotonic()
+    try:
+        while True:
+            s.sendall({call!r} * 50)
+    except (BrokenPipeError, ConnectionResetError) as e:
+        outcome[n] = ("closed", time.monotonic() - started)
+    except OSError as e:
+        outcome[n] = (type(e).__name__, time.monotonic() - started)
+threads = [threading.Thread(target=flood, args=(n,)) for n in range(2)]
+for t in threads: t.start()
+for t in threads: t.join()
+for n in range(2): print(*outcome[n], flush=True)
+"""
+    import subprocess
+    import sys
+    from kioskauth_testing import as_user
+
+    proc = subprocess.Popen(as_user([sys.executable, "-c", script], "nobody"), stdout=subprocess.PIPE, text=True)
+    # While they stall, root is served.
+    time.sleep(1)
+    well_behaved(d)
+    out, _ = proc.communicate(timeout=60)
+    results = [line.split() for line in out.splitlines()]
+    assert len(results) == 2
+    for kind, seconds in results:
+        assert kind == "closed", results
+        assert float(seconds) < 3 + 5, results
+    # Their slots are free again: nobody can connect and be served.
+    time.sleep(0.5)
+    assert "error" not in d.call("io.kioskauth.GetStatus", user="nobody")
+
+
+FLOOD = """
+import json, socket, sys, time
+calls = [json.dumps({{"method": m, "parameters": p}}).encode() + b"\\0" for m, p in {calls!r}]
+socks = []
+for _ in range({connections}):
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM); s.settimeout(30); s.connect({path!r}); socks.append(s)
+while time.time() < {start}:
+    time.sleep(0.001)
+began = time.monotonic()
+for s in socks:
+    s.sendall(b"".join(calls))
+replies = []
+for s in socks:
+    buf = b""
+    while buf.count(b"\\0") < len(calls):
+        chunk = s.recv(65536)
+        if not chunk:
+            break
+        buf += chunk
+    replies += [json.loads(m) for m in buf.split(b"\\0")[:-1]]
+print(json.dumps({{"elapsed": time.monotonic() - began, "replies": replies}}), flush=True)
+"""
+
+
+def _flood(d, calls, user=None, groups=None, uid=None, processes=4, connections=2):
+    import subprocess
+    import sys
+    from kioskauth_testing import as_user
+
+    start = time.time() + 1.5
+    script = FLOOD.format(calls=calls, connections=connections, path=d.socket, start=start)
+    cmd = [sys.executable, "-c", script]
+    cmd = _as_uid(uid, cmd) if uid is not None else as_user(cmd, user, groups)
+    procs = [subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True) for _ in range(processes)]
+    results = [json.loads(p.communicate(timeout=60)[0]) for p in procs]
+    return max(r["elapsed"] for r in results), [reply for r in results for reply in r["replies"]]
+
+
+def test_a_uids_calls_are_rate_limited_across_concurrent_connections_with_a_named_error(make_daemon):
+    ensure_group("kioskauth")
+    d = make_daemon(config=FAST_HASH_CONFIG + "\n[Socket]\nRequestsPerSecondPerUID=10\n").start()
+    # 4 processes x 2 connections x 10 pipelined calls, all from nobody at the same instant.
+    calls = [("org.varlink.service.GetInfo", {})] * 10
+    elapsed, replies = _flood(d, calls, user="nobody")
+    assert len(replies) == 80
+    passed = [r for r in replies if "error" not in r]
+    limited = [r for r in replies if r.get("error") == "io.kioskauth.RateLimited"]
+    assert len(passed) + len(limited) == 80
+    # A full bucket of 10, plus at most what refilled while the burst lasted.
+    assert 10 <= len(passed) <= 10 + int(elapsed * 10) + 1, (len(passed), elapsed)
+    assert all(r["parameters"]["limit"] == 10 and 0 < r["parameters"]["retryAfter"] <= 0.1 for r in limited)
+    # Another uid has its own budget; root and the kiosk-app group are not limited.
+    _, other = _flood(d, [("org.varlink.service.GetInfo", {})] * 5, uid=70200, processes=1, connections=1)
+    assert all("error" not in r for r in other)
+    for who in ({}, {"user": "nobody", "groups": ["kioskauth"]}):
+        _, replies = _flood(d, calls, processes=2, **who)
+        assert all("error" not in r for r in replies), who
+    # The limit refills: a second later nobody is served again.
+    time.sleep(1.1)
+    assert "error" not in d.call("io.kioskauth.GetStatus", user="nobody")
+
+
+def test_a_flood_of_refused_calls_is_audited_as_a_bounded_summary(make_daemon):
+    d = make_daemon(config=FAST_HASH_CONFIG + "\n[Socket]\nRequestsPerSecondPerUID=20\n"
+                    "[Access]\nRefusalSummaryIntervalSec=2\n").start()
+    assert d.ctl("user", "add", "omar").returncode == 0
+    before = len(json.loads(d.ctl("audit", "--json").stdout)["events"])
+    calls = [("io.kioskauth.ListPeople", {}), ("io.kioskauth.RemovePerson", {"name": "omar"})] * 50
+    elapsed, replies = _flood(d, calls, user="nobody", processes=2, connections=2)
+    errors = [r["error"] for r in replies]
+    assert len(errors) == 400
+    assert 20 <= errors.count("io.kioskauth.PermissionDenied") <= 20 + int(elapsed * 20) + 1, elapsed
+    assert set(errors) == {"io.kioskauth.PermissionDenied", "io.kioskauth.RateLimited"}
+    time.sleep(3)
+    # Nothing lost: omar is still there.
+    assert d.ctl("user", "show", "omar").returncode == 0
+    events = json.loads(d.ctl("audit", "--json").stdout)["events"][before:]
+    from_nobody = [e for e in events if e.get("callerUid") == 65534]
+    assert [e["action"] for e in from_nobody] == ["access.refused.summary"], from_nobody
+    denied = errors.count("io.kioskauth.PermissionDenied")
+    assert from_nobody[0]["detail"].startswith(f"{denied} refused calls, {400 - denied} rate-limited within 2 s: ")
+    # The summary is flushed at shutdown too.
+    r = d.call("io.kioskauth.ListPeople", {}, user="nobody")
+    assert r["error"] == "io.kioskauth.PermissionDenied"
+    d.restart()
+    events = json.loads(d.ctl("audit", "--json").stdout)["events"]
+    last = [e for e in events if e.get("callerUid") == 65534][-1]
+    assert last["action"] == "access.refused.summary" and last["detail"].startswith("1 refused call within 2 s")
+
+
+def test_control_and_bidi_characters_are_refused_at_input_before_anything_is_audited(served):
+    before = json.loads(served.ctl("audit", "--json").stdout)["events"]
+    reply = served.call("io.kioskauth.VerifyPasscode",
+                        {"name": "omar", "passcode": "593024", "context": {"service": "login\u0000evil"}})
+    assert reply["error"] == "io.kioskauth.InvalidInput"
+    assert reply["parameters"]["field"] == "context.service" and "U+0000" in reply["parameters"]["message"]
+    for params, field in [
+        ({"name": "mallory", "displayName": "Mal\u001b[2J\u001b]0;pwned\u0007"}, "displayName"),
+        ({"name": "mallory", "displayName": "\u202eexe.txt"}, "displayName"),
+        ({"name": "mallory", "displayName": "iso\u2066late"}, "displayName"),
+        ({"name": "mallory", "displayName": "c1\u009b31m"}, "displayName"),
+        ({"name": "mal\u0000lory"}, "name"),
+        ({"name": "mallory", "roles": ["caregiver\u001b[31m"]}, "roles"),
+    ]:
+        reply = served.call("io.kioskauth.AddPerson", params)
+        assert reply["error"] == "io.kioskauth.InvalidInput" and reply["parameters"]["field"] == field, (params, reply)
+    for context in ({"service": "login", "tty": "tty1\u001b[A"}, {"service": "login", "remoteHost": "h\u202e"}):
+        reply = served.call("io.kioskauth.VerifyPasscode", {"name": "omar", "passcode": "593024", "context": context})
+        assert reply["error"] == "io.kioskauth.InvalidInput", reply
+    # Nothing was stored, counted or audited with those strings.
+    assert served.call("io.kioskauth.GetPerson", {"name": "mallory"})["error"] == "io.kioskauth.NoSuchPerson"
+    assert served.call("io.kioskauth.GetPerson", {"name": "omar"})["parameters"]["person"]["passcodeFailures"] == 0
+    assert json.loads(served.ctl("audit", "--json").stdout)["events"] == before
+    # Ordinary non-ASCII display names are fine.
+    reply = served.call("io.kioskauth.AddPerson", {"name": "zoe", "displayName": "Zoë Ødegård"})
+    assert reply["parameters"]["person"]["displayName"] == "Zoë Ødegård"
+
+
+def test_the_cli_escapes_stored_strings_on_output(tmp_path):
+    """Strings stored before the input check existed, or that came from the identity provider,
+    reach `user list`, `user show` and `audit` escaped. The replies come from a socket that
+    answers like a daemon holding such strings."""
+    import subprocess
+    from kioskauth_testing import KIOSKAUTHCTL
+
+    evil = "Mal\u001b[2J\u001b]0;pwned\u0007\u202eevil\u0000"
+    person = {"name": "mallory", "displayName": evil, "roles": ["caregiver"], "primaryRole": "caregiver",
+              "origin": "local", "state": "active", "uid": None, "hasPasscode": True, "passcodeHardLocked": False,
+              "passcodeFailures": 0, "fingerprintFailures": 0, "fingers": [], "createdAt": "2024-01-01T00:00:00Z"}
+    event = {"sequence": 1, "time": "2024-01-01T00:00:00Z", "action": "passcode.verify", "result": "refused",
+             "person": "mallory", "callerUid": 0, "callerPid": 1, "service": "login\u001b[31m\u0000evil",
+             "detail": "x\u009b2J\u202e", "mac": "00"}
+    replies = {"io.kioskauth.ListPeople": {"people": [person]}, "io.kioskauth.GetPerson": {"person": person},
+               "io.kioskauth.GetAudit": {"events": [event]}}
+    path = str(tmp_path / "sock")
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    server.bind(path)
+    server.listen(8)
+
+    def serve():
+        while True:
+            try:
+                conn, _ = server.accept()
+            except OSError:
+                return
+            with conn:
+                buf = b""
+                while b"\0" not in buf:
+                    chunk = conn.recv(65536)
+                    if not chunk:
+                        break
+                    buf += chunk
+                if b"\0" in buf:
+                    method = json.loads(buf.split(b"\0")[0])["method"]
+                    conn.sendall(json.dumps({"parameters": replies[method]}).encode() + b"\0")
+
+    threading.Thread(target=serve, daemon=True).start()
+    try:
+        outputs = {}
+        for args in (["user", "list"], ["user", "show", "mallory"], ["audit"], ["user", "list", "--json"]):
+            r = subprocess.run([str(KIOSKAUTHCTL), *args, "--socket", path], capture_output=True, timeout=20)
+            assert r.returncode == 0, r.stderr
+            outputs[" ".join(args)] = r.stdout.decode()
+    finally:
+        server.close()
+    for args, out in outputs.items():
+        raw = [c for c in out if (ord(c) < 0x20 and c not in "\n\t") or 0x7F <= ord(c) <= 0x9F
+               or 0x202A <= ord(c) <= 0x202E or 0x2066 <= ord(c) <= 0x2069]
+        assert raw == [], (args, out)
+    assert "Mal\\x1B[2J\\x1B]0;pwned\\x07\\u{202E}evil\\x00" in outputs["user list"]
+    assert "Mal\\x1B[2J" in outputs["user show mallory"]
+    assert "service=login\\x1B[31m\\x00evil" in outputs["audit"] and "x\\x9B2J\\u{202E}" in outputs["audit"]
+    # --json stays JSON and decodes to the stored string.
+    assert json.loads(outputs["user list --json"])["people"][0]["displayName"] == evil

@@ -50,6 +50,11 @@ public struct APIError: Error, CustomStringConvertible, Sendable {
     static func idleTimeout(_ seconds: Int) -> APIError {
         own("IdleTimeout", ["seconds": .number(Double(seconds))], closesConnection: true)
     }
+    static func rateLimited(_ limit: Int, retryAfter: Double) -> APIError {
+        own(
+            "RateLimited",
+            ["limit": .number(Double(limit)), "retryAfter": .number((retryAfter * 1000).rounded(.up) / 1000)])
+    }
     static let shuttingDown = own("ShuttingDown", closesConnection: true)
     static let ticketInvalid = own("TicketInvalid")
 
@@ -58,8 +63,8 @@ public struct APIError: Error, CustomStringConvertible, Sendable {
         switch error.code {
         case .noSuchPerson: own("NoSuchPerson", ["name": .string("")])
         case .personExists: own("PersonExists", ["name": .string("")])
-        case .integrity, .wrongKey: own("StoreIntegrity", ["reason": .string(error.message)])
-        case .keyUnavailable, .futureSchema, .database:
+        case .integrity, .wrongKey, .rollback: own("StoreIntegrity", ["reason": .string(error.message)])
+        case .keyUnavailable, .futureSchema, .database, .readOnly:
             own("InternalError", ["reason": .string("the store failed; see the journal")])
         }
     }

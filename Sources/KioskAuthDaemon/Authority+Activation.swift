@@ -22,13 +22,19 @@ extension Authority {
 
     /// Issues a code for a person who is not active yet; the earlier one dies.
     func issueActivationCode(_ caller: Caller, for person: StoredPerson) throws(APIError) -> (ActivationCode, Date) {
-        let code = makeActivationCode()
-        let stored = try withStore(caller, action: "activation.issue", person: person.name.rawValue) {
-            () throws(StoreError) in
-            try store.issueActivationCode(
-                code.normalized, for: person, lifetime: configuration.activation.codeLifetime, now: now())
+        try audited(caller, action: "activation.issue", person: person.name.rawValue) { tx throws(StoreError) in
+            try issueActivationCode(tx, caller, for: person)
         }
-        audit(
+    }
+
+    /// Issues a code and records it, inside the caller's transaction.
+    func issueActivationCode(
+        _ tx: AuditedTransaction, _ caller: Caller, for person: StoredPerson
+    ) throws(StoreError) -> (ActivationCode, Date) {
+        let code = makeActivationCode()
+        let stored = try store.issueActivationCode(
+            code.normalized, for: person, lifetime: configuration.activation.codeLifetime, now: now())
+        try tx.audit(
             caller, action: "activation.issue", result: "success", person: person.name.rawValue,
             method: "activation-code")
         return (code, stored.expiresAt)
@@ -49,14 +55,13 @@ extension Authority {
         try requireAdmin(caller, action: "activation.revoke", person: name)
         let name = try loginName(name)
         let person = try existingPerson(name, caller: caller, action: "activation.revoke")
-        let revoked = try withStore(caller, action: "activation.revoke", person: name.rawValue) {
-            () throws(StoreError) in
-            try store.revokeActivationCode(for: person, now: now())
+        return try audited(caller, action: "activation.revoke", person: name.rawValue) { tx throws(StoreError) in
+            let revoked = try store.revokeActivationCode(for: person, now: now())
+            try tx.audit(
+                caller, action: "activation.revoke", result: revoked ? "success" : "failure", person: name.rawValue,
+                method: "activation-code")
+            return revoked
         }
-        audit(
-            caller, action: "activation.revoke", result: revoked ? "success" : "failure", person: name.rawValue,
-            method: "activation-code")
-        return revoked
     }
 
     private func activationFailure(
@@ -64,7 +69,7 @@ extension Authority {
         detail: String
     ) -> APIError {
         limiter.recordFailure(now: steadyNow())
-        try? store.setTerminalValue(limiter, forKey: Self.activationLimiterKey)
+        saveTerminalValue(limiter, forKey: Self.activationLimiterKey, action: "activation.check", caller: caller)
         audit(
             caller, action: "activation.check", result: "failure", person: person, method: "activation-code",
             service: service, detail: detail)
@@ -85,13 +90,15 @@ extension Authority {
         // The same service rules as passcodes: activation sets one. Never through su/sudo-like
         // services, where the invoking user is somebody else, nor from services not allowed to
         // take passcodes.
-        if let service, configuration.access.switchUserServices.contains(service)
-            || !configuration.access.passcodeServices.contains(service)
+        if let service,
+            configuration.access.switchUserServices.contains(service)
+                || !configuration.access.passcodeServices.contains(service)
         {
             audit(
                 caller, action: "activation.check", result: "refused", method: "activation-code", service: service,
                 detail: "service not allowed")
-            throw APIError.own("PasscodeNotAllowed", ["reason": .string("the PAM service \(service) cannot activate accounts")])
+            throw APIError.own(
+                "PasscodeNotAllowed", ["reason": .string("the PAM service \(service) cannot activate accounts")])
         }
         if input.context?.isRemote == true {
             audit(
@@ -101,7 +108,9 @@ extension Authority {
         }
         let started = now()
         var limiter =
-            ((try? store.terminalValue(ActivationRateLimiter.self, forKey: Self.activationLimiterKey)) ?? nil)
+            try terminalValue(
+                ActivationRateLimiter.self, forKey: Self.activationLimiterKey, caller: caller,
+                action: "activation.check")
             ?? ActivationRateLimiter(
                 maxFailures: configuration.activation.terminalMaxFailures,
                 window: configuration.activation.terminalWindow)
@@ -221,12 +230,12 @@ extension Authority {
         else {
             throw APIError.own("ActivationCodeRevoked", ["message": .string(Self.revokedMessage)])
         }
-        try withStore(caller, action: "activation.complete", person: person.name.rawValue) { () throws(StoreError) in
+        try audited(caller, action: "activation.complete", person: person.name.rawValue) { tx throws(StoreError) in
             try store.completeActivation(code, person: person, verifier: verifier, now: now())
+            try tx.audit(
+                caller, action: "activation.complete", result: "success", person: person.name.rawValue,
+                method: "activation-code")
         }
-        audit(
-            caller, action: "activation.complete", result: "success", person: person.name.rawValue,
-            method: "activation-code")
         let active = try existingPerson(person.name, caller: caller, action: "activation.complete")
         let offerEnabled = (try? store.identityProviderProfile(of: active))?.isBiometricOfferEnabled ?? true
         let offer = await reader?.readers.isEmpty == false && active.fingers.isEmpty && offerEnabled

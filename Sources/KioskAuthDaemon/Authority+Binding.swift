@@ -75,7 +75,12 @@ extension Authority {
             throw Self.bindingRefused(name, reason)
         }
         do {
-            try store.setUID(input.uid, for: person, now: now())
+            try audited { tx throws(StoreError) in
+                try store.setUID(input.uid, for: person, now: now())
+                try tx.audit(
+                    caller, action: "person.bind", result: "success", person: name.rawValue,
+                    detail: "uid \(person.uid.map(String.init) ?? "none") -> \(input.uid.map(String.init) ?? "none")")
+            }
         } catch {
             if error.code == .personExists {
                 audit(caller, action: "person.bind", result: "failure", person: name.rawValue, detail: error.message)
@@ -83,9 +88,6 @@ extension Authority {
             }
             throw try failStore(caller, "person.bind", error)
         }
-        audit(
-            caller, action: "person.bind", result: "success", person: name.rawValue,
-            detail: "uid \(person.uid.map(String.init) ?? "none") -> \(input.uid.map(String.init) ?? "none")")
         return record(try existingPerson(name, caller: caller, action: "person.bind"))
     }
 }

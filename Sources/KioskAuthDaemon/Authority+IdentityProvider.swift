@@ -26,7 +26,10 @@ extension Authority {
     /// Loads the offline-window state, the open sessions and the refresh schedule from the store.
     /// Called once, before the socket is served.
     public func startOnline() {
-        if let state = try? store.terminalValue(OfflineWindow.State.self, forKey: Self.offlineWindowStateKey) {
+        if let state = try? terminalValue(
+            OfflineWindow.State.self, forKey: Self.offlineWindowStateKey, caller: nil, action: "offline-window")
+            ?? nil
+        {
             online.offlineWindow = OfflineWindow(policy: online.offlineWindow.policy, state: state)
         }
         observeClock()
@@ -92,7 +95,7 @@ extension Authority {
                     ["reason": .string("\(service ?? "-") accepts an online login only for the invoking user")])
             }
         }
-        let slot = reserveOnlineLoginSlot()
+        let slot = try reserveOnlineLoginSlot(caller)
         let started = services.clock.reading()
         let result: LoginResult
         do {
@@ -180,6 +183,7 @@ extension Authority {
                 "OnlineLoginNotAllowed",
                 ["reason": .string("\(service ?? "-") accepts an online login only for the invoking user")])
         }
+        try refuseSubjectChange(caller, result, method: method, service: service)
         var roles: [Role] = []
         for text in identity.roles {
             guard let role = Role(rawValue: text) else {
@@ -205,15 +209,24 @@ extension Authority {
             displayName: Self.displayName(email: identity.email, subject: identity.subject), roles: roleSet,
             contact: contact, refreshToken: refreshToken,
             refresh: refreshToken.map { _ in RefreshRecord(token: lifetime) })
-        // A login starts a new token family: the one it replaces is revoked, not left alive.
-        if let existing = try? store.person(withSubject: identity.subject),
-            (try? store.queueRevocation(of: existing, now: reading.wall)) == true
-        {
-            services.refreshWakeup.signal()
+        // The revocation of the token family this login replaces, the login's person and
+        // tokens, and the audit entry: one transaction.
+        var revocationQueued = false
+        let (person, created) = try audited(caller, action: "idp.login") { tx throws(StoreError) in
+            // A login starts a new token family: the one it replaces is revoked, not left alive.
+            if let existing = try? store.person(withSubject: identity.subject),
+                (try? store.queueRevocation(of: existing, now: reading.wall)) == true
+            {
+                revocationQueued = true
+            }
+            let (person, created) = try store.recordOnlineLogin(login, now: reading.wall)
+            try tx.audit(
+                caller, action: "idp.login", result: "success", person: person.name.rawValue, method: method,
+                service: service,
+                detail: Self.loginDetail(identity, roles: roleSet, created: created, refreshToken: refreshToken != nil))
+            return (person, created)
         }
-        let (person, created) = try withStore(caller, action: "idp.login") { () throws(StoreError) in
-            try store.recordOnlineLogin(login, now: reading.wall)
-        }
+        if revocationQueued { services.refreshWakeup.signal() }
         online.names[person.id] = person.name
         _ = online.bumpGeneration(of: person.id)
         var random = SystemRandomNumberGenerator()
@@ -225,15 +238,44 @@ extension Authority {
         online.accessTokens[person.id] = CachedAccessToken(
             token: result.tokens.accessToken, obtainedAt: lifetime.obtainedAt, expiresAt: lifetime.expiresAt)
         noteProviderAnswered()
-        audit(
-            caller, action: "idp.login", result: "success", person: person.name.rawValue, method: method,
-            service: service,
-            detail: Self.loginDetail(identity, roles: roleSet, created: created, refreshToken: refreshToken != nil))
         let offer = await shouldOfferFingerprint(person)
         return Message.OnlineLogin(
             person: record(person), created: created, offerFingerprint: offer,
             ticket: issueTicket(for: person, caller: caller, startedAt: startedAt),
             ticketExpiresIn: Int(configuration.access.ticketLifetime))
+    }
+
+    /// A login whose email belongs to an identity-provider person pinned to another subject (the
+    /// account was deleted and recreated at the provider, or the provider changed how it names
+    /// people) is refused: the new account must not take over the old person's record, fingers
+    /// and sessions, nor become a second person with the same email. An administrator who means
+    /// it removes the old person; the next login then creates the person afresh.
+    func refuseSubjectChange(
+        _ caller: Caller, _ result: LoginResult, method: String, service: String?
+    ) throws(APIError) {
+        let identity = result.identity
+        guard (try? store.person(withSubject: identity.subject)) == nil, let email = identity.email?.lowercased(),
+            let people = try? store.identityProviderPeople(),
+            let (holder, profile) = people.first(where: { person, profile in
+                profile.subject != nil && profile.subject != identity.subject
+                    && (profile.email?.lowercased() == email || person.name.rawValue == email)
+            })
+        else { return }
+        let name = holder.name.rawValue
+        let reason =
+            "the identity provider now names \(email) with the subject \(identity.subject), not \(profile.subject ?? "-"): "
+            + "the account was recreated or renamed at the provider; an administrator who means it removes the old "
+            + "person first (kioskauthctl user remove \(name))"
+        audit(
+            caller, action: "idp.login", result: "refused", person: name, method: method, service: service,
+            detail: "subject-changed: \(reason)")
+        // The refused login's tokens are nobody's: revoked, not left alive at the provider.
+        if let orphan = result.tokens.refreshToken,
+            (try? store.queueRevocation(token: Array(orphan.rawValue.utf8), ofPersonNamed: name, now: now())) != nil
+        {
+            services.refreshWakeup.signal()
+        }
+        throw APIError.own("SubjectChanged", ["name": .string(name), "reason": .string(reason)])
     }
 
     /// The audit detail of a successful online login: what was created, the roles and where
@@ -303,12 +345,12 @@ extension Authority {
                     "only admins, the person, or the app that just authenticated them may change the offer")
             }
         }
-        try withStore(caller, action: "person.biometric-offer", person: name.rawValue) { () throws(StoreError) in
+        try audited(caller, action: "person.biometric-offer", person: name.rawValue) { tx throws(StoreError) in
             try store.setBiometricOffer(input.enabled, for: person, now: now())
+            try tx.audit(
+                caller, action: "person.biometric-offer", result: "success", person: name.rawValue,
+                detail: input.enabled ? "on" : "declined")
         }
-        audit(
-            caller, action: "person.biometric-offer", result: "success", person: name.rawValue,
-            detail: input.enabled ? "on" : "declined")
         return record(try existingPerson(name, caller: caller, action: "person.biometric-offer"))
     }
 
@@ -376,9 +418,7 @@ extension Authority {
         for action in actions {
             switch action {
             case .persist(let state):
-                do { try store.setTerminalValue(state, forKey: Self.offlineWindowStateKey) } catch {
-                    logger.error("cannot persist the offline-window state", metadata: ["error": "\(error.message)"])
-                }
+                saveTerminalValue(state, forKey: Self.offlineWindowStateKey, action: "offline-window")
             case .audit(.clockWentBackwards(let previous, let current)):
                 logger.warning("the wall clock went backwards; every offline window ended")
                 audit(
@@ -459,15 +499,22 @@ extension Authority {
 
     // MARK: Connectivity
 
-    func connectivity(_ caller: Caller) throws(APIError) -> Message.Connectivity {
-        let seesEveryone = groups.isAuthenticator(caller) || groups.isAdmin(caller)
+    /// The terminal's connectivity. Root (a greeter or kiosk app) needs only the aggregate, so the
+    /// per-person list comes only when asked for (`people`): everyone for admins, otherwise only
+    /// the caller's own person. The aggregate goes to root and the kioskauth and admin groups.
+    func connectivity(_ caller: Caller, people askedForPeople: Bool = false) throws(APIError) -> Message.Connectivity {
+        let seesEveryone = groups.isAdmin(caller)
+        let seesAggregate = groups.isAuthenticator(caller) || groups.isAdmin(caller)
         let people = try withStore(caller, action: "connectivity") { () throws(StoreError) in
             try store.identityProviderPeople()
         }
         let reading = services.clock.reading()
         var window = online.offlineWindow
         var list: [PersonConnectivity] = []
-        for (person, profile) in people where seesEveryone || isSelf(caller, person) {
+        var counts = WindowCounts()
+        for (person, profile) in people {
+            let listed = askedForPeople && (seesEveryone || isSelf(caller, person))
+            guard listed || seesAggregate else { continue }
             var state = "never"
             var left: Int?
             if profile.suspendedReason != nil {
@@ -483,6 +530,8 @@ extension Authority {
                 case .notApplicable: state = "open"
                 }
             }
+            counts.count(state)
+            guard listed else { continue }
             list.append(
                 PersonConnectivity(
                     name: person.name.rawValue, window: state, windowSecondsLeft: left,
@@ -502,7 +551,8 @@ extension Authority {
             since: online.reachability.since.map(Self.timestamp),
             lastContactAt: online.reachability.lastAnswer.map(Self.timestamp),
             circuit: circuit, offlineWindowSeconds: Int(configuration.identityProvider.offlineWindow), people: list,
-            outboxPending: outbox.pending, lastDeliveryAt: outbox.lastDelivery.map(Self.timestamp),
+            windows: seesAggregate ? counts : nil, outboxPending: outbox.pending,
+            lastDeliveryAt: outbox.lastDelivery.map(Self.timestamp),
             lastDeliveryError: outbox.lastError)
     }
 
@@ -511,16 +561,17 @@ extension Authority {
     /// Before a person is removed: queue the revocation of their refresh token (sealed, delivered
     /// by the refresh service when online), end their sessions and stop refreshing for them.
     func prepareRemoval(_ caller: Caller, of person: StoredPerson) throws(APIError) {
-        let queued = try withStore(caller, action: "person.remove", person: person.name.rawValue) {
-            () throws(StoreError) in
-            try store.queueRevocation(of: person, now: now())
+        let queued = try audited(caller, action: "person.remove", person: person.name.rawValue) {
+            tx throws(StoreError) in
+            let queued = try store.queueRevocation(of: person, now: now())
+            if queued {
+                try tx.audit(
+                    caller, action: "idp.revoke", result: "success", person: person.name.rawValue,
+                    detail: "refresh token revocation queued for delivery")
+            }
+            return queued
         }
-        if queued {
-            audit(
-                caller, action: "idp.revoke", result: "success", person: person.name.rawValue,
-                detail: "refresh token revocation queued for delivery")
-            services.refreshWakeup.signal()
-        }
+        if queued { services.refreshWakeup.signal() }
         endSessions(of: person.id, reason: .personRemoved)
         performRefreshActions(online.schedule.stopTracking(person.id, at: now()))
         online.generations[person.id] = nil

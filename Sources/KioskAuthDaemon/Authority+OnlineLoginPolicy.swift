@@ -71,7 +71,7 @@ extension Authority {
                 service: service, detail: reason)
             throw APIError.own("OnlineLoginNotAllowed", ["reason": .string(reason)])
         }
-        let limiter = onlineLoginLimiter()
+        let limiter = try onlineLoginLimiter(caller)
         let at = steadyNow()
         if let until = limiter.pausedUntil(now: at) {
             audit(
@@ -87,8 +87,9 @@ extension Authority {
         return OnlineLoginGate(invokingPerson: invoking, limiter: limiter)
     }
 
-    func onlineLoginLimiter() -> ActivationRateLimiter {
-        ((try? store.terminalValue(ActivationRateLimiter.self, forKey: Self.onlineLoginLimiterKey)) ?? nil)
+    func onlineLoginLimiter(_ caller: Caller?) throws(APIError) -> ActivationRateLimiter {
+        try terminalValue(
+            ActivationRateLimiter.self, forKey: Self.onlineLoginLimiterKey, caller: caller, action: "idp.login")
             ?? ActivationRateLimiter(
                 maxFailures: configuration.identityProvider.loginMaxFailures,
                 window: configuration.identityProvider.loginFailureWindow)
@@ -97,20 +98,20 @@ extension Authority {
     /// Takes a wrong-password slot on the terminal before the provider is asked (the gate checked
     /// it is not paused, with no await since): each concurrent attempt takes its own, so at most
     /// LoginMaxFailures passwords reach the provider per window. Returns when it was taken.
-    func reserveOnlineLoginSlot() -> Date {
-        var limiter = onlineLoginLimiter()
+    func reserveOnlineLoginSlot(_ caller: Caller) throws(APIError) -> Date {
+        var limiter = try onlineLoginLimiter(caller)
         let at = steadyNow()
         _ = limiter.reserve(now: at)
-        try? store.setTerminalValue(limiter, forKey: Self.onlineLoginLimiterKey)
+        saveTerminalValue(limiter, forKey: Self.onlineLoginLimiterKey, action: "idp.login", caller: caller)
         return at
     }
 
     /// Settles a slot: a wrong password keeps it; anything else gives it back.
     func settleOnlineLoginSlot(reservedAt: Date, error: (any Error)?) {
         if let error, (error as? IdentityError)?.code == .invalidCredentials { return }
-        var limiter = onlineLoginLimiter()
+        guard var limiter = try? onlineLoginLimiter(nil) else { return }
         limiter.release(reservedAt: reservedAt)
-        try? store.setTerminalValue(limiter, forKey: Self.onlineLoginLimiterKey)
+        saveTerminalValue(limiter, forKey: Self.onlineLoginLimiterKey, action: "idp.login")
     }
 
     /// CheckOnlineLogin: may an online login happen here, for `name`? Never contacts the provider;

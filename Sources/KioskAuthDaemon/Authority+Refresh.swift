@@ -139,9 +139,18 @@ extension Authority {
     }
 
     /// Suspends a person's local unlock until their next online login: their sessions end.
-    func suspend(_ personID: Int64, reason: String, record: RefreshRecord?) {
+    /// `recording` appends the audit entries of the suspension in its transaction.
+    func suspend(
+        _ personID: Int64, reason: String, record: RefreshRecord?,
+        recording: (AuditedTransaction) throws(StoreError) -> Void = { _ in }
+    ) {
         guard let person = trackedPerson(personID) else { return }
-        do { try store.suspend(person, reason: reason, refresh: record, now: now()) } catch {
+        do {
+            try audited { tx throws(StoreError) in
+                try store.suspend(person, reason: reason, refresh: record, now: now())
+                try recording(tx)
+            }
+        } catch {
             logger.error(
                 "cannot suspend a person", metadata: ["person": "\(person.name)", "error": "\(error.message)"])
         }
@@ -257,10 +266,18 @@ extension Authority {
             } else if let identity = refreshed.identity, let person = trackedPerson(job.personID) {
                 let roles = identity.roles.compactMap(Role.init(rawValue:))
                 if roles.count == identity.roles.count, let set = try? RoleSet(roles), set != person.roles {
-                    try? store.setRoles(set, for: person, now: now)
-                    audit(
-                        nil, action: "idp.roles", result: "success", person: person.name.rawValue,
-                        detail: "roles=\(set.all.map(\.rawValue).joined(separator: ","))")
+                    do {
+                        try audited { tx throws(StoreError) in
+                            try store.setRoles(set, for: person, now: now)
+                            try tx.audit(
+                                nil, action: "idp.roles", result: "success", person: person.name.rawValue,
+                                detail: "roles=\(set.all.map(\.rawValue).joined(separator: ","))")
+                        }
+                    } catch {
+                        logger.error(
+                            "cannot record new roles",
+                            metadata: ["person": "\(person.name)", "error": "\(error.message)"])
+                    }
                 }
             }
         case .failed(let error):
@@ -297,11 +314,15 @@ extension Authority {
     ) {
         guard let person = trackedPerson(personID) else { return }
         performRefreshActions(online.schedule.stopTracking(personID, at: now()))
-        if (try? store.queueRevocation(of: person, now: now())) == true { services.refreshWakeup.signal() }
-        audit(
-            nil, action: "idp.refresh", result: "failure", person: person.name.rawValue, method: "idp",
-            detail: "no longer admitted (\(violation.message)): local unlock suspended, tokens revoked")
-        suspend(personID, reason: reason, record: nil)
+        // The revocation, the suspension and their audit entry: one transaction.
+        var queued = false
+        suspend(personID, reason: reason, record: nil) { tx throws(StoreError) in
+            queued = (try? store.queueRevocation(of: person, now: now())) == true
+            try tx.audit(
+                nil, action: "idp.refresh", result: "failure", person: person.name.rawValue, method: "idp",
+                detail: "no longer admitted (\(violation.message)): local unlock suspended, tokens revoked")
+        }
+        if queued { services.refreshWakeup.signal() }
     }
 
     /// Forgets a delivery cut short by shutdown; it is retried at the next start.

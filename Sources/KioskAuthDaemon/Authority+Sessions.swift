@@ -72,13 +72,9 @@ extension Authority {
                 break
             }
         }
+        // A session's end and its audit entry: one transaction.
         persistSession(entry, endReason: endReason, at: reading)
-        if let endReason {
-            online.sessions[id] = nil
-            audit(
-                nil, action: "session.end", result: "success", person: entry.name.rawValue, service: entry.service,
-                detail: "\(id.prefix(8)): \(endReason.rawValue)")
-        }
+        if endReason != nil { online.sessions[id] = nil }
     }
 
     private func persistSession(
@@ -86,8 +82,16 @@ extension Authority {
     ) {
         do {
             let text = String(decoding: try JSONEncoder().encode(entry.state), as: UTF8.self)
-            try store.updateSession(
-                id: entry.id, state: text, endedAt: endReason.map { _ in reading.wall }, endReason: endReason?.rawValue)
+            try audited { tx throws(StoreError) in
+                try store.updateSession(
+                    id: entry.id, state: text, endedAt: endReason.map { _ in reading.wall },
+                    endReason: endReason?.rawValue)
+                if let endReason {
+                    try tx.audit(
+                        nil, action: "session.end", result: "success", person: entry.name.rawValue,
+                        service: entry.service, detail: "\(entry.id.prefix(8)): \(endReason.rawValue)")
+                }
+            }
         } catch {
             logger.error(
                 "cannot persist a session", metadata: ["session": "\(entry.id.prefix(8))", "error": "\(error)"])
@@ -214,12 +218,18 @@ extension Authority {
             state: PersistedSession(machine: machine, lastLockedAt: nil),
             tokenConnection: authenticatedAt == nil ? nil : caller.connectionID)
         do {
-            try store.insertSession(
-                StoredSession(
-                    id: id, personID: person.id, personName: person.name,
-                    state: String(decoding: try JSONEncoder().encode(entry.state), as: UTF8.self),
-                    service: entry.service,
-                    tty: entry.tty, openedAt: reading.wall))
+            let session = StoredSession(
+                id: id, personID: person.id, personName: person.name,
+                state: String(decoding: try JSONEncoder().encode(entry.state), as: UTF8.self),
+                service: entry.service,
+                tty: entry.tty, openedAt: reading.wall)
+            // The session and its audit entry: one transaction.
+            try audited { tx throws(StoreError) in
+                try store.insertSession(session)
+                try tx.audit(
+                    caller, action: "session.open", result: "success", person: name.rawValue, service: service,
+                    detail: "\(id.prefix(8))\(authenticatedAt == nil ? "" : "; authenticated")")
+            }
         } catch let error as StoreError {
             throw try failStore(caller, "session.open", error)
         } catch {
@@ -227,9 +237,6 @@ extension Authority {
         }
         online.sessions[id] = entry
         services.sessionWakeup.signal()
-        audit(
-            caller, action: "session.open", result: "success", person: name.rawValue, service: service,
-            detail: "\(id.prefix(8))\(authenticatedAt == nil ? "" : "; authenticated")")
         publish(
             EventRecord(kind: "session-opened", time: Self.timestamp(reading.wall), session: id, name: name.rawValue))
         return sessionRecord(entry)

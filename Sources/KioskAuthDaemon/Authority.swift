@@ -51,12 +51,22 @@ public actor Authority {
     /// after FailuresBeforeFallback of them that connection gets `FallbackRequired` for that
     /// person. Never durable, so nobody can drive a colleague into the fallback elsewhere.
     var fingerFailures: [UInt64: [Int64: Int]] = [:]
+    /// Per person, the enrolled fingers a storage reader did not hold at its last reconciliation
+    /// (`reconcileSensor`); shown on the person and by ListFingers until enrolled again.
+    var fingersMissingFromSensor: [Int64: Set<String>] = [:]
     /// The terminal-wide fingerprint throttle, as persisted (loaded at first use).
     var fingerThrottleState: IdentifyThrottleState?
     /// Touches admitted by the throttle and not yet recorded.
     var fingerTouchesInFlight = 0
     /// Touches waiting for admission, first come first served.
     var fingerTouchWaiters: [CheckedContinuation<Void, Never>] = []
+    /// Scans of unprivileged callers running or waiting for the reader, each with what cancels
+    /// it: a scan of root or the groups (the greeter, a kiosk app, an admin enrolling) takes the
+    /// reader from them (see `readerScan`).
+    var preemptibleScans: [UInt64: @Sendable () -> Void] = [:]
+    var nextPreemptibleScan: UInt64 = 0
+    /// Refusals of unprivileged callers awaiting their summary audit entry.
+    let refusals = RefusalSummaries()
     /// The clock, the identity provider and the event hub (see Authority+IdentityProvider.swift).
     let services: OnlineServices
     /// Offline window, refresh schedule, sessions and connectivity; isolated to this actor.
@@ -103,13 +113,14 @@ public actor Authority {
         let reading = given ?? services.clock.reading()
         let loaded = online.steadyClock
         var clock =
-            loaded ?? ((try? store.terminalValue(SteadyClock.self, forKey: Self.steadyClockKey)) ?? nil)
+            loaded
+            ?? ((try? terminalValue(SteadyClock.self, forKey: Self.steadyClockKey, caller: nil, action: "clock")) ?? nil)
             ?? SteadyClock(first: reading)
         let bootBefore = clock.anchor.bootID
         let time = clock.time(at: reading)
         online.steadyClock = clock
         if loaded == nil || clock.anchor.bootID != bootBefore {
-            try? store.setTerminalValue(clock, forKey: Self.steadyClockKey)
+            saveTerminalValue(clock, forKey: Self.steadyClockKey, action: "clock")
         }
         return time
     }
@@ -120,7 +131,24 @@ public actor Authority {
         guard var clock = online.steadyClock else { return }
         clock.checkpoint(reading)
         online.steadyClock = clock
-        try? store.setTerminalValue(clock, forKey: Self.steadyClockKey)
+        saveTerminalValue(clock, forKey: Self.steadyClockKey, action: "clock")
+    }
+
+    /// A terminal-wide value (a limiter, the identify throttle, the offline window, the steady
+    /// clock). One changed behind the store's back is `StoreIntegrity`, logged and audited, never
+    /// silently replaced by a fresh default.
+    func terminalValue<T: Decodable>(
+        _ type: T.Type, forKey key: String, caller: Caller?, action: String
+    ) throws(APIError) -> T? {
+        try withStore(caller, action: action) { () throws(StoreError) in try store.terminalValue(type, forKey: key) }
+    }
+
+    /// Stores a terminal-wide value; a failure (a row changed behind the store's back is not
+    /// overwritten) is logged, and audited when it is an integrity failure.
+    func saveTerminalValue(_ value: some Encodable, forKey key: String, action: String, caller: Caller? = nil) {
+        _ = try? withStore(caller, action: action) { () throws(StoreError) in
+            try store.setTerminalValue(value, forKey: key)
+        }
     }
 
     /// The wall-clock instant a steady-time instant corresponds to now, for display.
@@ -148,9 +176,53 @@ public actor Authority {
         }
     }
 
+    /// Whether `caller` is root or in the admin or authenticator group: such callers are never
+    /// rate-limited, may use the reserved connections, and have each refusal audited on its own.
+    nonisolated func isPrivileged(_ caller: Caller) -> Bool {
+        groups.isAdmin(caller) || groups.isAuthenticator(caller)
+    }
+
+    /// Counts a refusal of an unprivileged caller towards its uid's summary entry, and schedules
+    /// the summary at the end of the interval when it is the first one.
+    nonisolated func tallyRefusal(_ caller: Caller, action: String, rateLimited: Bool) {
+        guard refusals.add(uid: caller.uid, pid: caller.pid, action: action, rateLimited: rateLimited) else { return }
+        let interval = configuration.access.refusalSummaryInterval
+        Task { [weak self] in
+            try? await Task.sleep(for: .milliseconds(Int64(interval * 1000)))
+            await self?.flushRefusalSummaries()
+        }
+    }
+
+    /// Audits what `tallyRefusal` counted: one `access.refused.summary` entry per uid. Runs at
+    /// the end of each interval and at shutdown.
+    public func flushRefusalSummaries() {
+        let interval = configuration.access.refusalSummaryInterval
+        for (uid, tally) in refusals.take() {
+            let caller = Caller(uid: uid, gid: -1, pid: tally.lastPID, groups: nil, connectionID: 0)
+            appendAudit(
+                caller, action: "access.refused.summary", result: "refused",
+                detail: RefusalSummaries.detail(tally, interval: interval))
+        }
+    }
+
     /// Appends to the audit chain and writes the new head to the journal. A failure to audit is
-    /// logged loudly; it never hides the outcome from the caller.
+    /// logged loudly; it never hides the outcome from the caller. Refusals of unprivileged
+    /// callers are counted into a summary entry per uid and interval instead (see
+    /// `tallyRefusal`).
     func audit(
+        _ caller: Caller?, action: String, result: String, person: String? = nil, method: String? = nil,
+        service: String? = nil, detail: String? = nil
+    ) {
+        if result == "refused", let caller, !isPrivileged(caller) {
+            logger.debug("refused", metadata: ["action": "\(action)", "uid": "\(caller.uid)"])
+            tallyRefusal(caller, action: action, rateLimited: false)
+            return
+        }
+        appendAudit(
+            caller, action: action, result: result, person: person, method: method, service: service, detail: detail)
+    }
+
+    private func appendAudit(
         _ caller: Caller?, action: String, result: String, person: String? = nil, method: String? = nil,
         service: String? = nil, detail: String? = nil
     ) {
@@ -265,8 +337,16 @@ public actor Authority {
             passcodeHardLocked: person.failures.passcodeHardLocked,
             fingerprintFailures: person.failures.fingerprintFailures,
             createdAt: Self.timestamp(person.createdAt), lastUnlockAt: person.lastUnlockAt.map(Self.timestamp))
+        let missing = missingFromSensor(person)
+        record.fingersMissingFromSensor = missing.isEmpty ? nil : missing
         addIdentityProviderFields(to: &record, of: person)
         return record
+    }
+
+    /// Those of the person's fingers the storage reader lacked at its last reconciliation.
+    func missingFromSensor(_ person: StoredPerson) -> [String] {
+        guard let missing = fingersMissingFromSensor[person.id] else { return [] }
+        return person.fingers.filter(missing.contains)
     }
 
     // MARK: Status
@@ -336,11 +416,21 @@ public actor Authority {
             audit(caller, action: "person.add", result: "refused", person: name.rawValue, detail: reason)
             throw Self.bindingRefused(name, reason)
         }
+        // The person, their first activation code and both audit entries: one transaction.
         let person: StoredPerson
+        let code: ActivationCode
+        let expires: Date
         do {
-            person = try store.addPerson(
-                name: name, displayName: displayName, roles: roleSet, origin: .local, state: .pendingActivation,
-                uid: input.uid, now: now())
+            (person, code, expires) = try audited { tx throws(StoreError) in
+                let person = try store.addPerson(
+                    name: name, displayName: displayName, roles: roleSet, origin: .local, state: .pendingActivation,
+                    uid: input.uid, now: now())
+                try tx.audit(
+                    caller, action: "person.add", result: "success", person: name.rawValue,
+                    detail: "roles=\(roleSet.all.map(\.rawValue).joined(separator: ","))")
+                let (code, expires) = try issueActivationCode(tx, caller, for: person)
+                return (person, code, expires)
+            }
         } catch {
             if error.code == .personExists {
                 audit(caller, action: "person.add", result: "failure", person: name.rawValue, detail: error.message)
@@ -348,10 +438,6 @@ public actor Authority {
             }
             throw try failStore(caller, "person.add", error)
         }
-        audit(
-            caller, action: "person.add", result: "success", person: name.rawValue,
-            detail: "roles=\(roleSet.all.map(\.rawValue).joined(separator: ","))")
-        let (code, expires) = try issueActivationCode(caller, for: person)
         return Message.PersonAdded(
             person: record(person), activationCode: code.description, activationExpiresAt: Self.timestamp(expires))
     }
@@ -381,12 +467,17 @@ public actor Authority {
         let name = try loginName(name)
         let person = try existingPerson(name, caller: caller, action: "person.remove")
         try prepareRemoval(caller, of: person)
-        let templates = try withStore(caller, action: "person.remove", person: name.rawValue) { () throws(StoreError) in
-            try store.removePerson(person)
+        let templates = try audited(caller, action: "person.remove", person: name.rawValue) { tx throws(StoreError) in
+            let templates = try store.removePerson(person)
+            try tx.audit(
+                caller, action: "person.remove", result: "success", person: name.rawValue, detail: "secrets erased")
+            return templates
         }
+        // The sensor's own copies cannot be in the transaction: deleted after it commits, and
+        // any left by a crash in between are removed at start (`reconcileSensor`).
         await deleteFromSensor(templates)
+        fingersMissingFromSensor[person.id] = nil
         tickets = tickets.filter { $0.value.personID != person.id }
-        audit(caller, action: "person.remove", result: "success", person: name.rawValue, detail: "secrets erased")
     }
 
     // MARK: Passcodes
@@ -436,7 +527,8 @@ public actor Authority {
         }
         var current = try existingPerson(name, caller: caller, action: "passcode.set")
         guard current.id == person.id else { throw APIError.noSuchPerson(name.rawValue) }
-        try withStore(caller, action: "passcode.set", person: name.rawValue) { () throws(StoreError) in
+        // Verifier, counters, activation and the code used up, and the audit entry: one transaction.
+        try audited(caller, action: "passcode.set", person: name.rawValue) { tx throws(StoreError) in
             try store.setPasscodeVerifier(verifier, for: current, now: now())
             // A new passcode starts with a clean slate; an admin setting it also activates.
             var failures = current.failures
@@ -448,9 +540,9 @@ public actor Authority {
                 try store.setState(.active, for: current, now: now())
                 try store.revokeActivationCode(for: current, now: now())
             }
+            try tx.audit(caller, action: "passcode.set", result: "success", person: name.rawValue, method: "passcode")
         }
         current = try existingPerson(name, caller: caller, action: "passcode.set")
-        audit(caller, action: "passcode.set", result: "success", person: name.rawValue, method: "passcode")
         return record(current)
     }
 
@@ -515,6 +607,31 @@ public actor Authority {
         return person
     }
 
+    /// Re-checks, once an authentication's wait is over (a scan that waits for a finger, the
+    /// hash), what `authenticationSubject` checked before it: meanwhile the person may have been
+    /// suspended, bound to another uid, or their offline window may have ended. Returns the
+    /// person as they now stand; a refusal is audited and thrown as before the wait.
+    func recheckSubject(
+        _ caller: Caller, _ person: StoredPerson, context: CallerContext?, action: String, method: String
+    ) throws(APIError) -> StoredPerson {
+        let current = try existingPerson(person.name, caller: caller, action: action)
+        guard current.id == person.id else { throw APIError.noSuchPerson(person.name.rawValue) }
+        try requireAccountAllowed(caller, current, context: context, action: action, method: method)
+        try checkOfflineUnlock(caller, current, action: action, method: method, service: context?.service)
+        guard current.state == .active else {
+            audit(
+                caller, action: action, result: "refused", person: current.name.rawValue, method: method,
+                service: context?.service, detail: "state \(current.state.rawValue) when the authentication ended")
+            throw APIError.own(
+                "PersonNotActive",
+                [
+                    "name": .string(current.name.rawValue),
+                    "state": .string(current.state.rawValue.replacingOccurrences(of: "-", with: "_")),
+                ])
+        }
+        return current
+    }
+
     func verifyPasscode(_ caller: Caller, _ input: Message.VerifyPasscode) async throws(APIError) -> Message.Verified {
         let name = try loginName(input.name)
         let service = input.context?.service
@@ -559,11 +676,23 @@ public actor Authority {
         if matched {
             var cleared = before
             _ = credentialGuard.recordPasscode(matched: true, in: &cleared, now: started)
+            // The right passcode is no failure, even when the person may no longer log in.
+            let subject: StoredPerson
+            do {
+                subject = try recheckSubject(
+                    caller, person, context: input.context, action: "passcode.verify", method: "passcode")
+            } catch {
+                if let current = try? store.person(named: name), current.id == person.id {
+                    try? store.saveFailures(cleared, for: current, now: started)
+                }
+                throw error
+            }
             let current = try recordAuthentication(
-                caller, person: person, failures: cleared, unlocked: true, action: "passcode.verify", result: "success",
+                caller, person: subject, failures: cleared, unlocked: true, action: "passcode.verify",
+                result: "success",
                 method: "passcode", service: service,
                 detail: input.context?.logind.map { "logind: \($0.prefix(80))" })
-            let ticket = issueTicket(for: person, caller: caller)
+            let ticket = issueTicket(for: subject, caller: caller)
             return Message.Verified(
                 person: record(current), ticket: ticket,
                 ticketExpiresIn: Int(configuration.access.ticketLifetime))
@@ -598,11 +727,11 @@ public actor Authority {
         let person = try existingPerson(name, caller: caller, action: "lockout.reset")
         var failures = person.failures
         credentialGuard.reset(&failures)
-        let updated = try withStore(caller, action: "lockout.reset", person: name.rawValue) { () throws(StoreError) in
+        let updated = try audited(caller, action: "lockout.reset", person: name.rawValue) { tx throws(StoreError) in
             try store.saveFailures(failures, for: person, now: now())
+            try tx.audit(caller, action: "lockout.reset", result: "success", person: name.rawValue)
             return try store.person(named: name)
         }
-        audit(caller, action: "lockout.reset", result: "success", person: name.rawValue)
         return record(updated ?? person)
     }
 
@@ -673,7 +802,7 @@ public actor Authority {
         try requireAdmin(caller, action: "audit.read")
         let limit = min(max(input.limit ?? 1000, 1), 10_000)
         let entries = try withStore(caller, action: "audit.read") { () throws(StoreError) in
-            try store.auditEntries(after: max(input.after ?? 0, 0), limit: limit)
+            try store.auditEntries(after: max(input.after ?? 0, 0), limit: limit, newest: input.newest ?? false)
         }
         return entries.map { entry in
             AuditEventRecord(
@@ -685,7 +814,9 @@ public actor Authority {
         }
     }
 
-    func verifyAudit(_ caller: Caller, _ input: Message.VerifyAudit = .init()) throws(APIError)
+    func verifyAudit(
+        _ caller: Caller, _ input: Message.VerifyAudit = .init()
+    ) throws(APIError)
         -> Message.AuditVerification
     {
         try requireAdmin(caller, action: "audit.verify")
@@ -707,9 +838,4 @@ public actor Authority {
             valid: result.isValid, events: result.events, head: result.headHex, brokenAt: result.brokenAt,
             reason: result.reason)
     }
-}
-
-/// The version kioskauthd reports.
-public enum KioskAuthVersion {
-    public static let string = "0.1.0"
 }

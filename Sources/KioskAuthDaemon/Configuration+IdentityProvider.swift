@@ -135,7 +135,8 @@ extension DaemonConfiguration {
             identityProvider.groupsClaim = value
         case ("IdentityProvider", "DefaultRole"):
             guard value.isEmpty || Role(rawValue: value) != nil else {
-                throw ValueError(message: "expected one of \(Role.allCases.map(\.rawValue).joined(separator: ", ")), or empty")
+                throw ValueError(
+                    message: "expected one of \(Role.allCases.map(\.rawValue).joined(separator: ", ")), or empty")
             }
             identityProvider.defaultRole = value
         case ("IdentityProvider", "RoleFromGroup"):
@@ -148,7 +149,8 @@ extension DaemonConfiguration {
                 else {
                     throw ValueError(
                         message:
-                            "expected GROUP:ROLE with ROLE one of \(Role.allCases.map(\.rawValue).joined(separator: ", "))")
+                            "expected GROUP:ROLE with ROLE one of \(Role.allCases.map(\.rawValue).joined(separator: ", "))"
+                    )
                 }
                 identityProvider.roleFromGroup.append(
                     GroupRoleMapping(group: String(value[..<colon]), role: role.rawValue))

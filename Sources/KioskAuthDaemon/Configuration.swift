@@ -11,6 +11,22 @@ public struct DaemonConfiguration: Sendable {
         public var maxConnections = 128
         /// Connections open at once from one uid (root is exempt).
         public var maxConnectionsPerUID = 16
+        /// Of `maxConnections`, how many (at most half) only privileged callers (root, the admin and
+        /// authenticator groups) may use: unprivileged callers together get the rest.
+        public var reservedConnections = DaemonConfiguration.Socket.defaultReservedConnections
+        /// The default of `reservedConnections`.
+        public static let defaultReservedConnections = 32
+        /// Calls per second one unprivileged uid may make, over all its connections (a token
+        /// bucket holding one second's worth); privileged callers are exempt.
+        public var requestsPerSecondPerUID = DaemonConfiguration.Socket.defaultRequestsPerSecondPerUID
+        /// The default of `requestsPerSecondPerUID`.
+        public static let defaultRequestsPerSecondPerUID = 20
+        /// A connection whose replies have not been read (its output stays over the high-water
+        /// mark) for this long, or for the idle timeout if that is shorter, is closed.
+        public var writeTimeout: TimeInterval = 10
+        /// Bytes of replies queued for a client that does not read, beyond what the kernel holds,
+        /// before the connection stops reading further calls.
+        public static let outputHighWaterMark = 64 * 1024
         /// Largest request in bytes.
         public var maxMessageSize = 64 * 1024
         /// A connection with no call in progress is closed after this long.
@@ -35,6 +51,9 @@ public struct DaemonConfiguration: Sendable {
         ]
         /// Lifetime of a self-service ticket.
         public var ticketLifetime: TimeInterval = 120
+        /// Refusals of unprivileged callers (and their rate-limited calls) are audited as one
+        /// summary entry per uid per interval of this length, with a count.
+        public var refusalSummaryInterval: TimeInterval = 60
     }
 
     /// The sealed store.
@@ -75,6 +94,11 @@ public struct DaemonConfiguration: Sendable {
         public var identifyPauseAfter = 5
         /// How long walk-up identify pauses.
         public var identifyPause: TimeInterval = 60
+        /// Failed or unknown touches within `fingerFailureWindow` that pause matching even with
+        /// matches between them.
+        public var fingerFailuresInWindow = 10
+        /// The sliding window for `fingerFailuresInWindow`.
+        public var fingerFailureWindow: TimeInterval = 600
         /// People may enrol their own fingers (with a fresh authentication ticket).
         public var selfEnrollment = true
         /// Fingers one person may enrol.
@@ -154,7 +178,9 @@ public struct DaemonConfiguration: Sendable {
             let number = index + 1
             if line.isEmpty || line.hasPrefix("#") || line.hasPrefix(";") { continue }
             if line.hasPrefix("[") {
-                guard line.hasSuffix("]") else { throw ParseError(file: file, line: number, message: "bad section header") }
+                guard line.hasSuffix("]") else {
+                    throw ParseError(file: file, line: number, message: "bad section header")
+                }
                 section = String(line.dropFirst().dropLast())
                 continue
             }
@@ -208,17 +234,23 @@ public struct DaemonConfiguration: Sendable {
         switch (section, key) {
         case ("Daemon", "LogLevel"):
             let levels = ["trace", "debug", "info", "notice", "warning", "error", "critical"]
-            guard levels.contains(value) else { throw ValueError(message: "expected one of \(levels.joined(separator: ", "))") }
+            guard levels.contains(value) else {
+                throw ValueError(message: "expected one of \(levels.joined(separator: ", "))")
+            }
             logLevel = value
         case ("Socket", "MaxConnections"): socket.maxConnections = try int(value, 1...4096)
         case ("Socket", "MaxConnectionsPerUID"): socket.maxConnectionsPerUID = try int(value, 1...4096)
         case ("Socket", "MaxMessageSize"): socket.maxMessageSize = try int(value, 1024...(1024 * 1024))
         case ("Socket", "IdleTimeoutSec"): socket.idleTimeout = try seconds(value)
+        case ("Socket", "ReservedConnections"): socket.reservedConnections = try int(value, 0...4095)
+        case ("Socket", "RequestsPerSecondPerUID"): socket.requestsPerSecondPerUID = try int(value, 1...100_000)
+        case ("Socket", "WriteTimeoutSec"): socket.writeTimeout = try seconds(value)
         case ("Access", "AdminGroup"): access.adminGroup = value
         case ("Access", "AuthenticatorGroup"): access.authenticatorGroup = value
         case ("Access", "PasscodeServices"): access.passcodeServices = Set(words(value))
         case ("Access", "SwitchUserServices"): access.switchUserServices = Set(words(value))
         case ("Access", "TicketLifetimeSec"): access.ticketLifetime = try seconds(value)
+        case ("Access", "RefusalSummaryIntervalSec"): access.refusalSummaryInterval = try seconds(value)
         case ("Store", "DevelopmentKeyFile"): store.developmentKeyFile = try bool(value)
         case ("Store", "PasscodeHashMemoryKiB"): store.passcodeHashMemoryKiB = try int(value, 8...(4 * 1024 * 1024))
         case ("Store", "PasscodeHashIterations"): store.passcodeHashIterations = try int(value, 1...100)
@@ -238,6 +270,8 @@ public struct DaemonConfiguration: Sendable {
             fingerprint.identifyLayout = layout
         case ("Fingerprint", "IdentifyPauseAfter"): fingerprint.identifyPauseAfter = try int(value, 1...1000)
         case ("Fingerprint", "IdentifyPauseSec"): fingerprint.identifyPause = try seconds(value)
+        case ("Fingerprint", "FailuresInWindow"): fingerprint.fingerFailuresInWindow = try int(value, 1...10000)
+        case ("Fingerprint", "FailureWindowSec"): fingerprint.fingerFailureWindow = try seconds(value)
         case ("Fingerprint", "SelfEnrollment"): fingerprint.selfEnrollment = try bool(value)
         case ("Fingerprint", "MaxFingersPerPerson"): fingerprint.maxFingersPerPerson = try int(value, 1...10)
         case ("Fingerprint", "DuplicateCheck"): fingerprint.duplicateCheck = try bool(value)

@@ -1,6 +1,7 @@
 public import Foundation
 import KioskAuthFingerprint
 import KioskAuthIdentity
+import KioskAuthProtocol
 import KioskAuthStore
 public import Logging
 import NIOPosix
@@ -49,11 +50,24 @@ public struct StartupError: Error, CustomStringConvertible {
     public static let configurationExitCode: Int32 = 78
 }
 
+/// A store that cannot be opened or fails its check before serving: one line naming the
+/// database and what is wrong. Everything only an admin can fix (key, schema, a damaged,
+/// edited or rolled-back store, a read-only state directory) exits 78 so systemd does not
+/// restart into the same refusal.
+func startupError(_ error: StoreError, database: String) -> StartupError {
+    let fixable: Set<StoreError.Code> = [.wrongKey, .futureSchema, .keyUnavailable, .integrity, .rollback, .readOnly]
+    let message = error.message.contains(database) ? error.message : "\(database): \(error.message)"
+    return StartupError(
+        message: message, exitCode: fixable.contains(error.code) ? StartupError.configurationExitCode : 1)
+}
+
 /// Composes the daemon's services and runs them until SIGTERM/SIGINT.
 public enum Daemon {
     /// Runs the daemon: loads configuration and key, opens the store, serves the socket, and
     /// shuts down gracefully. Throws `StartupError` for anything that stops it from starting.
-    public static func run(paths: DaemonPaths, developmentKeyFile: Bool, logger baseLogger: Logger) async throws {
+    public static func run(
+        paths: DaemonPaths, developmentKeyFile: Bool, acceptStoreRollback: Bool = false, logger baseLogger: Logger
+    ) async throws {
         var logger = baseLogger
         let configuration: DaemonConfiguration
         do {
@@ -90,7 +104,8 @@ public enum Daemon {
         }
         let clock = DaemonClock.system()
         if clock.isTestClock {
-            logger.warning("TEST CLOCK ACTIVE: readings are shifted by KIOSKAUTH_TEST_CLOCK_FILE (debug build, tests only)")
+            logger.warning(
+                "TEST CLOCK ACTIVE: readings are shifted by KIOSKAUTH_TEST_CLOCK_FILE (debug build, tests only)")
         }
         let notifier = SystemdNotifier()
         let readyLogger = logger
@@ -102,22 +117,35 @@ public enum Daemon {
         do {
             (key, source) = try StoreKeyLoader.load(
                 credentialsDirectory: paths.credentialsDirectory, stateDirectory: paths.stateDirectory,
-                storeExists: storeExists, allowDevelopmentKeyFile: developmentKeyFile || configuration.store.developmentKeyFile,
+                storeExists: storeExists,
+                allowDevelopmentKeyFile: developmentKeyFile || configuration.store.developmentKeyFile,
                 logger: logger)
         } catch {
             throw StartupError(message: error.message, exitCode: StartupError.configurationExitCode)
         }
         let store: Store
         do {
-            store = try Store(path: paths.database, key: key, logger: logger)
+            store = try Store(path: paths.database, key: key, logger: logger, acceptRollback: acceptStoreRollback)
         } catch {
-            let fixable = error.code == .wrongKey || error.code == .futureSchema || error.code == .keyUnavailable
-            throw StartupError(message: "\(paths.database): \(error.message)", exitCode: fixable ? StartupError.configurationExitCode : 1)
+            throw startupError(error, database: paths.database)
         }
         defer { store.close() }
-        let verification = try? store.verifyAudit()
-        if let verification, !verification.isValid {
-            logger.critical("the audit chain does not verify", metadata: ["reason": "\(verification.reason ?? "")"])
+        #if DEBUG
+            // Test-only: audit appends of these actions fail (debug builds; see Store.failingAuditActions).
+            if let actions = ProcessInfo.processInfo.environment["KIOSKAUTH_TEST_FAILING_AUDIT"], !actions.isEmpty {
+                store.failingAuditActions = Set(actions.split(separator: ",").map(String.init))
+                logger.warning("TEST HOOK ACTIVE: audit appends fail for \(actions) (debug build, tests only)")
+            }
+        #endif
+        // Before serving: a damaged, edited or rolled-back store is refused here, not found by
+        // the first request that touches it. Cheap: never proportional to the audit trail (the
+        // chain is checked from the anchored head on; `audit verify` checks all of it).
+        do {
+            let check = try store.verifyAtStart()
+            logger.info(
+                "store checked", metadata: ["audit_seq": "\(check.events)", "checked_from": "\(check.checkedFrom)"])
+        } catch {
+            throw startupError(error, database: paths.database)
         }
 
         let listenFD = SystemdNotifier.listenedSocket()
@@ -129,7 +157,8 @@ public enum Daemon {
         let eventLoops = MultiThreadedEventLoopGroup(numberOfThreads: 1)
         let hashingPool = NIOThreadPool(numberOfThreads: 2)
         hashingPool.start()
-        let groups = AccessGroups.resolve(admin: configuration.access.adminGroup, authenticator: configuration.access.authenticatorGroup)
+        let groups = AccessGroups.resolve(
+            admin: configuration.access.adminGroup, authenticator: configuration.access.authenticatorGroup)
         // The reader starts before the socket is served, so READY=1 means readers present are usable.
         var reader: FingerprintReader?
         if configuration.fingerprint.enabled {
@@ -140,7 +169,9 @@ public enum Daemon {
                 try await candidate.start()
                 reader = candidate
                 let present = await candidate.readers
-                logger.info("fingerprint readers", metadata: ["readers": "\(present.map { "\($0.driver) (\($0.name))" }.joined(separator: ", "))"])
+                logger.info(
+                    "fingerprint readers",
+                    metadata: ["readers": "\(present.map { "\($0.driver) (\($0.name))" }.joined(separator: ", "))"])
             } catch {
                 logger.error("fingerprint support unavailable; passcodes only", metadata: ["error": "\(error)"])
             }
@@ -150,9 +181,12 @@ public enum Daemon {
             do {
                 provider = try IdentityProviderClient(configuration: identityProviderConfiguration, logger: logger)
             } catch {
-                throw StartupError(message: "configuration: [IdentityProvider]: \(error)", exitCode: StartupError.configurationExitCode)
+                throw StartupError(
+                    message: "configuration: [IdentityProvider]: \(error)", exitCode: StartupError.configurationExitCode
+                )
             }
-            logger.info("identity provider configured", metadata: ["issuer": "\(configuration.identityProvider.issuer)"])
+            logger.info(
+                "identity provider configured", metadata: ["issuer": "\(configuration.identityProvider.issuer)"])
         }
         let auditMonitor = auditEndpoint.map { AuditDeliveryMonitor(endpointHost: $0.endpointHost) }
         if let auditEndpoint {
@@ -161,7 +195,8 @@ public enum Daemon {
         let onlineServices = OnlineServices(clock: clock, provider: provider, auditDelivery: auditMonitor)
         let authority = Authority(
             store: store, configuration: configuration, groups: groups, hashingPool: hashingPool,
-            isSocketActivated: listenFD != nil, usesDevelopmentKey: { if case .developmentKeyFile = source { true } else { false } }(),
+            isSocketActivated: listenFD != nil,
+            usesDevelopmentKey: { if case .developmentKeyFile = source { true } else { false } }(),
             reader: reader, logger: logger, services: onlineServices, now: { clock.now() })
         await authority.audit(nil, action: "daemon.start", result: "success", detail: "schema \(Store.schemaVersion)")
         await authority.reconcileSensor()
@@ -175,14 +210,19 @@ public enum Daemon {
             readyLogger.info("ready", metadata: ["version": "\(KioskAuthVersion.string)"])
         }
         var services: [ServiceGroupConfiguration.ServiceConfiguration] = [
-            .init(service: server, successTerminationBehavior: .gracefullyShutdownGroup, failureTerminationBehavior: .gracefullyShutdownGroup)
+            .init(
+                service: server, successTerminationBehavior: .gracefullyShutdownGroup,
+                failureTerminationBehavior: .gracefullyShutdownGroup)
         ]
         if let reader {
             services.append(.init(service: ReaderService(reader: reader, authority: authority, logger: logger)))
         }
         if let provider {
             services.append(
-                .init(service: RefreshService(authority: authority, provider: provider, wakeup: onlineServices.refreshWakeup, logger: logger)))
+                .init(
+                    service: RefreshService(
+                        authority: authority, provider: provider, wakeup: onlineServices.refreshWakeup, logger: logger))
+            )
         }
         if let auditEndpoint, let auditMonitor {
             services.append(
@@ -192,9 +232,15 @@ public enum Daemon {
                         endpoint: configuration.auditDelivery.endpoint, policy: configuration.auditDelivery.policy,
                         terminal: hostName(), logger: logger, now: { clock.now() })))
         }
-        services.append(.init(service: TimekeepingService(authority: authority, wakeup: onlineServices.sessionWakeup, events: onlineServices.events)))
+        services.append(
+            .init(
+                service: TimekeepingService(
+                    authority: authority, wakeup: onlineServices.sessionWakeup, events: onlineServices.events)))
         if let interval = SystemdNotifier.watchdogInterval() {
-            services.append(.init(service: WatchdogService(interval: interval, notifier: notifier, authority: authority, logger: logger)))
+            services.append(
+                .init(
+                    service: WatchdogService(
+                        interval: interval, notifier: notifier, authority: authority, logger: logger)))
         }
         var groupConfiguration = ServiceGroupConfiguration(services: services, logger: logger)
         groupConfiguration.gracefulShutdownSignals = [.sigterm, .sigint]
@@ -209,12 +255,14 @@ public enum Daemon {
             }
         } catch {
             logger.error("stopped with an error", metadata: ["error": "\(error)"])
+            await authority.flushRefusalSummaries()
             await authority.audit(nil, action: "daemon.stop", result: "failure", detail: "\(error)")
             try? await hashingPool.shutdownGracefully()
             try? await eventLoops.shutdownGracefully()
             throw StartupError(message: "\(error)")
         }
         notifier.notify("STOPPING=1\nSTATUS=Stopped")
+        await authority.flushRefusalSummaries()
         await authority.audit(nil, action: "daemon.stop", result: "success")
         try? await hashingPool.shutdownGracefully()
         try? await eventLoops.shutdownGracefully()
@@ -281,7 +329,8 @@ struct ReaderService: Service {
             switch event {
             case .added(let info):
                 logger.info("reader added", metadata: ["driver": "\(info.driver)", "reader": "\(info.name)"])
-                await authority.audit(nil, action: "reader.added", result: "success", detail: "\(info.driver): \(info.name)")
+                await authority.audit(
+                    nil, action: "reader.added", result: "success", detail: "\(info.driver): \(info.name)")
                 await authority.publishReaderEvent(added: true, reader: info.id)
                 await authority.reconcileSensor()
             case .removed(let id):

@@ -17,8 +17,8 @@ extension Dispatcher {
         register(prefix + "SetBiometricOffer") { (input: Message.SetBiometricOffer, caller, _) in
             Message.PersonReply(person: try await authority.setBiometricOffer(caller, input))
         }
-        register(prefix + "GetConnectivity") { (_: Message.Empty, caller, _) in
-            try await authority.connectivity(caller)
+        register(prefix + "GetConnectivity") { (input: Message.GetConnectivity, caller, _) in
+            try await authority.connectivity(caller, people: input.people ?? false)
         }
         register(prefix + "OpenSession") { (input: Message.OpenSession, caller, _) in
             Message.SessionReply(session: try await authority.openSession(caller, input))

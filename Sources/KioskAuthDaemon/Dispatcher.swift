@@ -1,4 +1,5 @@
 import Foundation
+import KioskAuthCore
 import KioskAuthProtocol
 
 /// Where a method's replies go. A `more` call may send several, each but the last with
@@ -115,6 +116,12 @@ public struct Dispatcher: Sendable {
         register(prefix + "VerifyPasscode") { (input: Message.VerifyPasscode, caller, _) in
             try await authority.verifyPasscode(caller, input)
         }
+        register(prefix + "SuspendPerson") { (input: Message.SuspendPerson, caller, _) in
+            Message.PersonReply(person: try await authority.suspendPerson(caller, input))
+        }
+        register(prefix + "ResumePerson") { (input: Message.Name, caller, _) in
+            Message.PersonReply(person: try await authority.resumePerson(caller, input.name))
+        }
         register(prefix + "BindAccount") { (input: Message.BindAccount, caller, _) in
             Message.PersonReply(person: try await authority.bindAccount(caller, input))
         }
@@ -128,7 +135,7 @@ public struct Dispatcher: Sendable {
             try await authority.enrollFinger(caller, input, sink: sink)
         }
         register(prefix + "ListFingers") { (input: Message.Name, caller, _) in
-            Message.Fingers(fingers: try await authority.listFingers(caller, input.name))
+            try await authority.listFingers(caller, input.name)
         }
         register(prefix + "RemoveFinger") { (input: Message.RemoveFinger, caller, _) in
             Message.Removed(removed: try await authority.removeFinger(caller, input))
@@ -158,6 +165,7 @@ public struct Dispatcher: Sendable {
             } else if parameters != nil, parameters != .null {
                 throw APIError.invalidParameter("parameters")
             }
+            if let parameters { try Self.checkText(parameters, path: "") }
             let input: Input
             do { input = try VarlinkCoding.decode(Input.self, from: parameters == .null ? nil : parameters) } catch {
                 throw APIError.invalidParameter(VarlinkCoding.parameterName(of: error))
@@ -166,6 +174,26 @@ public struct Dispatcher: Sendable {
             do { return try VarlinkCoding.encode(output) } catch {
                 throw APIError.own("InternalError", ["reason": .string("reply did not encode")])
             }
+        }
+    }
+
+    /// Refuses control and bidirectional-override characters in every string of a call's
+    /// parameters (names, display names, services, terminals, hosts, tickets ...) before the
+    /// method sees any of them: such a string is never stored, audited or logged. The error names
+    /// the field by its path, e.g. `context.service`.
+    static func checkText(_ value: JSONValue, path: String) throws(APIError) {
+        switch value {
+        case .string(let text):
+            do { try SafeText.check(text, field: path) } catch {
+                throw APIError.invalidInput(error.field, error.message)
+            }
+        case .array(let items):
+            for item in items { try checkText(item, path: path) }
+        case .object(let members):
+            for (key, member) in members {
+                try checkText(member, path: path.isEmpty ? SafeText.escaped(key) : path + "." + SafeText.escaped(key))
+            }
+        case .null, .bool, .number: break
         }
     }
 

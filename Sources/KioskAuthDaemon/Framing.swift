@@ -38,7 +38,10 @@ struct NULFrameDecoder: ByteToMessageDecoder {
 struct CallFinished: Sendable {}
 
 /// Closes a connection that has no call in progress for longer than the idle timeout, after
-/// telling the client why. A call in progress (an enrolment waiting for fingers) is never idle.
+/// telling the client why. A call in progress (an enrolment waiting for fingers) is never idle;
+/// but a client that does not read its replies is: once the connection's queued output stays
+/// over the high-water mark (the channel is not writable, so no further call is read) for
+/// `writeTimeout`, it is closed, calls in progress or not.
 final class IdleGuard: ChannelDuplexHandler, @unchecked Sendable {
     typealias InboundIn = ByteBuffer
     typealias InboundOut = ByteBuffer
@@ -48,12 +51,29 @@ final class IdleGuard: ChannelDuplexHandler, @unchecked Sendable {
     private let timeout: TimeAmount
     private let timeoutReply: ByteBuffer
     private var callsInProgress = 0
+    private let writeTimeout: TimeAmount
     private var timer: Scheduled<Void>?
+    private var stallTimer: Scheduled<Void>?
     private var closeWhenIdle = false
 
-    init(timeout: TimeAmount, timeoutReply: ByteBuffer) {
+    init(timeout: TimeAmount, writeTimeout: TimeAmount, timeoutReply: ByteBuffer) {
         self.timeout = timeout
+        self.writeTimeout = writeTimeout
         self.timeoutReply = timeoutReply
+    }
+
+    func channelWritabilityChanged(context: ChannelHandlerContext) {
+        if context.channel.isWritable {
+            stallTimer?.cancel()
+            stallTimer = nil
+        } else if stallTimer == nil {
+            let loopBound = NIOLoopBound(context, eventLoop: context.eventLoop)
+            stallTimer = context.eventLoop.scheduleTask(in: writeTimeout) {
+                // Nothing more can be written to a client that does not read: just close.
+                loopBound.value.close(promise: nil)
+            }
+        }
+        context.fireChannelWritabilityChanged()
     }
 
     func handlerAdded(context: ChannelHandlerContext) {
@@ -95,6 +115,8 @@ final class IdleGuard: ChannelDuplexHandler, @unchecked Sendable {
     func channelInactive(context: ChannelHandlerContext) {
         timer?.cancel()
         timer = nil
+        stallTimer?.cancel()
+        stallTimer = nil
         context.fireChannelInactive()
     }
 
@@ -103,8 +125,11 @@ final class IdleGuard: ChannelDuplexHandler, @unchecked Sendable {
         let loopBound = NIOLoopBound(context, eventLoop: context.eventLoop)
         let reply = timeoutReply
         timer = context.eventLoop.scheduleTask(in: timeout) {
+            // The reply goes to the kernel at once if there is room; the close never waits for a
+            // client that does not read.
             let context = loopBound.value
-            context.writeAndFlush(NIOAny(reply)).whenComplete { _ in loopBound.value.close(promise: nil) }
+            context.writeAndFlush(NIOAny(reply), promise: nil)
+            context.close(promise: nil)
         }
     }
 }

@@ -1,11 +1,12 @@
 import CKioskAuthSystem
 import Foundation
+import KioskAuthCore
 import KioskAuthProtocol
 public import Logging
-import NIOConcurrencyHelpers
 import NIOCore
 public import NIOPosix
 public import ServiceLifecycle
+import Synchronization
 
 #if canImport(Glibc)
     import Glibc
@@ -19,46 +20,57 @@ public enum ListenTarget: Sendable {
     case path(String)
 }
 
-/// Counts open connections, in total and per uid, and keeps them reachable for draining.
+/// Counts open connections, in total, for unprivileged callers and per uid, and keeps them
+/// reachable for draining. Unprivileged callers together may hold at most
+/// `maxTotal - reserved` connections, so that however many uids fill their share, root and the
+/// admin and authenticator groups (the greeter) still get in.
 final class ConnectionRegistry: Sendable {
     private struct State {
         var total = 0
+        var unprivileged = 0
         var perUID: [Int: Int] = [:]
-        var channels: [UInt64: any Channel] = [:]
+        var channels: [UInt64: (channel: any Channel, privileged: Bool)] = [:]
         var nextID: UInt64 = 1
         var draining = false
     }
-    private let state = NIOLockedValueBox(State())
+    private let state = Mutex(State())
     let maxTotal: Int
     let maxPerUID: Int
+    /// Connections unprivileged callers may hold together.
+    let maxUnprivileged: Int
 
-    init(maxTotal: Int, maxPerUID: Int) {
+    init(maxTotal: Int, maxPerUID: Int, reserved: Int) {
         self.maxTotal = maxTotal
         self.maxPerUID = maxPerUID
+        // At most half is reserved, so a small MaxConnections never shuts unprivileged callers out.
+        self.maxUnprivileged = maxTotal - min(reserved, maxTotal / 2)
     }
 
     enum Admission { case admitted(UInt64), rejected(limit: Int), draining }
 
     /// Admits a connection from `uid`, or says which limit it hit. Root is exempt from the
-    /// per-uid limit, not from the total.
-    func admit(uid: Int, channel: any Channel) -> Admission {
-        state.withLockedValue { state in
+    /// per-uid limit, not from the total; only privileged callers may use the reserved share.
+    func admit(uid: Int, privileged: Bool, channel: any Channel) -> Admission {
+        state.withLock { state in
             if state.draining { return .draining }
             if state.total >= maxTotal { return .rejected(limit: maxTotal) }
+            if !privileged, state.unprivileged >= maxUnprivileged { return .rejected(limit: maxUnprivileged) }
             if uid != 0, state.perUID[uid, default: 0] >= maxPerUID { return .rejected(limit: maxPerUID) }
             state.total += 1
+            if !privileged { state.unprivileged += 1 }
             state.perUID[uid, default: 0] += 1
             let id = state.nextID
             state.nextID += 1
-            state.channels[id] = channel
+            state.channels[id] = (channel, privileged)
             return .admitted(id)
         }
     }
 
     func release(id: UInt64, uid: Int) {
-        state.withLockedValue { state in
-            guard state.channels.removeValue(forKey: id) != nil else { return }
+        state.withLock { state in
+            guard let entry = state.channels.removeValue(forKey: id) else { return }
             state.total -= 1
+            if !entry.privileged { state.unprivileged -= 1 }
             state.perUID[uid, default: 1] -= 1
             if state.perUID[uid] == 0 { state.perUID[uid] = nil }
         }
@@ -66,16 +78,16 @@ final class ConnectionRegistry: Sendable {
 
     /// Stops admitting and asks every open connection to close once its current call is done.
     func drain() {
-        let channels = state.withLockedValue { state -> [any Channel] in
+        let channels = state.withLock { state -> [any Channel] in
             state.draining = true
-            return Array(state.channels.values)
+            return state.channels.values.map(\.channel)
         }
         for channel in channels {
             channel.triggerUserOutboundEvent(DrainRequest(), promise: nil)
         }
     }
 
-    var openConnections: Int { state.withLockedValue { $0.total } }
+    var openConnections: Int { state.withLock { $0.total } }
 }
 
 /// The varlink socket server: a `Service` that accepts until graceful shutdown, then lets calls
@@ -88,6 +100,8 @@ public final class VarlinkServer: Service, Sendable {
     private let logger: Logger
     private let group: MultiThreadedEventLoopGroup
     private let registry: ConnectionRegistry
+    /// Calls per second per unprivileged uid.
+    private let rateLimit: Mutex<RequestRateLimit>
     private let onListening: @Sendable () -> Void
 
     /// How long calls in progress may run after shutdown begins before they are cancelled.
@@ -105,7 +119,9 @@ public final class VarlinkServer: Service, Sendable {
         self.logger = logger
         self.onListening = onListening
         self.registry = ConnectionRegistry(
-            maxTotal: configuration.maxConnections, maxPerUID: configuration.maxConnectionsPerUID)
+            maxTotal: configuration.maxConnections, maxPerUID: configuration.maxConnectionsPerUID,
+            reserved: configuration.reservedConnections)
+        self.rateLimit = Mutex(RequestRateLimit(rate: configuration.requestsPerSecondPerUID))
     }
 
     struct Connection: Sendable {
@@ -119,20 +135,33 @@ public final class VarlinkServer: Service, Sendable {
         let idleSeconds = Int(configuration.idleTimeout)
         let idleReply = Self.encode(APIError.idleTimeout(idleSeconds))
         let idleTimeout = TimeAmount.milliseconds(Int64(configuration.idleTimeout * 1000))
+        // A reply nobody reads counts as idle: the connection closes once its output has been
+        // stuck over the high-water mark for the write timeout or the idle timeout.
+        let writeTimeout = TimeAmount.milliseconds(
+            Int64(min(configuration.writeTimeout, configuration.idleTimeout) * 1000))
         let registry = self.registry
+        let authority = self.authority
 
         let bootstrap = ServerBootstrap(group: group)
             .serverChannelOption(.backlog, value: 128)
             .childChannelOption(.allowRemoteHalfClosure, value: false)
+            .childChannelOption(
+                .writeBufferWaterMark,
+                value: .init(
+                    low: DaemonConfiguration.Socket.outputHighWaterMark / 2,
+                    high: DaemonConfiguration.Socket.outputHighWaterMark))
 
         let initializer: @Sendable (any Channel) -> EventLoopFuture<Connection> = { channel in
             Self.peerCredentials(of: channel).flatMapThrowing { caller in
                 let admission: ConnectionRegistry.Admission =
-                    caller.map { registry.admit(uid: $0.uid, channel: channel) } ?? .rejected(limit: 0)
+                    caller.map {
+                        registry.admit(uid: $0.uid, privileged: authority.isPrivileged($0), channel: channel)
+                    } ?? .rejected(limit: 0)
                 try channel.pipeline.syncOperations.addHandler(
                     ByteToMessageHandler(NULFrameDecoder(maximumSize: maximumSize)))
                 try channel.pipeline.syncOperations.addHandler(
-                    IdleGuard(timeout: idleTimeout, timeoutReply: ByteBuffer(bytes: idleReply)))
+                    IdleGuard(
+                        timeout: idleTimeout, writeTimeout: writeTimeout, timeoutReply: ByteBuffer(bytes: idleReply)))
                 let asyncChannel = try NIOAsyncChannel<ByteBuffer, ByteBuffer>(wrappingChannelSynchronously: channel)
                 var identified = caller
                 if case .admitted(let id) = admission { identified?.connectionID = id }
@@ -265,6 +294,13 @@ public final class VarlinkServer: Service, Sendable {
         await authority.connectionClosed(connectionID)
     }
 
+    /// Takes a token from the caller's bucket; nil when the call may go ahead, else the seconds
+    /// until it may retry.
+    private func takeToken(_ caller: Caller) -> Double? {
+        let now = Double(DispatchTime.now().uptimeNanoseconds) / 1e9
+        return rateLimit.withLock { $0.take(uid: caller.uid, now: now) }
+    }
+
     /// Handles one message; returns false when the connection must close.
     private func handle(
         frame: ByteBuffer, caller: Caller, outbound: NIOAsyncChannelOutboundWriter<ByteBuffer>, logger: Logger
@@ -283,6 +319,14 @@ public final class VarlinkServer: Service, Sendable {
         if call.upgrade == true {
             try? await outbound.write(ByteBuffer(bytes: Self.encode(.malformed("protocol upgrades are not supported"))))
             return false
+        }
+        if !authority.isPrivileged(caller), let retryAfter = takeToken(caller) {
+            authority.tallyRefusal(caller, action: "rate-limited", rateLimited: true)
+            if call.oneway != true {
+                let error = APIError.rateLimited(configuration.requestsPerSecondPerUID, retryAfter: retryAfter)
+                try? await outbound.write(ByteBuffer(bytes: Self.encode(error)))
+            }
+            return true
         }
         let oneway = call.oneway == true
         let wantsMore = call.more == true && !oneway

@@ -158,7 +158,7 @@ final class Engine: @unchecked Sendable {
         assert(loop.isCurrent, "libfprint must only be used on the reader thread")
     }
 
-    /// The reader operations use: the first usable one, in discovery order.
+    /// The reader operations use when they name none: the first usable one, in discovery order.
     private var activeReader: Reader? { readers.first(where: \.isUsable) }
 
     // MARK: - Discovery and hotplug
@@ -371,13 +371,32 @@ final class Engine: @unchecked Sendable {
         for body in waiting { body() }
     }
 
-    /// The reader to run on, or why there is none.
-    private func readerForOperation() -> Result<Reader, FingerprintError> {
+    /// The reader to run on (the one with id `id`, or else the first usable one), or why there
+    /// is none. A named reader that is no longer attached counts as removed.
+    private func readerForOperation(_ id: String?) -> Result<Reader, FingerprintError> {
         if isShuttingDown { return .failure(FingerprintError(.cancelled, "the reader service is shutting down")) }
+        if let id {
+            guard let reader = readers.first(where: { $0.isUsable && $0.info.id == id }) else {
+                return .failure(FingerprintError(.removed, "the fingerprint reader \(id) is not attached"))
+            }
+            return .success(reader)
+        }
         guard let reader = activeReader else {
             return .failure(FingerprintError(.noReader, "no fingerprint reader is attached"))
         }
         return .success(reader)
+    }
+
+    /// The id of the reader (``ReaderInfo/id``: driver and device id) each template was enrolled
+    /// on, whether or not that reader is attached; nil for a template that cannot be decoded. A
+    /// template can be used only on the reader with that id (libfprint's `fp_print_compatible`).
+    func readerIDs(of templates: [[UInt8]]) -> [String?] {
+        assertOnLoop()
+        return templates.map { template in
+            guard case .success(let print) = Self.deserialize(template) else { return nil }
+            defer { g_object_unref(gpointer(print)) }
+            return "\(string(from: fp_print_get_driver(print))):\(string(from: fp_print_get_device_id(print)))"
+        }
     }
 
     /// A deserialised print (a full reference) usable on `reader`.
@@ -408,12 +427,14 @@ final class Engine: @unchecked Sendable {
         return FingerprintError(.fingerAlreadyPresent, FingerprintError.RetryHint.liftFirst)
     }
 
-    func verify(template: [UInt8], control: ScanControl, completion: @escaping Completion<Bool>) {
+    func verify(
+        template: [UInt8], readerID: String?, control: ScanControl, completion: @escaping Completion<Bool>
+    ) {
         assertOnLoop()
         let reader: Reader
         let print: OpaquePointer
         do {
-            reader = try readerForOperation().get()
+            reader = try readerForOperation(readerID).get()
             print = try self.print(from: template, for: reader).get()
         } catch {
             return completion(.failure(error))
@@ -458,13 +479,13 @@ final class Engine: @unchecked Sendable {
     /// not wait for that. The device finishes meanwhile; operations started then wait for it
     /// (``whenDeviceIdle(_:)``).
     func identify(
-        gallery: [GalleryEntry], layout: IdentifyLayout = .full, answerAtReport: Bool = true, control: ScanControl,
-        completion: @escaping Completion<MatchResult>
+        gallery: [GalleryEntry], layout: IdentifyLayout = .full, answerAtReport: Bool = true, readerID: String?,
+        control: ScanControl, completion: @escaping Completion<MatchResult>
     ) {
         assertOnLoop()
         let reader: Reader
         do {
-            reader = try readerForOperation().get()
+            reader = try readerForOperation(readerID).get()
         } catch {
             return completion(.failure(error))
         }
@@ -600,13 +621,13 @@ final class Engine: @unchecked Sendable {
     }
 
     func enroll(
-        finger: Finger, username: String, duplicateGallery: [GalleryEntry], control: ScanControl,
+        finger: Finger, username: String, duplicateGallery: [GalleryEntry], readerID: String?, control: ScanControl,
         emit: @escaping @Sendable (EnrollEvent) -> Void, completion: @escaping Completion<[UInt8]>
     ) {
         assertOnLoop()
         let reader: Reader
         do {
-            reader = try readerForOperation().get()
+            reader = try readerForOperation(readerID).get()
         } catch {
             return completion(.failure(error))
         }
@@ -624,11 +645,14 @@ final class Engine: @unchecked Sendable {
         }
         emit(.progress(stage: 0, of: stages, hint: EnrollHint.checkingForDuplicates))
         // The enrolment touches follow on the device: take the result when the operation ends.
-        identify(gallery: duplicateGallery, answerAtReport: false, control: control) { [self] result in
+        identify(gallery: duplicateGallery, answerAtReport: false, readerID: reader.info.id, control: control) {
+            [self] result in
             switch result {
-            case .success(.match):
+            case .success(.match(let id)):
                 logger.notice("enroll refused: finger already enrolled", metadata: ["finger": "\(finger.rawValue)"])
-                completion(.failure(FingerprintError(.duplicate, "this finger is already enrolled")))
+                var error = FingerprintError(.duplicate, "this finger is already enrolled")
+                error.matchedID = id
+                completion(.failure(error))
             case .success(.noMatch):
                 enrollTouches(
                     finger: finger, username: username, reader: reader, control: control, emit: emit,
@@ -671,11 +695,13 @@ final class Engine: @unchecked Sendable {
             }.retainedPointer())
     }
 
-    func deleteFromSensor(template: [UInt8], control: ScanControl, completion: @escaping Completion<Void>) {
+    func deleteFromSensor(
+        template: [UInt8], readerID: String?, control: ScanControl, completion: @escaping Completion<Void>
+    ) {
         assertOnLoop()
         let reader: Reader
         do {
-            reader = try readerForOperation().get()
+            reader = try readerForOperation(readerID).get()
         } catch {
             return completion(.failure(error))
         }
@@ -706,11 +732,11 @@ final class Engine: @unchecked Sendable {
             }.retainedPointer())
     }
 
-    func sensorPrints(control: ScanControl, completion: @escaping Completion<[[UInt8]]>) {
+    func sensorPrints(readerID: String?, control: ScanControl, completion: @escaping Completion<[[UInt8]]>) {
         assertOnLoop()
         let reader: Reader
         do {
-            reader = try readerForOperation().get()
+            reader = try readerForOperation(readerID).get()
         } catch {
             return completion(.failure(error))
         }

@@ -14,6 +14,9 @@ public struct FingerprintError: Error, Sendable, CustomStringConvertible {
     public var file: String
     /// The source line that raised the error.
     public var line: Int
+    /// For ``Code-swift.enum/duplicate`` found by the identify touch: the id of the gallery entry
+    /// the touch matched (``GalleryEntry/id``); nil when the sensor itself refused the print.
+    public var matchedID: String?
 
     /// The kinds of failure.
     public enum Code: String, Sendable {

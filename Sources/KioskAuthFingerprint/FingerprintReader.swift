@@ -13,6 +13,8 @@ import Synchronization
 /// **One operation at a time.** Operations are serialised: a caller that arrives while another
 /// operation runs *waits* its turn (first come, first served) rather than failing with `.busy`;
 /// its own cancellation applies while it waits. The wait is not part of the scan timeout.
+/// verify and identify report where they stand (`ScanPhase`): waiting for the reader, then
+/// owning it, so that a caller asks for a finger only when the touch will be its own.
 ///
 /// **Answers at the match report.** verify and identify return as soon as libfprint reports
 /// the match; image sensors finish the operation only once the finger is lifted, and the next
@@ -22,9 +24,12 @@ import Synchronization
 /// stream) cancels the scan through its `GCancellable` and throws `.cancelled`. Each touch has
 /// `Configuration.scanTimeout`; when it passes the scan is cancelled and `.timeout` is thrown.
 ///
-/// **Readers.** Operations use the first usable reader (``readers``' first element). With none,
-/// they throw `.noReader` at once. A reader unplugged mid-scan ends that operation with
-/// `.removed`; a reader plugged in later is opened and used.
+/// **Readers.** Each operation takes the id of the reader to run on (``ReaderInfo/id``); given
+/// none, it uses the first usable reader (``readers``' first element). With none, they throw
+/// `.noReader` at once; a named reader that is not attached (any more) throws `.removed`. A
+/// reader unplugged mid-scan ends that operation with `.removed`; a reader plugged in later is
+/// opened and used. A template works only on the reader it was enrolled on: see
+/// ``readerIDs(of:)``. Operations are serialised across all readers.
 ///
 /// **Fresh touches.** verify and identify (including enrolment's duplicate check) refuse a
 /// result whose scan began with a finger already on the sensor (`.fingerAlreadyPresent`),
@@ -107,7 +112,7 @@ public final class FingerprintReader: Sendable {
         logger.debug("fingerprint reader service stopped")
     }
 
-    /// The usable readers, in discovery order; operations use the first.
+    /// The usable readers, in discovery order; operations that name no reader use the first.
     public var readers: [ReaderInfo] {
         get async { hub.readers }
     }
@@ -133,16 +138,16 @@ public final class FingerprintReader: Sendable {
     /// Readers that detect duplicates themselves may also end the stream with `.duplicate`.
     /// Terminating the stream (or cancelling its consumer) cancels the enrolment.
     public func enroll(
-        finger: Finger, username: String, duplicateGallery: [GalleryEntry]
+        finger: Finger, username: String, duplicateGallery: [GalleryEntry], reader readerID: String? = nil
     )
         -> AsyncThrowingStream<EnrollEvent, any Error>
     {
         let (stream, continuation) = AsyncThrowingStream.makeStream(of: EnrollEvent.self)
         let task = Task { [self] in
             do {
-                let template = try await runOperation { engine, control, completion in
+                let template = try await runOperation(on: readerID) { engine, control, completion in
                     engine.enroll(
-                        finger: finger, username: username, duplicateGallery: duplicateGallery,
+                        finger: finger, username: username, duplicateGallery: duplicateGallery, readerID: readerID,
                         control: control, emit: { continuation.yield($0) }, completion: completion)
                 }
                 continuation.yield(.completed(template: template))
@@ -156,9 +161,13 @@ public final class FingerprintReader: Sendable {
     }
 
     /// Scans once and compares the touch with `template` (1:1). Returns whether it matched.
-    public func verify(template: [UInt8]) async throws -> Bool {
-        try await runOperation { engine, control, completion in
-            engine.verify(template: template, control: control, completion: completion)
+    /// `phase` hears `.waitingForReader` (only when another operation holds the reader) and then
+    /// `.readyForTouch`, before the scan starts.
+    public func verify(
+        template: [UInt8], reader readerID: String? = nil, phase: (@Sendable (ScanPhase) async -> Void)? = nil
+    ) async throws -> Bool {
+        try await runOperation(on: readerID, phase: phase) { engine, control, completion in
+            engine.verify(template: template, readerID: readerID, control: control, completion: completion)
         }
     }
 
@@ -166,27 +175,31 @@ public final class FingerprintReader: Sendable {
     /// orders by recency and caps the size) and laid out by `layout`; the first entry above the
     /// match threshold wins. Entries whose template cannot be used on this reader are skipped (and
     /// logged by id). Decoded templates are kept for the next identify with the same layout.
-    /// Throws `.notSupported` on readers that cannot identify.
-    public func identify(gallery: [GalleryEntry], layout: IdentifyLayout = .full) async throws -> MatchResult {
-        try await runOperation { engine, control, completion in
-            engine.identify(gallery: gallery, layout: layout, control: control, completion: completion)
+    /// Throws `.notSupported` on readers that cannot identify. `phase` as for ``verify(template:phase:)``.
+    public func identify(
+        gallery: [GalleryEntry], layout: IdentifyLayout = .full, reader readerID: String? = nil,
+        phase: (@Sendable (ScanPhase) async -> Void)? = nil
+    ) async throws -> MatchResult {
+        try await runOperation(on: readerID, phase: phase) { engine, control, completion in
+            engine.identify(
+                gallery: gallery, layout: layout, readerID: readerID, control: control, completion: completion)
         }
     }
 
     /// Deletes the print `template` refers to from the sensor's own storage. A print already
     /// absent counts as deleted. Does nothing on readers without storage.
-    public func deleteFromSensor(template: [UInt8]) async throws {
-        try await runOperation { engine, control, completion in
-            engine.deleteFromSensor(template: template, control: control, completion: completion)
+    public func deleteFromSensor(template: [UInt8], reader readerID: String? = nil) async throws {
+        try await runOperation(on: readerID) { engine, control, completion in
+            engine.deleteFromSensor(template: template, readerID: readerID, control: control, completion: completion)
         }
     }
 
     /// The prints stored on the sensor (as templates), for reconciling with the store at start.
     /// Empty on readers without storage; `.notSupported` on storage readers that cannot list.
     /// Compare entries with stored templates using ``isSamePrint(_:_:)``, not byte equality.
-    public func sensorPrints() async throws -> [[UInt8]] {
-        try await runOperation { engine, control, completion in
-            engine.sensorPrints(control: control, completion: completion)
+    public func sensorPrints(reader readerID: String? = nil) async throws -> [[UInt8]] {
+        try await runOperation(on: readerID) { engine, control, completion in
+            engine.sensorPrints(readerID: readerID, control: control, completion: completion)
         }
     }
 
@@ -199,14 +212,33 @@ public final class FingerprintReader: Sendable {
         }
     }
 
+    /// The id of the reader (``ReaderInfo/id``) each template was enrolled on, attached or not;
+    /// nil for a template that cannot be decoded. A template is usable only on the reader with
+    /// that id. Needs no touch and no reader.
+    public func readerIDs(of templates: [[UInt8]]) async -> [String?] {
+        guard lifecycle.withLock({ $0 == .running }), !templates.isEmpty else {
+            return templates.map { _ in nil }
+        }
+        return await withCheckedContinuation { continuation in
+            loop.perform { [engine] in continuation.resume(returning: engine.readerIDs(of: templates)) }
+        }
+    }
+
     /// Runs one operation on the loop thread, serialised, cancellable from the awaiting task.
     private func runOperation<Value: Sendable>(
+        on readerID: String? = nil,
+        phase: (@Sendable (ScanPhase) async -> Void)? = nil,
         _ start: @escaping @Sendable (Engine, ScanControl, @escaping Engine.Completion<Value>) -> Void
     ) async throws -> Value {
-        try ensureReaderPresent()
-        try await gate.acquire(closedError: FingerprintError(.noReader, "the reader service is not running"))
+        try ensureReaderPresent(readerID)
+        let notRunning = FingerprintError(.noReader, "the reader service is not running")
+        if try !gate.tryAcquire(closedError: notRunning) {
+            await phase?(.waitingForReader)
+            try await gate.acquire(closedError: notRunning)
+        }
         defer { gate.release() }
-        try ensureReaderPresent()
+        try ensureReaderPresent(readerID)
+        await phase?(.readyForTouch)
         let control = ScanControl()
         return try await withTaskCancellationHandler {
             try await withCheckedThrowingContinuation { (continuation: CheckedContinuation<Value, any Error>) in
@@ -222,12 +254,16 @@ public final class FingerprintReader: Sendable {
     }
 
     /// Fails fast, without queueing, when nothing could serve the operation.
-    private func ensureReaderPresent() throws {
+    private func ensureReaderPresent(_ readerID: String?) throws {
         guard lifecycle.withLock({ $0 == .running }) else {
             throw FingerprintError(.noReader, "the reader service is not running")
         }
-        guard !hub.readers.isEmpty else {
+        let readers = hub.readers
+        guard !readers.isEmpty else {
             throw FingerprintError(.noReader, "no fingerprint reader is attached")
+        }
+        if let readerID, !readers.contains(where: { $0.id == readerID }) {
+            throw FingerprintError(.removed, "the fingerprint reader \(readerID) is not attached")
         }
     }
 }

@@ -68,6 +68,20 @@ final class OperationGate: Sendable {
         state.withLock { _ = $0.cancelledBeforeWaiting.remove(id) }
     }
 
+    /// Takes the gate if nobody holds it or waits for it: true when taken (the caller releases
+    /// it), false when the caller would have to wait; throws `closedError` once closed.
+    func tryAcquire(closedError: @autoclosure () -> FingerprintError) throws -> Bool {
+        let closed = closedError()
+        let outcome = state.withLock { state -> Bool? in
+            if state.isClosed { return nil }
+            if state.isHeld || !state.waiters.isEmpty { return false }
+            state.isHeld = true
+            return true
+        }
+        guard let outcome else { throw closed }
+        return outcome
+    }
+
     /// Hands the gate to the next waiter, or frees it.
     func release() {
         let next = state.withLock { state -> Waiter? in

@@ -12,7 +12,7 @@ final class ReaderHub: Sendable {
 
     private let state = Mutex(State())
 
-    /// The usable readers, in discovery order; operations use the first.
+    /// The usable readers, in discovery order; operations that name no reader use the first.
     var readers: [ReaderInfo] { state.withLock { $0.readers } }
 
     /// A new stream that first replays `.added` for each present reader, then follows hotplug.

@@ -22,6 +22,16 @@ public enum Finger: String, CaseIterable, Codable, Sendable {
     case rightLittle = "right-little"
 }
 
+/// Where a verify or identify stands before its touch: queued behind another operation, or owning
+/// the reader (a touch now is its touch). Reported to the caller so that it prompts for a finger
+/// only once the touch can be its own.
+public enum ScanPhase: Sendable, Equatable {
+    /// Another operation holds the reader; this one waits its turn.
+    case waitingForReader
+    /// This operation owns the reader and waits for a finger.
+    case readyForTouch
+}
+
 /// What the daemon needs to know about one attached reader.
 public struct ReaderInfo: Sendable, Codable, Equatable {
     /// Identifies the reader among those attached now: its driver and libfprint's device id.

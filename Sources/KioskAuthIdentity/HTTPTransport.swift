@@ -14,7 +14,8 @@ struct HTTPRequest: Sendable {
     var body: Data?
 
     static func get(_ url: URL, headers: [String: String] = [:]) -> HTTPRequest {
-        HTTPRequest(method: "GET", url: url, headers: headers.merging(["Accept": "application/json"]) { a, _ in a }, body: nil)
+        HTTPRequest(
+            method: "GET", url: url, headers: headers.merging(["Accept": "application/json"]) { a, _ in a }, body: nil)
     }
 
     static func postForm(_ url: URL, _ fields: [(String, String)], headers: [String: String] = [:]) -> HTTPRequest {
@@ -270,7 +271,8 @@ private final class Exchange: Sendable {
         default:
             if sent {
                 return IdentityError(
-                    .connectionLost, "the connection to the identity provider broke after the request was sent (\(reason))",
+                    .connectionLost,
+                    "the connection to the identity provider broke after the request was sent (\(reason))",
                     isAmbiguous: true, underlying: error)
             }
             return IdentityError(.unreachable, "cannot reach the identity provider (\(reason))", underlying: error)

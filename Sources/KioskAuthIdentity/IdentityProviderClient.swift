@@ -285,7 +285,8 @@ public actor IdentityProviderClient: IdentityProvider {
                 guard let typedName else {
                     throw IdentityError(
                         .notAdmitted,
-                        "the provider sent no email address (neither in a token nor from userinfo); the device login needs an email claim: grant the email scope or have the provider publish the email")
+                        "the provider sent no email address (neither in a token nor from userinfo); the device login needs an email claim: grant the email scope or have the provider publish the email"
+                    )
                 }
                 identity.email = typedName
                 identity.emailSource = "login-name"
@@ -405,7 +406,9 @@ public actor IdentityProviderClient: IdentityProvider {
 
     /// OIDC Core 5.3: the claims the userinfo endpoint returns for the access token (JSON only;
     /// a signed userinfo response is not accepted).
-    private func userinfoClaims(_ accessToken: OAuthToken, endpoints: ResolvedEndpoints) async throws
+    private func userinfoClaims(
+        _ accessToken: OAuthToken, endpoints: ResolvedEndpoints
+    ) async throws
         -> IdentityClaims
     {
         guard let url = endpoints.userinfo else {
@@ -417,7 +420,8 @@ public actor IdentityProviderClient: IdentityProvider {
             throw ProviderResponses.error(for: response, context: .userinfo, dialect: .oidc)
         }
         guard let object = JSONValue.parseObject(response.body) else {
-            throw IdentityError(.invalidResponse, "the userinfo answer is not a JSON object (signed userinfo is not supported)")
+            throw IdentityError(
+                .invalidResponse, "the userinfo answer is not a JSON object (signed userinfo is not supported)")
         }
         guard let subject = object["sub"]?.stringValue, !subject.isEmpty else {
             throw IdentityError(.invalidResponse, "the userinfo answer has no sub")

@@ -46,6 +46,10 @@ type Person (
   hasPasscode: bool,
   # Enrolled fingers by name (right-index, ...).
   fingers: []string,
+  # Enrolled fingers that the reader's on-sensor storage did not hold when the daemon last
+  # checked it (at start, or when the reader appeared): they cannot match until enrolled again.
+  # Absent when every finger is on the sensor, or the reader keeps no prints.
+  fingersMissingFromSensor: ?[]string,
   # Consecutive failed passcode attempts.
   passcodeFailures: int,
   # Passcode attempts are refused until this time (RFC 3339), when delayed.
@@ -71,7 +75,8 @@ type Person (
 
 # A fingerprint reader the daemon can use.
 type Reader (
-  # libfprint's device id.
+  # Identifies the reader: libfprint's driver and device id ("virtual_image:0"). A print is
+  # usable only on the reader it was enrolled on.
   id: string,
   # libfprint driver name, e.g. "elan", "virtual_image".
   driver: string,
@@ -89,14 +94,18 @@ type Reader (
 
 # Progress of a scan, streamed to callers that set "more".
 type ScanProgress (
-  # "touch" (waiting for a finger), "stage" (an enrolment touch was taken), "retry" (the
-  # touch was not usable: see hint), "duplicate-check" (an identify touch before enrolment).
+  # "wait" (VerifyFinger, Identify: another login holds the reader; this scan is queued and
+  # must not ask for a touch yet), "touch" (waiting for a finger; sent only once the scan owns
+  # the reader), "stage" (an enrolment touch was taken), "retry" (the touch was not usable: see
+  # hint), "duplicate-check" (an identify touch before enrolment).
   state: string,
   # Enrolment stage reached, from 0.
   stage: ?int,
   # Enrolment stages in all.
   stages: ?int,
-  # What to tell the person, e.g. "Touch the fingerprint reader", "centre your finger".
+  # What to tell the person, e.g. "Touch the fingerprint reader" (with several readers
+  # attached, naming the one to touch: "Touch the fingerprint reader (NAME)"), "centre your
+  # finger".
   hint: ?string
 )
 
@@ -234,6 +243,20 @@ method BindAccount(
   uid: ?int
 ) -> (person: Person)
 
+# Suspend a person (admin): every authentication of theirs is refused, their sessions end and
+# their tickets die, until an admin resumes them. Their secrets are kept.
+method SuspendPerson(
+  # Login name.
+  name: string,
+  # Why, for the audit trail and the person's refusal message (default "suspended by an admin").
+  reason: ?string
+) -> (person: Person)
+
+# Make a person suspended by an admin active again (admin). A person from the identity provider
+# who was suspended because the provider refused their token resumes only by signing in online
+# (InvalidInput here).
+method ResumePerson(name: string) -> (person: Person)
+
 # Show one person (admin, or the person bound to the caller's uid).
 method GetPerson(name: string) -> (person: Person)
 
@@ -280,7 +303,9 @@ method GetAudit(
   # Only events after this sequence number.
   after: ?int,
   # At most this many events (default 1000).
-  limit: ?int
+  limit: ?int,
+  # The newest limit events (after after, when given) rather than the oldest; still oldest first.
+  newest: ?bool
 ) -> (events: []AuditEvent)
 
 # Check the audit trail's HMAC chain (admin), and that it still reaches the head recorded in the
@@ -314,7 +339,10 @@ method EnrollFinger(
   # Which finger: left-thumb ... right-little; default right-index.
   finger: ?string,
   # Self-service only: the ticket a fresh authentication returned on this connection.
-  ticket: ?string
+  ticket: ?string,
+  # The attached reader to enrol on (a GetReaders id); default the first. A print works only
+  # on the reader it was enrolled on.
+  reader: ?string
 ) -> (
   # Progress, when this is not the final reply.
   progress: ?ScanProgress,
@@ -332,7 +360,12 @@ method EnrollFinger(
 )
 
 # A person's enrolled fingers (admin, or the person themself).
-method ListFingers(name: string) -> (fingers: []string)
+method ListFingers(name: string) -> (
+  # Enrolled fingers by name (right-index, ...).
+  fingers: []string,
+  # Those of fingers the reader's on-sensor storage lacks (see Person.fingersMissingFromSensor).
+  missingFromSensor: ?[]string
+)
 
 # Remove one finger, or all of a person's fingers, including copies on the sensor (admin).
 method RemoveFinger(
@@ -343,14 +376,15 @@ method RemoveFinger(
 ) -> (removed: []string)
 
 # Scan once and match a named person (1:1). Callers in the kioskauth group (or root) may
-# verify anyone; others only themselves. With "more", streams a "touch" prompt first.
+# verify anyone; others only themselves. With "more", streams a "touch" prompt once the scan owns
+# the reader (a "wait" notice first when another login holds it).
 method VerifyFinger(
   # Login name.
   name: string,
   # What the PAM module knows about the login being served.
   context: ?CallerContext
 ) -> (
-  # A "touch" prompt, when this is not the final reply.
+  # A "wait" or "touch" prompt, when this is not the final reply.
   progress: ?ScanProgress,
   # The person matched, on the final reply.
   person: ?Person,
@@ -366,7 +400,7 @@ method Identify(
   # What the PAM module knows about the login being served.
   context: ?CallerContext
 ) -> (
-  # A "touch" prompt, when this is not the final reply.
+  # A "wait" or "touch" prompt, when this is not the final reply.
   progress: ?ScanProgress,
   # The person recognised, on the final reply.
   person: ?Person,
@@ -517,8 +551,15 @@ error MessageTooLarge (limit: int)
 # The request was not a valid varlink message; the connection is closed.
 error MalformedMessage (reason: string)
 
-# Too many connections, in total or from the caller's uid; the connection is closed.
+# Too many connections, in total, from unprivileged callers together (some are reserved for
+# root and the admin and authenticator groups) or from the caller's uid; the connection is
+# closed.
 error TooManyConnections (limit: int)
+
+# The caller's uid made more than `limit` calls per second (root and the admin and
+# authenticator groups are exempt); the call was not run. Retry after `retryAfter` seconds. The
+# connection stays open.
+error RateLimited (limit: int, retryAfter: float)
 
 # The connection sent nothing for too long; it is closed.
 error IdleTimeout (seconds: int)
@@ -551,7 +592,9 @@ error FingerprintPaused (retryAfterSeconds: int)
 error NoFingers (name: string)
 
 # That finger is already enrolled (to this person or, where the reader can tell, anyone).
-error FingerAlreadyEnrolled (finger: string)
+# finger names the enrolled finger the touch matched ("" when the reader did not say), and name
+# its owner when the caller may know it (an admin, or the owner themself).
+error FingerAlreadyEnrolled (finger: string, name: ?string)
 
 # A person may enrol at most max fingers.
 error TooManyFingers (max: int)
@@ -648,6 +691,20 @@ type PersonConnectivity (
   lastContactAt: ?string,
   # Why local unlock is suspended, when it is.
   suspendedReason: ?string
+)
+
+# How many identity-provider people are in each offline-window state (see PersonConnectivity).
+type WindowCounts (
+  # Within their offline window.
+  open: int,
+  # Their window has ended: they must sign in online.
+  expired: int,
+  # Their window ended because the clock went backwards.
+  clockWentBackwards: int,
+  # Their local unlock is suspended.
+  suspended: int,
+  # Never signed in online on this terminal.
+  never: int
 )
 
 # One event of the Subscribe stream.
@@ -763,9 +820,14 @@ method SetBiometricOffer(
 ) -> (person: Person)
 
 # The terminal's connectivity with the identity provider, for a calm offline indicator.
-# Everyone may ask; the per-person list holds everyone only for root, the kioskauth and
-# kioskauth-admin groups, otherwise only the caller's own person.
-method GetConnectivity() -> (
+# Everyone may ask. Without `people: true` the answer names nobody: root, the kioskauth and
+# kioskauth-admin groups get the aggregate `windows`, anyone else only the terminal's state.
+# With it, the per-person list holds everyone for admins (root and kioskauth-admin), otherwise
+# only the caller's own person (whose uid is bound to theirs), if any.
+method GetConnectivity(
+  # Include the per-person list (kioskauthctl status asks).
+  people: ?bool
+) -> (
   # Whether an identity provider is configured.
   identityProvider: bool,
   # "online" (the provider answered last time), "offline" (it did not) or "unknown" (not asked yet).
@@ -778,8 +840,10 @@ method GetConnectivity() -> (
   circuit: string,
   # The configured offline window in seconds.
   offlineWindowSeconds: int,
-  # Identity-provider people and their windows.
+  # Identity-provider people and their windows: empty unless `people: true` was asked (see above).
   people: []PersonConnectivity,
+  # How many identity-provider people are in each window state (root, kioskauth, kioskauth-admin).
+  windows: ?WindowCounts,
   # Revocations queued for delivery.
   outboxPending: int,
   # The last delivery from the queue (RFC 3339).
@@ -904,6 +968,12 @@ error UnknownRole (reason: string)
 # The identity provider could not be reached, did not answer in time, or failed. Try again
 # later; local unlock is unaffected.
 error IdentityProviderUnavailable (reason: string)
+
+# The identity provider authenticated an email that belongs to a person pinned to another
+# subject (`sub`): the account was recreated or renamed at the provider. Refused, so the new
+# account does not take over the old person; an administrator removes the old person `name`
+# first if that is meant.
+error SubjectChanged (name: string, reason: string)
 
 # The identity provider refused this terminal's request or sent something unusable (client
 # credentials, configuration, a token that does not validate). The journal has the details.

@@ -54,6 +54,28 @@ public struct PersonConnectivity: Codable, Sendable, Equatable {
     }
 }
 
+/// How many identity-provider people are in each offline-window state.
+public struct WindowCounts: Codable, Sendable, Equatable {
+    public var open = 0
+    public var expired = 0
+    public var clockWentBackwards = 0
+    public var suspended = 0
+    public var never = 0
+
+    public init() {}
+
+    /// Counts one person in `window` (a ``PersonConnectivity/window`` value).
+    public mutating func count(_ window: String) {
+        switch window {
+        case "open": open += 1
+        case "expired": expired += 1
+        case "clock-went-backwards": clockWentBackwards += 1
+        case "suspended": suspended += 1
+        default: never += 1
+        }
+    }
+}
+
 /// One event of the `Subscribe` stream.
 public struct EventRecord: Codable, Sendable, Equatable {
     public var kind: String
@@ -159,6 +181,12 @@ extension Message {
         }
     }
 
+    public struct GetConnectivity: Codable, Sendable {
+        /// Include the per-person list.
+        public var people: Bool?
+        public init(people: Bool? = nil) { self.people = people }
+    }
+
     public struct Connectivity: Codable, Sendable {
         public var identityProvider: Bool
         public var state: String
@@ -167,14 +195,16 @@ extension Message {
         public var circuit: String
         public var offlineWindowSeconds: Int
         public var people: [PersonConnectivity]
+        public var windows: WindowCounts?
         public var outboxPending: Int
         public var lastDeliveryAt: String?
         public var lastDeliveryError: String?
         public init(
             identityProvider: Bool, state: String, since: String?, lastContactAt: String?, circuit: String,
-            offlineWindowSeconds: Int, people: [PersonConnectivity], outboxPending: Int, lastDeliveryAt: String?,
-            lastDeliveryError: String?
+            offlineWindowSeconds: Int, people: [PersonConnectivity], windows: WindowCounts? = nil, outboxPending: Int,
+            lastDeliveryAt: String?, lastDeliveryError: String?
         ) {
+            self.windows = windows
             self.identityProvider = identityProvider
             self.state = state
             self.since = since

@@ -12,6 +12,8 @@ public struct PersonRecord: Codable, Sendable, Equatable {
     public var uid: Int?
     public var hasPasscode: Bool
     public var fingers: [String]
+    /// Enrolled fingers the reader's on-sensor storage lacked at its last check; nil when none.
+    public var fingersMissingFromSensor: [String]? = nil
     public var passcodeFailures: Int
     public var passcodeLockedUntil: String?
     public var passcodeHardLocked: Bool
@@ -158,6 +160,15 @@ public enum Message {
         }
     }
 
+    public struct SuspendPerson: Codable, Sendable {
+        public var name: String
+        public var reason: String?
+        public init(name: String, reason: String?) {
+            self.name = name
+            self.reason = reason
+        }
+    }
+
     public struct BindAccount: Codable, Sendable {
         public var name: String
         public var uid: Int?
@@ -215,9 +226,12 @@ public enum Message {
     public struct GetAudit: Codable, Sendable {
         public var after: Int?
         public var limit: Int?
-        public init(after: Int? = nil, limit: Int? = nil) {
+        /// The newest `limit` events rather than the oldest (still oldest first).
+        public var newest: Bool?
+        public init(after: Int? = nil, limit: Int? = nil, newest: Bool? = nil) {
             self.after = after
             self.limit = limit
+            self.newest = newest
         }
     }
 
@@ -297,10 +311,12 @@ extension Message {
         public var name: String
         public var finger: String?
         public var ticket: String?
-        public init(name: String, finger: String? = nil, ticket: String? = nil) {
+        public var reader: String?
+        public init(name: String, finger: String? = nil, ticket: String? = nil, reader: String? = nil) {
             self.name = name
             self.finger = finger
             self.ticket = ticket
+            self.reader = reader
         }
     }
 
@@ -330,7 +346,12 @@ extension Message {
 
     public struct Fingers: Codable, Sendable {
         public var fingers: [String]
-        public init(fingers: [String]) { self.fingers = fingers }
+        /// Those of `fingers` the reader's on-sensor storage lacks; nil when none.
+        public var missingFromSensor: [String]?
+        public init(fingers: [String], missingFromSensor: [String]? = nil) {
+            self.fingers = fingers
+            self.missingFromSensor = missingFromSensor
+        }
     }
 
     public struct RemoveFinger: Codable, Sendable {

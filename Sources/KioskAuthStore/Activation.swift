@@ -19,8 +19,10 @@ extension Store {
         Array(HMAC<SHA256>.authenticationCode(for: Array(normalizedCode.utf8), using: activationKey))
     }
 
-    func decodeCode(_ row: SQLRow) -> StoredActivationCode {
-        StoredActivationCode(
+    /// Decodes a row read with `SELECT *`, after checking its MAC.
+    func decodeCode(_ row: SQLRow) throws(StoreError) -> StoredActivationCode {
+        try checkRow(Self.activationCodesTable, row)
+        return StoredActivationCode(
             id: Int64(row["id"].int ?? 0), personID: Int64(row["person_id"].int ?? 0),
             issuedAt: Date(timeIntervalSince1970: row["issued_at"].double ?? 0),
             expiresAt: Date(timeIntervalSince1970: row["expires_at"].double ?? 0), failures: row["failures"].int ?? 0,
@@ -36,17 +38,16 @@ extension Store {
     ) throws(StoreError) -> StoredActivationCode {
         let mac = activationMAC(normalizedCode)
         return try transaction { db in
-            try db.query(
-                "UPDATE activation_codes SET revoked_at = ? WHERE person_id = ? AND used_at IS NULL AND revoked_at IS NULL",
-                [.real(now.timeIntervalSince1970), .integer(person.id)])
+            try revokeLiveCodes(of: person, now: now, in: db)
             try db.query(
                 "INSERT INTO activation_codes (person_id, code_mac, issued_at, expires_at) VALUES (?, ?, ?, ?)",
                 [
                     .integer(person.id), .blob(mac), .real(now.timeIntervalSince1970),
                     .real(now.addingTimeInterval(lifetime).timeIntervalSince1970),
                 ])
-            return decodeCode(
-                try db.query("SELECT * FROM activation_codes WHERE id = ?", [.integer(db.lastInsertRowID)])[0])
+            let id = db.lastInsertRowID
+            try resealRows(Self.activationCodesTable, where: "id = ?", [.integer(id)], in: db)
+            return try decodeCode(try db.query("SELECT * FROM activation_codes WHERE id = ?", [.integer(id)])[0])
         }
     }
 
@@ -58,7 +59,7 @@ extension Store {
             try connection.query(
                 "SELECT * FROM activation_codes WHERE code_mac = ? ORDER BY id DESC LIMIT 1", [.blob(mac)]
             )
-            .first.map(decodeCode)
+            .first.map { row throws(StoreError) in try decodeCode(row) }
         }
     }
 
@@ -68,7 +69,7 @@ extension Store {
             try connection.query(
                 "SELECT * FROM activation_codes WHERE person_id = ? AND used_at IS NULL AND revoked_at IS NULL ORDER BY id DESC LIMIT 1",
                 [.integer(person.id)]
-            ).first.map(decodeCode)
+            ).first.map { row throws(StoreError) in try decodeCode(row) }
         }
     }
 
@@ -80,23 +81,36 @@ extension Store {
         -> StoredActivationCode
     {
         try transaction { db in
-            try db.query("UPDATE activation_codes SET failures = failures + 1 WHERE id = ?", [.integer(code.id)])
-            try db.query(
-                "UPDATE activation_codes SET revoked_at = ? WHERE id = ? AND failures >= ? AND revoked_at IS NULL",
-                [.real(now.timeIntervalSince1970), .integer(code.id), .integer(Int64(maxFailures))])
-            return decodeCode(try db.query("SELECT * FROM activation_codes WHERE id = ?", [.integer(code.id)])[0])
+            try updatingRows(Self.activationCodesTable, where: "id = ?", [.integer(code.id)], in: db) {
+                try db.query("UPDATE activation_codes SET failures = failures + 1 WHERE id = ?", [.integer(code.id)])
+                try db.query(
+                    "UPDATE activation_codes SET revoked_at = ? WHERE id = ? AND failures >= ? AND revoked_at IS NULL",
+                    [.real(now.timeIntervalSince1970), .integer(code.id), .integer(Int64(maxFailures))])
+            }
+            return try decodeCode(try db.query("SELECT * FROM activation_codes WHERE id = ?", [.integer(code.id)])[0])
         }
     }
 
     /// Revokes a person's live code; returns whether there was one.
     @discardableResult
     public func revokeActivationCode(for person: StoredPerson, now: Date) throws(StoreError) -> Bool {
-        try transaction { db in
-            try db.query(
-                "UPDATE activation_codes SET revoked_at = ? WHERE person_id = ? AND used_at IS NULL AND revoked_at IS NULL",
-                [.real(now.timeIntervalSince1970), .integer(person.id)])
-            return db.changes > 0
+        try transaction { db in try revokeLiveCodes(of: person, now: now, in: db) > 0 }
+    }
+
+    /// Revokes a person's live codes inside `db`'s transaction (rows checked first, resealed
+    /// after); returns how many.
+    private func revokeLiveCodes(of person: StoredPerson, now: Date, in db: SQLiteConnection) throws -> Int {
+        let live = try db.query(
+            "SELECT id FROM activation_codes WHERE person_id = ? AND used_at IS NULL AND revoked_at IS NULL",
+            [.integer(person.id)])
+        for row in live {
+            try updatingRows(Self.activationCodesTable, where: "id = ?", [row["id"]], in: db) {
+                try db.query(
+                    "UPDATE activation_codes SET revoked_at = ? WHERE id = ?",
+                    [.real(now.timeIntervalSince1970), row["id"]])
+            }
         }
+        return live.count
     }
 
     /// Activates a person with their code: sets the passcode verifier, marks the code used and
@@ -111,18 +125,20 @@ extension Store {
                 plaintext, binding: Self.secretBinding(personID: person.id, name: person.name, kind: "passcode"))
         } catch { throw StoreError(.integrity("sealing failed: \(error)")) }
         try transaction { db in
-            try db.query(
-                "UPDATE activation_codes SET used_at = ? WHERE id = ? AND used_at IS NULL AND revoked_at IS NULL",
-                [.real(now.timeIntervalSince1970), .integer(code.id)])
-            guard db.changes == 1 else {
-                throw StoreError(.integrity("the activation code was used or revoked meanwhile"))
+            try updatingRows(Self.activationCodesTable, where: "id = ?", [.integer(code.id)], in: db) {
+                try db.query(
+                    "UPDATE activation_codes SET used_at = ? WHERE id = ? AND used_at IS NULL AND revoked_at IS NULL",
+                    [.real(now.timeIntervalSince1970), .integer(code.id)])
+                guard db.changes == 1 else {
+                    throw StoreError(.integrity("the activation code was used or revoked meanwhile"))
+                }
             }
             try db.query(
                 "INSERT INTO secrets (person_id, kind, sealed, updated_at) VALUES (?, 'passcode', ?, ?) ON CONFLICT (person_id, kind) DO UPDATE SET sealed = excluded.sealed, updated_at = excluded.updated_at",
                 [.integer(person.id), .blob(sealed), .real(now.timeIntervalSince1970)])
             try updatingPerson(person.id, in: db) {
                 try db.query(
-                    "UPDATE people SET state = 'active', passcode_failures = 0, passcode_locked_until = NULL, passcode_hard_locked = 0, updated_at = ? WHERE id = ?",
+                    "UPDATE people SET state = 'active', has_passcode = 1, passcode_failures = 0, passcode_locked_until = NULL, passcode_hard_locked = 0, updated_at = ? WHERE id = ?",
                     [.real(now.timeIntervalSince1970), .integer(person.id)])
             }
         }
@@ -144,7 +160,7 @@ extension Store {
             try connection.query(
                 "SELECT * FROM activation_codes WHERE person_id = ? ORDER BY id", [.integer(person.id)]
             )
-            .map(decodeCode)
+            .map { row throws(StoreError) in try decodeCode(row) }
         }
     }
 }

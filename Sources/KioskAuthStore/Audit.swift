@@ -91,6 +91,11 @@ extension Store {
     /// Appends inside a transaction the caller holds, so an action and its audit entry commit
     /// together (or not at all).
     func appendAudit(_ record: AuditRecord, now: Date, in db: SQLiteConnection) throws -> AuditEntry {
+        #if DEBUG
+            if _failingAuditActions.contains(record.action) {
+                throw StoreError(.integrity("injected audit append failure for \(record.action) (test hook)"))
+            }
+        #endif
         let last = try db.query("SELECT seq, mac FROM audit ORDER BY seq DESC LIMIT 1").first
         // The anchor moves only forward along the chain it anchors: once the chain has lost the
         // anchored head (rows deleted or replaced), it keeps that head as evidence.
@@ -174,11 +179,16 @@ extension Store {
             mac: row["mac"].bytes ?? [])
     }
 
-    /// Audit entries after `sequence`, oldest first, at most `limit`.
-    public func auditEntries(after sequence: Int = 0, limit: Int = 1000) throws(StoreError) -> [AuditEntry] {
+    /// Audit entries after `sequence`, oldest first, at most `limit`: the first `limit` of them,
+    /// or with `newest` the last `limit` (as `journalctl -n` shows the end of the journal).
+    public func auditEntries(
+        after sequence: Int = 0, limit: Int = 1000, newest: Bool = false
+    ) throws(StoreError) -> [AuditEntry] {
         try locked {
             try connection.query(
-                "SELECT * FROM audit WHERE seq > ? ORDER BY seq LIMIT ?",
+                newest
+                    ? "SELECT * FROM (SELECT * FROM audit WHERE seq > ? ORDER BY seq DESC LIMIT ?) ORDER BY seq"
+                    : "SELECT * FROM audit WHERE seq > ? ORDER BY seq LIMIT ?",
                 [.integer(Int64(sequence)), .integer(Int64(limit))]
             ).map(decodeAudit)
         }
@@ -303,6 +313,116 @@ extension Store {
                 return failure
             }
             return AuditChainVerification(isValid: true, events: count, headHex: headHex, brokenAt: nil, reason: nil)
+        }
+    }
+}
+
+/// What the check before serving found.
+public struct StoreStartupCheck: Sendable, Equatable {
+    /// The audit chain's last entry.
+    public var events: Int
+    /// The entry the tail check started from (the anchored head, a sealed checkpoint).
+    public var checkedFrom: Int
+}
+
+extension Store {
+    /// The tables `PRAGMA quick_check` covers at start-up: everything but the audit trail, whose
+    /// size would make start-up grow with it (`audit verify` checks the whole chain).
+    static let startupCheckedTables = [
+        "meta", "people", "secrets", "fingers", "terminal_state", "sessions", "activation_codes", "outbox",
+    ]
+
+    /// The check before serving, in time proportional to the people, codes, sessions and
+    /// terminal values and to the audit entries after the anchored head, never to the whole
+    /// trail: `PRAGMA quick_check` on every table but `audit`, every row MAC, every sealed secret
+    /// and template opens, and the chain from the anchored entry (its MAC is the anchor's) to the
+    /// end, which must also be the head recorded in the database. Any failure is
+    /// `StoreError.Code.integrity` naming what is wrong.
+    public func verifyAtStart() throws(StoreError) -> StoreStartupCheck {
+        let genesis = self.genesis
+        let anchored = anchor.lastHead ?? AuditHeadMark(sequence: 0, mac: [])
+        return try locked { () throws -> StoreStartupCheck in
+            do {
+                for table in Self.startupCheckedTables {
+                    let rows = try connection.query("PRAGMA quick_check(\(table))")
+                    let answer = rows.compactMap { $0["quick_check"].string }
+                    guard answer == ["ok"] else {
+                        throw StoreError(
+                            .integrity(
+                                "PRAGMA quick_check(\(table)): \(answer.first ?? "no answer") (the file is damaged)"))
+                    }
+                }
+                try checkAllRowMACs(in: connection)
+                for row in try connection.query(
+                    "SELECT s.person_id, s.kind, s.sealed, p.name FROM secrets s JOIN people p ON p.id = s.person_id")
+                {
+                    let name = try LoginName(row["name"].string ?? "")
+                    let binding = Self.secretBinding(
+                        personID: Int64(row["person_id"].int ?? 0), name: name, kind: row["kind"].string ?? "")
+                    guard let sealed = row["sealed"].bytes else {
+                        throw StoreError(.integrity("\(binding): the sealed value is not a blob"))
+                    }
+                    _ = try sealer.open(sealed, binding: binding)
+                }
+                for row in try connection.query(
+                    "SELECT f.person_id, f.finger, f.template, p.name FROM fingers f JOIN people p ON p.id = f.person_id"
+                ) {
+                    let name = try LoginName(row["name"].string ?? "")
+                    let binding = Self.fingerBinding(
+                        personID: Int64(row["person_id"].int ?? 0), name: name, finger: row["finger"].string ?? "")
+                    guard let sealed = row["template"].bytes else {
+                        throw StoreError(.integrity("\(binding): the sealed template is not a blob"))
+                    }
+                    _ = try sealer.open(sealed, binding: binding)
+                }
+                // The tail of the chain, from the sealed checkpoint the anchor holds.
+                // The anchored entry itself is recomputed too (from the stored MAC before it), so
+                // an edit of its content is found although its MAC column is untouched.
+                var previous = genesis
+                if anchored.sequence > 1 {
+                    previous =
+                        try connection.query(
+                            "SELECT mac FROM audit WHERE seq = ?", [.integer(Int64(anchored.sequence - 1))]
+                        ).first?["mac"].bytes ?? []
+                }
+                var expected = max(1, anchored.sequence)
+                for row in try connection.query(
+                    "SELECT * FROM audit WHERE seq >= ? ORDER BY seq", [.integer(Int64(expected))])
+                {
+                    let entry = decodeAudit(row)
+                    guard entry.sequence == expected else {
+                        throw StoreError(.integrity("audit entry \(expected) is missing"))
+                    }
+                    guard
+                        mac(
+                            previous: previous, sequence: entry.sequence, timeMicroseconds: entry.timeMicroseconds,
+                            record: entry.record) == entry.mac
+                    else {
+                        throw StoreError(.integrity("audit entry \(entry.sequence) does not match its MAC"))
+                    }
+                    if entry.sequence == anchored.sequence, entry.mac != anchored.mac {
+                        throw StoreError(.integrity("audit entry \(entry.sequence) is not the one the anchor records"))
+                    }
+                    previous = entry.mac
+                    expected += 1
+                }
+                let end = expected - 1
+                let recorded = try connection.query("SELECT value FROM meta WHERE key = 'audit_head'").first?["value"]
+                    .bytes
+                if end > 0 || recorded != nil {
+                    let parts = (recorded ?? []).split(separator: 0, maxSplits: 1)
+                    let recordedSequence = Int(String(decoding: parts.first ?? [], as: UTF8.self)) ?? -1
+                    guard recordedSequence == end, parts.count > 1, Array(parts[1]) == previous else {
+                        throw StoreError(
+                            .integrity(
+                                "the audit chain ends at entry \(end) but the head recorded in the database is entry \(recordedSequence)"
+                            ))
+                    }
+                }
+                return StoreStartupCheck(events: end, checkedFrom: anchored.sequence)
+            } catch let error as SQLiteError where error.isCorrupt {
+                throw StoreError(.integrity("the database file is damaged: \(error.message)"))
+            }
         }
     }
 }

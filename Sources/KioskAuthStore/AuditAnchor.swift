@@ -103,7 +103,9 @@ final class AuditAnchor: @unchecked Sendable {
         self.key = key
     }
 
-    private func tag(sequence: Int, mac: [UInt8]) -> [UInt8] {
+    private func tag(sequence: Int, mac: [UInt8]) -> [UInt8] { tag(storeID: storeID, sequence: sequence, mac: mac) }
+
+    private func tag(storeID: [UInt8], sequence: Int, mac: [UInt8]) -> [UInt8] {
         var input = Array(Self.magic.utf8) + [0] + storeID
         withUnsafeBytes(of: UInt64(sequence).bigEndian) { input += $0 }
         input += mac
@@ -183,7 +185,53 @@ final class AuditAnchor: @unchecked Sendable {
         case head(AuditHeadMark)
     }
 
-    func read() -> Reading {
+    func read() -> Reading { read(storeID: storeID) }
+
+    /// Which store the file anchors and how far, before the database is open (so a missing or
+    /// emptied database is told from a new one): the store id is taken from the file and the
+    /// slot's HMAC checked with it. nil when no slot checks out under this key.
+    func peek() -> (storeID: [UInt8], head: AuditHeadMark)? {
+        guard let data = FileManager.default.contents(atPath: path) else { return nil }
+        var best: (storeID: [UInt8], head: AuditHeadMark)?
+        for index in 0..<2 {
+            let start = index * Self.slotSize
+            guard data.count > start else { continue }
+            let end = min(data.count, start + Self.slotSize)
+            let text = String(decoding: [UInt8](data)[start..<end], as: UTF8.self)
+            let fields = text.split(separator: "\n").first?.split(separator: " ") ?? []
+            guard fields.count == 5, let id = hexBytes(fields[1]) else { continue }
+            if case .head(let head) = read(storeID: id), head.sequence > (best?.head.sequence ?? -1) {
+                best = (id, head)
+            }
+        }
+        return best
+    }
+
+    /// What the anchor records, for a refusal: which store and how far.
+    func describeForRollback() -> String {
+        guard let (id, head) = peek() else {
+            return "the audit head anchor \(path) exists (and does not check out under this key)"
+        }
+        return "the audit head anchor \(path) records store \(hexString(id)) at audit entry \(head.sequence)"
+    }
+
+    /// Forgets the frozen state and the head written, and writes `head`: only when an admin
+    /// accepted a rollback at start-up.
+    func reset(to head: AuditHeadMark) -> Bool {
+        lock.withLock {
+            // Both slots go: the other may hold a head of the store that was lost.
+            if descriptor >= 0 {
+                _ = ftruncate(descriptor, 0)
+            } else {
+                _ = truncate(path, 0)
+            }
+            frozen = false
+            written = -1
+        }
+        return write(head)
+    }
+
+    private func read(storeID: [UInt8]) -> Reading {
         guard let data = FileManager.default.contents(atPath: path) else { return .missing }
         let bytes = [UInt8](data)
         var best: AuditHeadMark?
@@ -196,7 +244,7 @@ final class AuditAnchor: @unchecked Sendable {
             guard fields.count == 5, fields[0] == Self.magic, hexBytes(fields[1]) == storeID,
                 let sequence = Int(fields[2]), sequence >= 0,
                 let mac = fields[3] == "-" ? [] : hexBytes(fields[3]), let tag = hexBytes(fields[4]),
-                tag == self.tag(sequence: sequence, mac: mac)
+                tag == self.tag(storeID: storeID, sequence: sequence, mac: mac)
             else { continue }
             if sequence > (best?.sequence ?? -1) { best = AuditHeadMark(sequence: sequence, mac: mac) }
         }

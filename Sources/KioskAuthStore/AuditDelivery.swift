@@ -57,18 +57,19 @@ extension Store {
                     .integrity("audit delivery acknowledged entry \(sequence) but the trail ends at entry \(head)"))
             }
             var progress = AuditDeliveryProgress(endpoint: endpoint, deliveredThrough: sequence, lastDeliveryAt: now)
-            if let text = try db.query(
-                "SELECT value FROM terminal_state WHERE key = ?", [.text(Self.auditDeliveryKey)]
-            ).first?["value"].string,
+            let row = try db.query(
+                "SELECT \(Self.terminalStateTable.selectList) FROM terminal_state WHERE key = ?",
+                [.text(Self.auditDeliveryKey)]
+            ).first
+            if let row { try checkRow(Self.terminalStateTable, row) }
+            if let text = row?["value"].string,
                 let stored = try? JSONDecoder().decode(AuditDeliveryProgress.self, from: Data(text.utf8)),
                 stored.endpoint == endpoint
             {
                 progress.deliveredThrough = max(stored.deliveredThrough, sequence)
             }
             let text = String(decoding: try JSONEncoder().encodeOrThrow(progress), as: UTF8.self)
-            try db.query(
-                "INSERT INTO terminal_state (key, value) VALUES (?, ?) ON CONFLICT (key) DO UPDATE SET value = excluded.value",
-                [.text(Self.auditDeliveryKey), .text(text)])
+            try writeTerminalValue(text, forKey: Self.auditDeliveryKey, in: db)
         }
     }
 

@@ -82,7 +82,8 @@ extension Store {
         return try openFingers(rows)
     }
 
-    /// The identify roster: fingers of active people, people ordered by their most recent
+    /// The identify roster: fingers of active people (and of suspended ones, so that a suspended
+    /// person's finger is recognised and they are told to sign in online), people ordered by their most recent
     /// unlock (or, for someone who has not unlocked yet, their most recent enrolment), each
     /// person's fingers newest first; at most `cap` fingers.
     public func roster(cap: Int) throws(StoreError) -> Roster {
@@ -91,14 +92,14 @@ extension Store {
                 """
                 SELECT f.person_id, p.name, f.finger, f.template, f.created_at
                 FROM fingers f JOIN people p ON p.id = f.person_id
-                WHERE p.state = 'active'
+                WHERE p.state IN ('active', 'suspended')
                 ORDER BY COALESCE(p.last_unlock_at, (SELECT MAX(g.created_at) FROM fingers g WHERE g.person_id = p.id)) DESC,
                          p.id, f.created_at DESC, f.id DESC
                 LIMIT ?
                 """, [.integer(Int64(max(cap, 0)))])
             let total =
                 try connection.query(
-                    "SELECT COUNT(*) AS n FROM fingers f JOIN people p ON p.id = f.person_id WHERE p.state = 'active'"
+                    "SELECT COUNT(*) AS n FROM fingers f JOIN people p ON p.id = f.person_id WHERE p.state IN ('active', 'suspended')"
                 ).first?["n"].int ?? 0
             return (rows, total)
         }
@@ -118,7 +119,7 @@ extension Store {
                 try db.query("DELETE FROM fingers WHERE person_id = ?", [.integer(person.id)])
             }
         }
-        try locked { _ = try connection.query("PRAGMA wal_checkpoint(TRUNCATE)") }
+        try checkpointTruncating()
         return removed
     }
 }

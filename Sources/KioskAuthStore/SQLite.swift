@@ -180,7 +180,8 @@ final class SQLiteConnection {
                         values[name] = .text("")
                     } else {
                         let pointer = sqlite3_column_text(statement, column)!
-                        values[name] = .text(String(decoding: UnsafeBufferPointer(start: pointer, count: count), as: UTF8.self))
+                        values[name] = .text(
+                            String(decoding: UnsafeBufferPointer(start: pointer, count: count), as: UTF8.self))
                     }
                 case SQLITE_BLOB:
                     let count = Int(sqlite3_column_bytes(statement, column))
@@ -242,6 +243,21 @@ final class SQLiteConnection {
             return result
         } catch {
             try? query("ROLLBACK")
+            throw error
+        }
+    }
+
+    /// Runs `body` in a savepoint of the transaction in progress: a failure rolls back only
+    /// what `body` wrote.
+    func savepoint<T>(_ body: () throws -> T) throws -> T {
+        try query("SAVEPOINT nested")
+        do {
+            let result = try body()
+            try query("RELEASE nested")
+            return result
+        } catch {
+            try? query("ROLLBACK TO nested")
+            try? query("RELEASE nested")
             throw error
         }
     }

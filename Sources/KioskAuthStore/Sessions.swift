@@ -44,18 +44,21 @@ extension Store {
                     session.service.map { .text($0) } ?? .null, session.tty.map { .text($0) } ?? .null,
                     .real(session.openedAt.timeIntervalSince1970),
                 ])
+            try resealRows(Self.sessionsTable, where: "id = ?", [.text(session.id)], in: db)
         }
     }
 
     /// Saves a session's state; with `endReason`, marks it ended.
     public func updateSession(id: String, state: String, endedAt: Date?, endReason: String?) throws(StoreError) {
         try transaction { db in
-            _ = try db.query(
-                "UPDATE sessions SET state = ?, ended_at = COALESCE(?, ended_at), end_reason = COALESCE(?, end_reason) WHERE id = ?",
-                [
-                    .text(state), endedAt.map { .real($0.timeIntervalSince1970) } ?? .null,
-                    endReason.map { .text($0) } ?? .null, .text(id),
-                ])
+            try updatingRows(Self.sessionsTable, where: "id = ?", [.text(id)], in: db) {
+                _ = try db.query(
+                    "UPDATE sessions SET state = ?, ended_at = COALESCE(?, ended_at), end_reason = COALESCE(?, end_reason) WHERE id = ?",
+                    [
+                        .text(state), endedAt.map { .real($0.timeIntervalSince1970) } ?? .null,
+                        endReason.map { .text($0) } ?? .null, .text(id),
+                    ])
+            }
         }
     }
 
@@ -63,11 +66,12 @@ extension Store {
     public func openSessions() throws(StoreError) -> [StoredSession] {
         let rows = try locked {
             try connection.query(
-                "SELECT s.id, s.person_id, p.name, s.state, s.service, s.tty, s.opened_at FROM sessions s JOIN people p ON p.id = s.person_id WHERE s.ended_at IS NULL ORDER BY s.opened_at"
+                "SELECT s.id, s.person_id, p.name, s.state, s.service, s.tty, s.opened_at, s.ended_at, s.end_reason, s.mac FROM sessions s JOIN people p ON p.id = s.person_id WHERE s.ended_at IS NULL ORDER BY s.opened_at"
             )
         }
         var sessions: [StoredSession] = []
         for row in rows {
+            try checkRow(Self.sessionsTable, row)
             guard let name = try? LoginName(row["name"].string ?? "") else { continue }
             sessions.append(
                 StoredSession(

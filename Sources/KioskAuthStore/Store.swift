@@ -4,6 +4,10 @@ public import Foundation
 public import KioskAuthCore
 public import Logging
 
+#if canImport(Glibc)
+    import Glibc
+#endif
+
 /// A person as stored, without secrets.
 public struct StoredPerson: Sendable, Equatable {
     /// Stable row id; never reused, so old ciphertexts can never be bound to a new person.
@@ -33,12 +37,14 @@ public struct StoredPerson: Sendable, Equatable {
 /// connection, serialised by a lock; calls are short.
 public final class Store: @unchecked Sendable {
     /// The schema version this code writes.
-    public static let schemaVersion = 3
+    public static let schemaVersion = 4
     /// File name of the database in the state directory.
     public static let databaseFileName = "kioskauth.sqlite"
 
     let connection: SQLiteConnection
-    private let lock = NSLock()
+    /// Recursive, so that the store's own operations called inside `transaction(now:_:)` on the
+    /// same thread join the transaction instead of deadlocking.
+    private let lock = NSRecursiveLock()
     let sealer: Sealer
     let auditKey: SymmetricKey
     let activationKey: SymmetricKey
@@ -51,11 +57,40 @@ public final class Store: @unchecked Sendable {
     /// The head appended by the transaction in progress, recorded in the anchor once it commits.
     /// Guarded by the store's lock.
     var pendingHead: AuditHeadMark?
+    /// Whether an admin accepted starting from a store behind (or without) its anchor.
+    let acceptRollback: Bool
+    /// The schema version the file had when opened (0: a new store).
+    private(set) var openedAtVersion = 0
+    /// What was lost, when a rollback was found and accepted at opening (audited as
+    /// `store.rollback.accepted`).
+    public private(set) var acceptedRollback: String?
+    /// How deep in `transaction` the thread holding the lock is; nested transactions are
+    /// savepoints of the outermost one. Guarded by the store's lock.
+    private var transactionDepth = 0
+    /// A truncating checkpoint asked for inside a transaction, run once the outermost commits.
+    /// Guarded by the store's lock.
+    private var checkpointAfterCommit = false
+    #if DEBUG
+        /// Test-only (debug builds): audit appends of these actions fail, as if the process had
+        /// died between an action and its audit entry. Guarded by the store's lock.
+        public var failingAuditActions: Set<String> {
+            get { lock.withLock { _failingAuditActions } }
+            set { lock.withLock { _failingAuditActions = newValue } }
+        }
+        var _failingAuditActions: Set<String> = []
+    #endif
 
     /// Opens (creating if needed) the store at `path` with `key`. Refuses a store from a newer
     /// schema and a key that does not open it, without writing anything.
-    public init(path: String, key: StoreKey, logger: Logger, now: Date = Date()) throws(StoreError) {
+    ///
+    /// A database that is missing, empty or behind its audit head anchor (see `startAnchor`) is
+    /// refused with `StoreError.Code.rollback` unless `acceptRollback`; then it opens, a fresh
+    /// anchor is written and `store.rollback.accepted` is audited with what was lost.
+    public init(
+        path: String, key: StoreKey, logger: Logger, now: Date = Date(), acceptRollback: Bool = false
+    ) throws(StoreError) {
         self.logger = logger
+        self.acceptRollback = acceptRollback
         self.sealer = Sealer(storeKey: key)
         self.auditKey = key.derived(for: "audit")
         self.activationKey = key.derived(for: "activation-code")
@@ -63,9 +98,22 @@ public final class Store: @unchecked Sendable {
         self.walSync = WALSync(databasePath: path)
         self.anchor = AuditAnchor(
             directory: (path as NSString).deletingLastPathComponent, key: key.derived(for: "audit-head"))
+        let directory = (path as NSString).deletingLastPathComponent
+        let size = (try? FileManager.default.attributesOfItem(atPath: path)[.size] as? Int) ?? nil
+        if size == nil || size == 0, anchor.exists {
+            let problem = "\(path) is \(size == nil ? "missing" : "empty") but \(anchor.describeForRollback())"
+            guard acceptRollback else { throw StoreError(.rollback(problem)) }
+            acceptedRollback = problem
+        }
+        if access(directory, W_OK) != 0 || (size != nil && access(path, W_OK) != 0) {
+            throw StoreError(.readOnly(access(directory, W_OK) != 0 ? "the state directory \(directory)" : path))
+        }
         do {
             connection = try SQLiteConnection(path: path)
         } catch {
+            if error.code & 0xff == 14 || error.code & 0xff == 8 {
+                throw StoreError(.readOnly("\(path) or its directory"))
+            }
             throw StoreError(.database(error))
         }
         do {
@@ -78,6 +126,11 @@ public final class Store: @unchecked Sendable {
         walSync.anchor = anchor
         do {
             try startAnchor()
+            if let lost = acceptedRollback {
+                logger.critical("store rollback accepted", metadata: ["lost": "\(lost)"])
+                try appendAudit(
+                    AuditRecord(action: "store.rollback.accepted", result: "success", detail: lost), now: now)
+            }
         } catch {
             connection.close()
             throw error
@@ -87,19 +140,64 @@ public final class Store: @unchecked Sendable {
     /// Creates the anchor for a new store, or for one from before anchors existed (recorded in
     /// `meta`, so a store that had one never silently gets a fresh one: a missing anchor is then
     /// a finding of `verifyAudit`).
+    ///
+    /// The anchor is also the durable record that this store exists and how far it has got: a
+    /// store that has (or, at schema 4, must have) an anchor is refused when the anchor is
+    /// missing or does not check out, when the chain ends before the anchored entry, or when
+    /// that entry has another MAC (rolled back, replaced, or acknowledged writes lost with a
+    /// WAL). The chain may end after the anchored entry: commits that skip the `fsync` wait are
+    /// anchored only once the background sync made them durable.
     private func startAnchor() throws(StoreError) {
         try locked {
-            guard try connection.query("SELECT value FROM meta WHERE key = 'audit_anchor'").isEmpty else {
-                anchor.load()
-                return
-            }
+            let recorded = try !connection.query("SELECT value FROM meta WHERE key = 'audit_anchor'").isEmpty
+            // Every store at schema 4 wrote its anchor when it got there, so deleting the meta
+            // row as well as the file does not make it look like a store from before anchors.
+            let required = recorded || openedAtVersion >= 4
             let row = try connection.query("SELECT seq, mac FROM audit ORDER BY seq DESC LIMIT 1").first
             let head = AuditHeadMark(sequence: row?["seq"].int ?? 0, mac: row?["mac"].bytes ?? [])
-            guard anchor.write(head) else {
-                throw StoreError(.integrity("cannot write the audit head anchor \(anchor.path)"))
+            var problem: String?
+            if required || anchor.exists {
+                switch anchor.read() {
+                case .missing:
+                    problem =
+                        "the audit head anchor \(anchor.path) is missing (the chain ends at entry \(head.sequence))"
+                case .invalid:
+                    problem =
+                        "the audit head anchor \(anchor.path) does not check out for this store (edited, or another store's: \(anchor.describeForRollback()))"
+                case .head(let anchored):
+                    if anchored.sequence > head.sequence {
+                        problem =
+                            "the store is behind its audit head anchor \(anchor.path): the anchor records entry \(anchored.sequence), the chain ends at entry \(head.sequence)"
+                    } else if anchored.sequence > 0,
+                        try connection.query(
+                            "SELECT mac FROM audit WHERE seq = ?", [.integer(Int64(anchored.sequence))]
+                        ).first?["mac"].bytes != anchored.mac
+                    {
+                        problem =
+                            "audit entry \(anchored.sequence) is not the one the anchor \(anchor.path) records (rolled back or replaced)"
+                    }
+                }
+            } else {
+                // A new store, or one from before anchors.
+                problem = nil
             }
-            try connection.transaction {
-                try connection.query("INSERT INTO meta (key, value) VALUES ('audit_anchor', X'01')")
+            if let problem {
+                guard acceptRollback else { throw StoreError(.rollback(problem)) }
+                acceptedRollback = acceptedRollback ?? problem
+                guard anchor.reset(to: head) else {
+                    throw StoreError(.integrity("cannot write the audit head anchor \(anchor.path)"))
+                }
+            } else if required || anchor.exists {
+                anchor.load()
+            } else {
+                guard anchor.write(head) else {
+                    throw StoreError(.integrity("cannot write the audit head anchor \(anchor.path)"))
+                }
+            }
+            if !recorded {
+                try connection.transaction {
+                    try connection.query("INSERT INTO meta (key, value) VALUES ('audit_anchor', X'01')")
+                }
             }
         }
     }
@@ -217,6 +315,15 @@ public final class Store: @unchecked Sendable {
         """
         ALTER TABLE people ADD COLUMN mac BLOB;
         """,
+        // 4: whether a person has a passcode, under their row MAC (so deleting the secrets row is
+        // found), and MACs over activation codes, sessions and terminal-wide state (computed for
+        // existing rows at the upgrade; see RowIntegrity.swift).
+        """
+        ALTER TABLE people ADD COLUMN has_passcode INTEGER NOT NULL DEFAULT 0;
+        ALTER TABLE activation_codes ADD COLUMN mac BLOB;
+        ALTER TABLE sessions ADD COLUMN mac BLOB;
+        ALTER TABLE terminal_state ADD COLUMN mac BLOB;
+        """,
     ]
 
     private func openSchema(now: Date) throws(StoreError) {
@@ -224,6 +331,12 @@ public final class Store: @unchecked Sendable {
             // Connection settings only: FULL makes each commit durable (counters survive a kill).
             try connection.execute("PRAGMA synchronous=FULL; PRAGMA foreign_keys=ON; PRAGMA secure_delete=ON")
             let version = try connection.query("PRAGMA user_version").first?["user_version"].int ?? 0
+            openedAtVersion = version
+            if version == 0, anchor.exists, acceptedRollback == nil {
+                let problem = "\(connection.path) holds no store but \(anchor.describeForRollback())"
+                guard acceptRollback else { throw StoreError(.rollback(problem)) }
+                acceptedRollback = problem
+            }
             guard version <= Self.migrations.count else {
                 throw StoreError(.futureSchema(found: version, supported: Self.migrations.count))
             }
@@ -241,10 +354,8 @@ public final class Store: @unchecked Sendable {
                     if version == 0 {
                         try initialiseMeta()
                     }
-                    if version < 3 {
-                        for row in try connection.query("SELECT id FROM people") {
-                            try resealPersonRow(Int64(row["id"].int ?? 0), in: connection)
-                        }
+                    if version > 0 && version < 4 {
+                        try upgradeRowMACs(from: version)
                     }
                     try connection.execute("PRAGMA user_version=\(Self.migrations.count)")
                 }
@@ -258,6 +369,27 @@ public final class Store: @unchecked Sendable {
             throw StoreError(.database(error))
         } catch {
             throw StoreError(.integrity("\(error)"))
+        }
+    }
+
+    /// Computes the row MACs schema 4 adds. A schema-3 store's people rows are checked against
+    /// their old MACs first, so the upgrade never launders an earlier edit into a valid MAC.
+    private func upgradeRowMACs(from version: Int) throws {
+        for row in try connection.query(
+            "SELECT id, \(Self.peopleMACColumnNamesV3.joined(separator: ", ")), mac FROM people")
+        {
+            let id = Int64(row["id"].int ?? 0)
+            if version == 3, row["mac"].bytes != personRowMAC(id: id, row, columns: Self.peopleMACColumnNamesV3) {
+                throw StoreError(
+                    .integrity("people row \(id) does not match its MAC (found while upgrading the store)"))
+            }
+            try connection.query(
+                "UPDATE people SET has_passcode = EXISTS (SELECT 1 FROM secrets s WHERE s.person_id = people.id AND s.kind = 'passcode') WHERE id = ?",
+                [.integer(id)])
+            try resealPersonRow(id, in: connection)
+        }
+        for table in Self.macTables {
+            try resealRows(table, where: "1", [], in: connection)
         }
     }
 
@@ -311,17 +443,73 @@ public final class Store: @unchecked Sendable {
         }
     }
 
-    /// Runs `body` in one durable transaction under the store lock.
+    /// Runs `body` in one durable transaction under the store lock. Called inside another
+    /// transaction (on the thread holding the lock), it runs as a savepoint of that one: its
+    /// writes commit or roll back with the outermost transaction, and a failure in it undoes
+    /// only its own writes.
     @discardableResult
     func transaction<T>(_ body: (SQLiteConnection) throws -> T) throws(StoreError) -> T {
-        let (result, head) = try locked { () throws -> (T, AuditHeadMark?) in
+        try runTransaction(synchronous: true, body)
+    }
+
+    private func runTransaction<T>(synchronous: Bool, _ body: (SQLiteConnection) throws -> T) throws(StoreError) -> T {
+        let (result, head, checkpoint) = try locked { () throws -> (T, AuditHeadMark?, Bool) in
+            if transactionDepth > 0 {
+                let outerHead = pendingHead
+                transactionDepth += 1
+                defer { transactionDepth -= 1 }
+                do {
+                    return (try connection.savepoint { try body(connection) }, nil, false)
+                } catch {
+                    pendingHead = outerHead
+                    throw error
+                }
+            }
             pendingHead = nil
-            let result = try connection.transaction { try body(connection) }
-            defer { pendingHead = nil }
-            return (result, pendingHead)
+            checkpointAfterCommit = false
+            transactionDepth = 1
+            defer {
+                transactionDepth = 0
+                pendingHead = nil
+                checkpointAfterCommit = false
+            }
+            let result = try connection.transaction(synchronous: synchronous) { try body(connection) }
+            if !synchronous { deferredSyncCommits += 1 }
+            return (result, pendingHead, checkpointAfterCommit)
         }
-        if let head { writeAnchor(head) }
+        if synchronous {
+            if let head { writeAnchor(head) }
+        } else {
+            walSync.request(head: head)
+        }
+        if checkpoint { try? locked { _ = try connection.query("PRAGMA wal_checkpoint(TRUNCATE)") } }
         return result
+    }
+
+    /// Runs a truncating checkpoint now, or once the transaction in progress commits.
+    func checkpointTruncating() throws(StoreError) {
+        try locked {
+            if transactionDepth > 0 {
+                checkpointAfterCommit = true
+            } else {
+                _ = try connection.query("PRAGMA wal_checkpoint(TRUNCATE)")
+            }
+        }
+    }
+
+    /// Runs several store operations and their audit entries as one durable transaction: all of
+    /// it commits, or none of it does. The store's own methods called from `body` (on this
+    /// thread) join the transaction; `tx.appendAudit` appends to the chain inside it. A crash at
+    /// any point leaves either everything or nothing; an error thrown from `body` rolls it all
+    /// back. The audit head anchor is written once the commit is durable.
+    ///
+    /// The store is locked for the whole of `body`: keep it short, and never wait in it.
+    public func transaction<T>(now: Date, _ body: (StoreTransaction) throws(StoreError) -> T) throws(StoreError) -> T {
+        try transaction { db throws -> T in
+            let tx = StoreTransaction(store: self, connection: db, now: now)
+            defer { tx.isOpen = false }
+            return try body(tx)
+        }
     }
 
     /// Records a committed, durable head in the anchor.
@@ -333,18 +521,12 @@ public final class Store: @unchecked Sendable {
 
     /// Like `transaction`, but the commit does not wait for `fsync`: the WAL file is synced in
     /// the background right after. Only for writes whose loss in a power cut is harmless. Falls
-    /// back to a durable commit when the WAL file cannot be synced from here.
+    /// back to a durable commit when the WAL file cannot be synced from here; inside another
+    /// transaction it joins that one (durable).
     func deferredSyncTransaction<T>(_ body: (SQLiteConnection) throws -> T) throws(StoreError) -> T {
-        guard walSync.available() else { return try transaction(body) }
-        let (result, head) = try locked { () throws -> (T, AuditHeadMark?) in
-            pendingHead = nil
-            let result = try connection.transaction(synchronous: false) { try body(connection) }
-            deferredSyncCommits += 1
-            defer { pendingHead = nil }
-            return (result, pendingHead)
-        }
-        walSync.request(head: head)
-        return result
+        let nested = try locked { transactionDepth > 0 }
+        guard walSync.available(), !nested else { return try transaction(body) }
+        return try runTransaction(synchronous: false, body)
     }
 
     /// Commits made without waiting for `fsync` (for tests). Guarded by the store's lock.
@@ -358,35 +540,20 @@ public final class Store: @unchecked Sendable {
     static let peopleMACColumnNames = [
         "name", "roles", "origin", "state", "uid", "passcode_failures", "passcode_locked_until",
         "passcode_hard_locked", "fingerprint_failures", "idp_subject", "idp_contact", "suspended_reason",
-        "refresh_state", "biometric_offer",
+        "refresh_state", "biometric_offer", "has_passcode",
     ]
+    /// The columns schema 3 covered (before `has_passcode`), for checking at the upgrade.
+    static let peopleMACColumnNamesV3 = Array(peopleMACColumnNames.dropLast())
     static let peopleMACColumns = peopleMACColumnNames.joined(separator: ", ")
 
     /// The MAC over a person's row: table, row id, and each covered column with its type, in a
     /// canonical length-prefixed encoding.
-    func personRowMAC(id: Int64, _ row: SQLRow) -> [UInt8] {
+    func personRowMAC(id: Int64, _ row: SQLRow, columns: [String] = Store.peopleMACColumnNames) -> [UInt8] {
         var input: [UInt8] = Array("people".utf8)
         input.append(0)
         withUnsafeBytes(of: id.bigEndian) { input += $0 }
-        for column in Self.peopleMACColumnNames {
-            switch row[column] {
-            case .null: input.append(0)
-            case .integer(let v):
-                input.append(1)
-                withUnsafeBytes(of: v.bigEndian) { input += $0 }
-            case .real(let v):
-                input.append(2)
-                withUnsafeBytes(of: v.bitPattern.bigEndian) { input += $0 }
-            case .text(let v):
-                input.append(3)
-                let bytes = Array(v.utf8)
-                withUnsafeBytes(of: UInt32(bytes.count).bigEndian) { input += $0 }
-                input += bytes
-            case .blob(let v):
-                input.append(4)
-                withUnsafeBytes(of: UInt32(v.count).bigEndian) { input += $0 }
-                input += v
-            }
+        for column in columns {
+            Self.appendCanonical(row[column], to: &input)
         }
         return Array(HMAC<SHA256>.authenticationCode(for: input, using: rowKey))
     }
@@ -397,7 +564,17 @@ public final class Store: @unchecked Sendable {
         guard let mac = row["mac"].bytes, mac == personRowMAC(id: id, row) else {
             throw StoreError(
                 .integrity(
-                    "people row \(id) does not match its MAC (a uid, role, state, counter or window was changed)"))
+                    "people row \(id) does not match its MAC (a uid, role, state, counter, window or passcode was changed)"
+                ))
+        }
+        // The passcode's existence is under the MAC; the secrets row must agree with it.
+        if let rows = row["passcode_rows"].int, (rows > 0) != ((row["has_passcode"].int ?? 0) != 0) {
+            throw StoreError(
+                .integrity(
+                    rows > 0
+                        ? "people row \(id) has a passcode row it does not record"
+                        : "people row \(id) records a passcode but its secrets row is gone (deleted behind the store's back)"
+                ))
         }
     }
 
@@ -428,7 +605,7 @@ public final class Store: @unchecked Sendable {
     }
 
     static let personColumns =
-        "id, name, display_name, roles, origin, state, uid, created_at, last_unlock_at, passcode_failures, passcode_locked_until, passcode_hard_locked, fingerprint_failures, idp_subject, idp_contact, suspended_reason, refresh_state, biometric_offer, mac, (SELECT COUNT(*) FROM secrets s WHERE s.person_id = people.id AND s.kind = 'passcode') AS has_passcode, (SELECT group_concat(finger) FROM (SELECT finger FROM fingers f WHERE f.person_id = people.id ORDER BY f.id)) AS fingers"
+        "id, name, display_name, roles, origin, state, uid, created_at, last_unlock_at, passcode_failures, passcode_locked_until, passcode_hard_locked, fingerprint_failures, idp_subject, idp_contact, suspended_reason, refresh_state, biometric_offer, has_passcode, mac, (SELECT COUNT(*) FROM secrets s WHERE s.person_id = people.id AND s.kind = 'passcode') AS passcode_rows, (SELECT group_concat(finger) FROM (SELECT finger FROM fingers f WHERE f.person_id = people.id ORDER BY f.id)) AS fingers"
 
     func decodePerson(_ row: SQLRow) throws -> StoredPerson {
         try checkPersonRow(row)
@@ -539,7 +716,7 @@ public final class Store: @unchecked Sendable {
             guard db.changes == 1 else { throw StoreError(.noSuchPerson(person.name.rawValue)) }
             return opened
         }
-        try locked { _ = try connection.query("PRAGMA wal_checkpoint(TRUNCATE)") }
+        try checkpointTruncating()
         return templates
     }
 
@@ -572,18 +749,36 @@ public final class Store: @unchecked Sendable {
         }
     }
 
+    /// Suspends a person with an admin's reason, or (nil) makes a suspended person active again.
+    public func setSuspension(_ reason: String?, for person: StoredPerson, now: Date) throws(StoreError) {
+        try transaction { db in
+            try updatingPerson(person.id, in: db) {
+                try db.query(
+                    "UPDATE people SET state = ?, suspended_reason = ?, updated_at = ? WHERE id = ?",
+                    [
+                        .text(reason == nil ? PersonState.active.rawValue : PersonState.suspended.rawValue),
+                        reason.map { .text($0) } ?? .null, .real(now.timeIntervalSince1970), .integer(person.id),
+                    ])
+            }
+        }
+    }
+
     /// Binds a person to a Unix uid, or unbinds them (nil). A uid is bound to one person at most.
     public func setUID(_ uid: Int?, for person: StoredPerson, now: Date) throws(StoreError) {
         try transaction { db in
             if let uid,
-                try !db.query("SELECT id FROM people WHERE uid = ? AND id != ?", [.integer(Int64(uid)), .integer(person.id)])
-                    .isEmpty
+                try !db.query(
+                    "SELECT id FROM people WHERE uid = ? AND id != ?", [.integer(Int64(uid)), .integer(person.id)]
+                )
+                .isEmpty
             {
                 throw StoreError(.personExists("uid \(uid)"))
             }
-            try db.query(
-                "UPDATE people SET uid = ?, updated_at = ? WHERE id = ?",
-                [uid.map { .integer(Int64($0)) } ?? .null, .real(now.timeIntervalSince1970), .integer(person.id)])
+            try updatingPerson(person.id, in: db) {
+                try db.query(
+                    "UPDATE people SET uid = ?, updated_at = ? WHERE id = ?",
+                    [uid.map { .integer(Int64($0)) } ?? .null, .real(now.timeIntervalSince1970), .integer(person.id)])
+            }
         }
     }
 
@@ -616,7 +811,12 @@ public final class Store: @unchecked Sendable {
     /// The person's passcode verifier, opened; nil when none is set. A verifier that does not
     /// open (edited, swapped, wrong key) is an integrity error.
     public func passcodeVerifier(for person: StoredPerson) throws(StoreError) -> PasscodeVerifier? {
-        guard let bytes = try secret(kind: "passcode", for: person) else { return nil }
+        guard let bytes = try secret(kind: "passcode", for: person) else {
+            if person.hasPasscode {
+                throw StoreError(.integrity("the passcode of \(person.name) is recorded but its secrets row is gone"))
+            }
+            return nil
+        }
         do { return try JSONDecoder().decode(PasscodeVerifier.self, from: Data(bytes)) } catch {
             throw StoreError(.integrity("passcode verifier of \(person.name) does not decode"))
         }
@@ -632,9 +832,14 @@ public final class Store: @unchecked Sendable {
             throw StoreError(.integrity("sealing failed: \(error)"))
         }
         try transaction { db in
-            try db.query(
-                "INSERT INTO secrets (person_id, kind, sealed, updated_at) VALUES (?, ?, ?, ?) ON CONFLICT (person_id, kind) DO UPDATE SET sealed = excluded.sealed, updated_at = excluded.updated_at",
-                [.integer(person.id), .text(kind), .blob(sealed), .real(now.timeIntervalSince1970)])
+            try updatingPerson(person.id, in: db) {
+                try db.query(
+                    "INSERT INTO secrets (person_id, kind, sealed, updated_at) VALUES (?, ?, ?, ?) ON CONFLICT (person_id, kind) DO UPDATE SET sealed = excluded.sealed, updated_at = excluded.updated_at",
+                    [.integer(person.id), .text(kind), .blob(sealed), .real(now.timeIntervalSince1970)])
+                if kind == "passcode" {
+                    try db.query("UPDATE people SET has_passcode = 1 WHERE id = ?", [.integer(person.id)])
+                }
+            }
         }
     }
 
@@ -662,17 +867,33 @@ public final class Store: @unchecked Sendable {
 
     /// A terminal-wide value (JSON), e.g. the identify throttle.
     public func terminalValue<T: Decodable>(_ type: T.Type, forKey key: String) throws(StoreError) -> T? {
-        let text = try locked {
-            try connection.query("SELECT value FROM terminal_state WHERE key = ?", [.text(key)]).first?["value"].string
+        let text = try locked { () throws -> String? in
+            guard
+                let row = try connection.query(
+                    "SELECT \(Self.terminalStateTable.selectList) FROM terminal_state WHERE key = ?", [.text(key)]
+                ).first
+            else { return nil }
+            try checkRow(Self.terminalStateTable, row)
+            guard let text = row["value"].string else {
+                throw StoreError(.integrity("terminal_state row \(key) is not text"))
+            }
+            return text
         }
         guard let text else { return nil }
+        // The MAC checked out, so a value that does not decode was written by another version.
         return try? JSONDecoder().decode(type, from: Data(text.utf8))
     }
 
     /// Stores a terminal-wide value (JSON), durably.
     public func setTerminalValue(_ value: some Encodable, forKey key: String) throws(StoreError) {
         let text = String(decoding: try JSONEncoder().encodeOrThrow(value), as: UTF8.self)
-        try transaction { db in
+        try transaction { db in try writeTerminalValue(text, forKey: key, in: db) }
+    }
+
+    /// Writes a terminal value and its MAC inside `db`'s transaction, after checking the row it
+    /// replaces.
+    func writeTerminalValue(_ text: String, forKey key: String, in db: SQLiteConnection) throws {
+        try updatingRows(Self.terminalStateTable, where: "key = ?", [.text(key)], in: db) {
             try db.query(
                 "INSERT INTO terminal_state (key, value) VALUES (?, ?) ON CONFLICT (key) DO UPDATE SET value = excluded.value",
                 [.text(key), .text(text)])

@@ -17,6 +17,11 @@ public struct StoreError: Error, CustomStringConvertible, Sendable {
         case noSuchPerson
         /// An SQLite failure.
         case database
+        /// The store is missing, emptied or behind the durable record of how far it had got
+        /// (the audit head anchor): it was rolled back or lost acknowledged writes.
+        case rollback
+        /// The state directory or database cannot be written.
+        case readOnly
     }
 
     enum Kind: Sendable {
@@ -27,6 +32,8 @@ public struct StoreError: Error, CustomStringConvertible, Sendable {
         case personExists(String)
         case noSuchPerson(String)
         case database(SQLiteError)
+        case rollback(String)
+        case readOnly(String)
     }
 
     let kind: Kind
@@ -50,6 +57,8 @@ public struct StoreError: Error, CustomStringConvertible, Sendable {
         case .personExists: .personExists
         case .noSuchPerson: .noSuchPerson
         case .database: .database
+        case .rollback: .rollback
+        case .readOnly: .readOnly
         }
     }
 
@@ -64,6 +73,9 @@ public struct StoreError: Error, CustomStringConvertible, Sendable {
         case .personExists(let name): "a person named or bound as \(name) already exists"
         case .noSuchPerson(let name): "no person named \(name)"
         case .database(let error): "database error: \(error.message) (code \(error.code))"
+        case .rollback(let what):
+            "store rolled back or lost: \(what); refusing to serve it (kioskauthd --accept-store-rollback starts anyway and audits what was lost)"
+        case .readOnly(let path): "\(path) is read-only: the store cannot be written there"
         }
     }
 

@@ -1,5 +1,6 @@
 import ArgumentParser
 import Foundation
+import KioskAuthCore
 import KioskAuthProtocol
 
 #if canImport(Glibc)
@@ -14,8 +15,11 @@ struct GlobalOptions: ParsableArguments {
     @Flag(help: "Print the daemon's replies as JSON.")
     var json = false
 
-    var socketPath: String {
-        socket ?? ProcessInfo.processInfo.environment["KIOSKAUTH_SOCKET"].flatMap { $0.isEmpty ? nil : $0 }
+    var socketPath: String { Self.socketPath(socket) }
+
+    /// `given` (--socket), else $KIOSKAUTH_SOCKET, else the system socket.
+    static func socketPath(_ given: String?) -> String {
+        given ?? ProcessInfo.processInfo.environment["KIOSKAUTH_SOCKET"].flatMap { $0.isEmpty ? nil : $0 }
             ?? "/run/kioskauth/io.kioskauth"
     }
 
@@ -38,8 +42,35 @@ func printJSON(_ value: some Encodable) {
     let encoder = JSONEncoder()
     encoder.outputFormatting = [.prettyPrinted, .sortedKeys, .withoutEscapingSlashes]
     if let data = try? encoder.encode(value) {
-        print(String(decoding: data, as: UTF8.self))
+        // The encoder escapes C0 controls; C1 controls and bidirectional overrides it leaves raw,
+        // so they become JSON escapes here: the same JSON, nothing a terminal acts on.
+        var text = ""
+        for scalar in String(decoding: data, as: UTF8.self).unicodeScalars {
+            if scalar.value >= 0x7F, SafeText.isForbidden(scalar) {
+                text += String(format: "\\u%04x", scalar.value)
+            } else {
+                text.unicodeScalars.append(scalar)
+            }
+        }
+        Swift.print(text)
     }
+}
+
+/// Stored text (names, display names, services, audit details) as it is safe to show on a
+/// terminal: control and bidirectional-override characters escaped (`\x1B`, `\u{202E}`).
+func safe(_ text: String) -> String { SafeText.escaped(text) }
+func safe(_ text: String?) -> String? { text.map(SafeText.escaped) }
+
+/// Every line this tool prints goes through here: whatever a stored string holds, no control or
+/// bidirectional-override character reaches the terminal raw (tabs and line ends the tool
+/// writes itself are kept; the fields that could hold them are escaped with `safe` first).
+func print(_ items: Any..., separator: String = " ", terminator: String = "\n") {
+    let text = items.map { "\($0)" }.joined(separator: separator)
+    let lines = text.split(separator: "\n", omittingEmptySubsequences: false).map { line in
+        line.split(separator: "\t", omittingEmptySubsequences: false).map { SafeText.escaped(String($0)) }
+            .joined(separator: "\t")
+    }
+    Swift.print(lines.joined(separator: "\n"), terminator: terminator)
 }
 
 /// Reads one secret line: without echo from a terminal, else a plain line from stdin.
@@ -71,10 +102,12 @@ struct KioskAuthCtl: ParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "kioskauthctl",
         abstract: "Manage kioskauth: people, passcodes, fingerprints and the audit trail.",
-        discussion: "Speaks only kioskauthd's socket API; what you may do depends on who you are (root, kioskauth-admin, kioskauth).",
-        version: "0.1.0",
+        discussion:
+            "Speaks only kioskauthd's socket API; what you may do depends on who you are (root, kioskauth-admin, kioskauth).",
+        version: KioskAuthVersion.string,
         subcommands: [
-            Status.self, User.self, Passcode.self, FingerCommand.self, VerifyCommand.self, IdentifyCommand.self, ReaderCommand.self,
+            Status.self, User.self, Passcode.self, FingerCommand.self, VerifyCommand.self, IdentifyCommand.self,
+            ReaderCommand.self,
             Activation.self, Lockout.self, Audit.self, SessionCommand.self, Login.self,
         ])
 
@@ -84,7 +117,7 @@ struct KioskAuthCtl: ParsableCommand {
             var command = try parseAsRoot(globalOptionsLast(Array(CommandLine.arguments.dropFirst())))
             try command.run()
         } catch let error as VarlinkClientError {
-            FileHandle.standardError.write(Data("kioskauthctl: \(describe(error))\n".utf8))
+            FileHandle.standardError.write(Data("kioskauthctl: \(safe(describe(error)))\n".utf8))
             Foundation.exit(1)
         } catch {
             let code = exitCode(for: error)
@@ -149,15 +182,26 @@ struct KioskAuthCtl: ParsableCommand {
             return "wrong passcode (\(count))"
         case "PasscodeLocked":
             if case .bool(true)? = p?["hardLocked"] {
-                return "passcode locked after too many failures: an admin must reset it (kioskauthctl lockout reset NAME), or sign in online; fingerprint unlock still works"
+                return
+                    "passcode locked after too many failures: an admin must reset it (kioskauthctl lockout reset NAME), or sign in online; fingerprint unlock still works"
             }
-            return "passcode locked for \(number("retryAfterSeconds") ?? 0) s after failed attempts; fingerprint unlock still works"
+            return
+                "passcode locked for \(number("retryAfterSeconds") ?? 0) s after failed attempts; fingerprint unlock still works"
         case "NoPasscode": return "\(string("name") ?? "that person") has no passcode"
-        case "PersonNotActive": return "\(string("name") ?? "that person") cannot unlock: \(string("state") ?? "not active")"
+        case "PersonNotActive":
+            return "\(string("name") ?? "that person") cannot unlock: \(string("state") ?? "not active")"
         case "PasscodeNotAllowed": return "passcode not allowed: \(string("reason") ?? "")"
         case "TicketInvalid": return "authenticate first: the ticket is missing, expired or from another connection"
         case "StoreIntegrity": return "store integrity failure: \(string("reason") ?? "")"
         case "TooManyConnections": return "kioskauthd is refusing connections: too many open"
+        case "RateLimited":
+            let retry: String
+            if case .number(let seconds)? = p?["retryAfter"] {
+                retry = String(format: "%.1f", seconds)
+            } else {
+                retry = "1"
+            }
+            return "too many calls from this user (at most \(number("limit") ?? 0) a second); try again in \(retry) s"
         case "ActivationCodeWrong", "ActivationCodeExpired", "ActivationCodeUsed", "ActivationCodeRevoked",
             "ActivationPaused":
             return string("message") ?? error.description
@@ -165,19 +209,32 @@ struct KioskAuthCtl: ParsableCommand {
         case "NoReader": return "no fingerprint reader is present; use the passcode"
         case "FingerprintNotRecognized":
             if case .bool(true)? = p?["fallbackRequired"] {
-                return "finger not recognised (\(number("failures") ?? 0) in a row): use your \(string("fallback") == "idp" ? "email and password" : "passcode") now"
+                return
+                    "finger not recognised (\(number("failures") ?? 0) in a row): use your \(string("fallback") == "idp" ? "email and password" : "passcode") now"
             }
             return "finger not recognised (\(number("failures") ?? 0) in a row)"
         case "FallbackRequired":
-            return "too many unrecognised fingers: \(string("name") ?? "this person") must use the \(string("fallback") == "idp" ? "email and password login" : "passcode") first"
+            return
+                "too many unrecognised fingers: \(string("name") ?? "this person") must use the \(string("fallback") == "idp" ? "email and password login" : "passcode") first"
         case "NotIdentified":
-            if case .bool(true)? = p?["askForName"] { return "finger not recognised among the most recent users: give your name and verify instead" }
+            if case .bool(true)? = p?["askForName"] {
+                return "finger not recognised among the most recent users: give your name and verify instead"
+            }
             return "finger not recognised"
         case "FingerprintPaused":
-            return "fingerprint matching is paused after unrecognised fingers; try again in \(number("retryAfterSeconds") ?? 0) s or use the passcode"
-        case "IdentifyPaused": return "walk-up identify is paused after unknown fingers; try again in \(number("retryAfterSeconds") ?? 0) s or give your name"
+            return
+                "fingerprint matching is paused after unrecognised fingers; try again in \(number("retryAfterSeconds") ?? 0) s or use the passcode"
+        case "IdentifyPaused":
+            return
+                "walk-up identify is paused after unknown fingers; try again in \(number("retryAfterSeconds") ?? 0) s or give your name"
         case "NoFingers": return "\(string("name") ?? "that person") has no enrolled finger"
-        case "FingerAlreadyEnrolled": return "that finger is already enrolled\(string("finger").map { $0.isEmpty ? "" : " (\($0))" } ?? "")"
+        case "FingerAlreadyEnrolled":
+            // The finger the touch matched, and whose it is when the daemon says.
+            switch (string("name"), string("finger").flatMap { $0.isEmpty ? nil : $0 }) {
+            case (let owner?, let finger?): return "that finger is already enrolled as \(owner)'s \(finger)"
+            case (nil, let finger?): return "that finger is already enrolled (as \(finger))"
+            default: return "that finger is already enrolled"
+            }
         case "TooManyFingers": return "at most \(number("max") ?? 10) fingers per person"
         case "ScanRetry": return "the touch was not usable: \(string("hint") ?? "try again")"
         case "ScanTimeout": return "no finger was presented within \(number("seconds") ?? 0) s"
@@ -190,7 +247,9 @@ struct KioskAuthCtl: ParsableCommand {
         case "WrongCredentials": return "wrong email or password"
         case "NotAdmitted": return "not admitted on this terminal: \(string("reason") ?? "")"
         case "UnknownRole": return "refused: \(string("reason") ?? "unknown role")"
-        case "IdentityProviderUnavailable": return "\(string("reason") ?? "cannot reach the identity provider"); try again later"
+        case "SubjectChanged": return "refused: \(string("reason") ?? "the account changed at the identity provider")"
+        case "IdentityProviderUnavailable":
+            return "\(string("reason") ?? "cannot reach the identity provider"); try again later"
         case "IdentityProviderRefused": return string("reason") ?? "the identity provider refused the request"
         case "DeviceLoginDenied": return "the device login was denied"
         case "DeviceLoginExpired": return "the device code expired; start again"
@@ -217,11 +276,16 @@ struct Status: ParsableCommand {
         print("kioskauthd \(status.version), store schema \(status.schemaVersion)")
         print("people:       \(status.people)")
         print("socket:       \(global.socketPath)\(status.socketActivated ? " (socket-activated)" : "")")
-        print("store key:    \(status.developmentKey ? "DEVELOPMENT KEY FILE (not for production)" : "systemd credential")")
+        print(
+            "store key:    \(status.developmentKey ? "DEVELOPMENT KEY FILE (not for production)" : "systemd credential")"
+        )
         print("uptime:       \(status.uptimeSeconds) s")
         print("audit:        \(status.auditEvents) events, head \(status.auditHead.prefix(16))…")
         if let delivery = status.auditDelivery { printAuditDelivery(delivery) }
-        guard let connectivity = try? global.call("GetConnectivity", Message.Empty(), as: Message.Connectivity.self) else {
+        guard
+            let connectivity = try? global.call(
+                "GetConnectivity", Message.GetConnectivity(people: true), as: Message.Connectivity.self)
+        else {
             return
         }
         guard connectivity.identityProvider else {
@@ -238,7 +302,9 @@ struct Status: ParsableCommand {
             if let reason = person.suspendedReason { window += " (\(reason))" }
             print(window)
         }
-        print("revocation queue: \(connectivity.outboxPending) pending\(connectivity.lastDeliveryAt.map { ", last delivery \($0)" } ?? "")\(connectivity.lastDeliveryError.map { ", last error: \($0)" } ?? "")")
+        print(
+            "revocation queue: \(connectivity.outboxPending) pending\(connectivity.lastDeliveryAt.map { ", last delivery \($0)" } ?? "")\(connectivity.lastDeliveryError.map { ", last error: \($0)" } ?? "")"
+        )
     }
 }
 
@@ -267,12 +333,38 @@ func printAuditDelivery(_ delivery: AuditDeliveryStatus) {
 struct User: ParsableCommand {
     static let configuration = CommandConfiguration(
         abstract: "Add, list, show, change, export and remove people.",
-        subcommands: [Add.self, List.self, Show.self, Set.self, Export.self, Remove.self])
+        subcommands: [Add.self, List.self, Show.self, Set.self, Suspend.self, Resume.self, Export.self, Remove.self])
+
+    struct Suspend: ParsableCommand {
+        static let configuration = CommandConfiguration(
+            abstract: "Suspend a person: every authentication is refused and their sessions end; secrets are kept.")
+        @OptionGroup var global: GlobalOptions
+        @Argument(help: "Login name.", completion: .people) var name: String
+        @Option(help: "Why (recorded in the audit trail).") var reason: String?
+
+        func run() throws {
+            try global.call(
+                "SuspendPerson", Message.SuspendPerson(name: name, reason: reason), as: Message.PersonReply.self)
+            if !global.json { print("\(name) is suspended") }
+        }
+    }
+
+    struct Resume: ParsableCommand {
+        static let configuration = CommandConfiguration(
+            abstract: "Make a person an admin suspended active again (identity-provider people sign in online).")
+        @OptionGroup var global: GlobalOptions
+        @Argument(help: "Login name.", completion: .people) var name: String
+
+        func run() throws {
+            try global.call("ResumePerson", Message.Name(name: name), as: Message.PersonReply.self)
+            if !global.json { print("\(name) is active again") }
+        }
+    }
 
     struct Set: ParsableCommand {
         static let configuration = CommandConfiguration(abstract: "Change a person's settings.")
         @OptionGroup var global: GlobalOptions
-        @Argument(help: "Login name.") var name: String
+        @Argument(help: "Login name.", completion: .people) var name: String
         @Option(help: "Offer fingerprint enrolment after online logins: on, or off (as if declined).")
         var biometricOffer: String?
         @Option(help: "Bind the person (local or from the identity provider) to this Unix uid.") var uid: Int?
@@ -298,7 +390,9 @@ struct User: ParsableCommand {
             }
             if let biometricOffer {
                 let enabled = biometricOffer == "on"
-                try global.call("SetBiometricOffer", Message.SetBiometricOffer(name: name, enabled: enabled), as: Message.PersonReply.self)
+                try global.call(
+                    "SetBiometricOffer", Message.SetBiometricOffer(name: name, enabled: enabled),
+                    as: Message.PersonReply.self)
                 if !global.json { print("fingerprint enrolment offer for \(name): \(enabled ? "on" : "off")") }
             }
         }
@@ -341,16 +435,28 @@ struct User: ParsableCommand {
         func run() throws {
             let reply = try global.call("ListPeople", Message.Empty(), as: Message.People.self)
             guard !global.json else { return }
-            let rows = [["NAME", "DISPLAY NAME", "ROLES", "ORIGIN", "STATE", "UID", "PASSCODE", "FINGERS"]]
+            let rows =
+                [["NAME", "DISPLAY NAME", "ROLES", "ORIGIN", "STATE", "UID", "PASSCODE", "FINGERS"]]
                 + reply.people.map { p in
                     [
-                        p.name, p.displayName, p.roles.joined(separator: ","), p.origin, p.state, p.uid.map(String.init) ?? "-",
-                        p.passcodeHardLocked ? "locked" : (p.hasPasscode ? "set" : "-"), p.fingers.isEmpty ? "-" : p.fingers.joined(separator: ","),
+                        safe(p.name), safe(p.displayName), safe(p.roles.joined(separator: ",")), safe(p.origin),
+                        safe(p.state),
+                        p.uid.map(String.init) ?? "-",
+                        p.passcodeHardLocked ? "locked" : (p.hasPasscode ? "set" : "-"),
+                        p.fingers.isEmpty
+                            ? "-"
+                            : safe(
+                                p.fingers.map {
+                                    (p.fingersMissingFromSensor ?? []).contains($0) ? $0 + "(missing)" : $0
+                                }
+                                .joined(separator: ",")),
                     ]
                 }
             let widths = (0..<rows[0].count).map { column in rows.map { $0[column].count }.max() ?? 0 }
             for row in rows {
-                print(zip(row, widths).map { $0.padding(toLength: $1, withPad: " ", startingAt: 0) }.joined(separator: "  "))
+                print(
+                    zip(row, widths).map { $0.padding(toLength: $1, withPad: " ", startingAt: 0) }.joined(
+                        separator: "  "))
             }
         }
     }
@@ -358,7 +464,7 @@ struct User: ParsableCommand {
     struct Show: ParsableCommand {
         static let configuration = CommandConfiguration(abstract: "Show one person.")
         @OptionGroup var global: GlobalOptions
-        @Argument(help: "Login name.") var name: String
+        @Argument(help: "Login name.", completion: .people) var name: String
 
         func run() throws {
             let p = try global.call("GetPerson", Message.Name(name: name), as: Message.PersonReply.self).person
@@ -369,9 +475,15 @@ struct User: ParsableCommand {
             print("origin:        \(p.origin)")
             print("state:         \(p.state)")
             print("uid:           \(p.uid.map(String.init) ?? "-")")
-            print("passcode:      \(p.hasPasscode ? "set" : "not set")\(p.passcodeHardLocked ? ", HARD-LOCKED" : "")\(p.passcodeLockedUntil.map { ", delayed until \($0)" } ?? "")")
+            print(
+                "passcode:      \(p.hasPasscode ? "set" : "not set")\(p.passcodeHardLocked ? ", HARD-LOCKED" : "")\(p.passcodeLockedUntil.map { ", delayed until \($0)" } ?? "")"
+            )
             print("failures:      passcode \(p.passcodeFailures), fingerprint \(p.fingerprintFailures)")
             print("fingers:       \(p.fingers.isEmpty ? "-" : p.fingers.joined(separator: ", "))")
+            if let missing = p.fingersMissingFromSensor, !missing.isEmpty {
+                print("missing:       \(missing.joined(separator: ", ")) (not on the sensor: cannot match)")
+                print(missingAdvice(name: p.name, missing))
+            }
             print("created:       \(p.createdAt)")
             print("last unlock:   \(iso(p.lastUnlockAt))")
             if p.origin == "idp" {
@@ -387,7 +499,7 @@ struct User: ParsableCommand {
         static let configuration = CommandConfiguration(
             abstract: "Print everything stored about a person except secrets, as JSON (e.g. before user remove).")
         @OptionGroup var global: GlobalOptions
-        @Argument(help: "Login name.") var name: String
+        @Argument(help: "Login name.", completion: .people) var name: String
 
         func run() throws {
             let reply = try global.connect().call(
@@ -400,7 +512,7 @@ struct User: ParsableCommand {
         static let configuration = CommandConfiguration(
             abstract: "Remove a person and erase their passcode, fingerprints, tokens and sessions.")
         @OptionGroup var global: GlobalOptions
-        @Argument(help: "Login name.") var name: String
+        @Argument(help: "Login name.", completion: .people) var name: String
 
         func run() throws {
             try global.call("RemovePerson", Message.Name(name: name), as: Message.Empty.self)
@@ -417,13 +529,14 @@ struct Passcode: ParsableCommand {
         static let configuration = CommandConfiguration(
             abstract: "Set a person's passcode: typed twice on a terminal, or two lines on standard input.")
         @OptionGroup var global: GlobalOptions
-        @Argument(help: "Login name.") var name: String
+        @Argument(help: "Login name.", completion: .people) var name: String
 
         func run() throws {
             let first = try readSecret(prompt: "New passcode for \(name): ")
             let second = try readSecret(prompt: "Again: ")
             try global.call(
-                "SetPasscode", Message.SetPasscode(name: name, passcode: first, confirmation: second), as: Message.PersonReply.self)
+                "SetPasscode", Message.SetPasscode(name: name, passcode: first, confirmation: second),
+                as: Message.PersonReply.self)
             if !global.json { print("passcode set for \(name)") }
         }
     }
@@ -432,11 +545,12 @@ struct Passcode: ParsableCommand {
         static let configuration = CommandConfiguration(
             abstract: "Check a passcode (one line on standard input); exits 0 only when it matches.")
         @OptionGroup var global: GlobalOptions
-        @Argument(help: "Login name.") var name: String
+        @Argument(help: "Login name.", completion: .people) var name: String
 
         func run() throws {
             let passcode = try readSecret(prompt: "Passcode for \(name): ")
-            let reply = try global.call("VerifyPasscode", Message.VerifyPasscode(name: name, passcode: passcode), as: Message.Verified.self)
+            let reply = try global.call(
+                "VerifyPasscode", Message.VerifyPasscode(name: name, passcode: passcode), as: Message.Verified.self)
             if !global.json { print("passcode accepted for \(reply.person.displayName)") }
         }
     }
@@ -449,7 +563,7 @@ struct Lockout: ParsableCommand {
         static let configuration = CommandConfiguration(
             abstract: "Clear a person's passcode and fingerprint failure counts, including a hard lock.")
         @OptionGroup var global: GlobalOptions
-        @Argument(help: "Login name.") var name: String
+        @Argument(help: "Login name.", completion: .people) var name: String
 
         func run() throws {
             try global.call("ResetLockout", Message.Name(name: name), as: Message.PersonReply.self)
@@ -464,35 +578,48 @@ struct Audit: ParsableCommand {
         defaultSubcommand: Show.self)
 
     struct Show: ParsableCommand {
-        static let configuration = CommandConfiguration(commandName: "show", abstract: "Show audit events, oldest first.")
+        static let configuration = CommandConfiguration(
+            commandName: "show", abstract: "Show audit events, oldest first.")
         @OptionGroup var global: GlobalOptions
         @Option(help: "Only events after this sequence number.") var after: Int?
-        @Option(help: "At most this many events.") var limit: Int?
+        @Option(
+            name: [.customShort("n"), .long], help: "Only the newest N events (like journalctl -n), still oldest first."
+        )
+        var limit: Int?
+
+        func validate() throws {
+            if let limit, limit < 1 { throw ValidationError("--limit takes a positive number") }
+        }
 
         func run() throws {
-            let reply = try global.call("GetAudit", Message.GetAudit(after: after, limit: limit), as: Message.AuditEvents.self)
+            let reply = try global.call(
+                "GetAudit", Message.GetAudit(after: after, limit: limit, newest: limit == nil ? nil : true),
+                as: Message.AuditEvents.self)
             guard !global.json else { return }
             for e in reply.events {
-                var line = "\(e.sequence)\t\(e.time)\t\(e.action)\t\(e.result)"
-                if let person = e.person { line += "\tperson=\(person)" }
-                if let method = e.method { line += "\tmethod=\(method)" }
+                var line = "\(e.sequence)\t\(safe(e.time))\t\(safe(e.action))\t\(safe(e.result))"
+                if let person = e.person { line += "\tperson=\(safe(person))" }
+                if let method = e.method { line += "\tmethod=\(safe(method))" }
                 if let uid = e.callerUid { line += "\tuid=\(uid)" }
                 if let pid = e.callerPid { line += "\tpid=\(pid)" }
-                if let service = e.service { line += "\tservice=\(service)" }
-                if let detail = e.detail { line += "\t\(detail)" }
+                if let service = e.service { line += "\tservice=\(safe(service))" }
+                if let detail = e.detail { line += "\t\(safe(detail))" }
                 print(line)
             }
         }
     }
 
     struct Verify: ParsableCommand {
-        static let configuration = CommandConfiguration(abstract: "Check the audit trail's HMAC chain; exits 1 when broken.")
+        static let configuration = CommandConfiguration(
+            abstract: "Check the audit trail's HMAC chain; exits 1 when broken.")
         @OptionGroup var global: GlobalOptions
-        @Option(name: .long, help: "A trusted head SEQ:MAC (e.g. the journal's audit_seq:audit_head) the chain must reach.")
+        @Option(
+            name: .long, help: "A trusted head SEQ:MAC (e.g. the journal's audit_seq:audit_head) the chain must reach.")
         var head: String?
 
         func run() throws {
-            let result = try global.call("VerifyAudit", Message.VerifyAudit(head: head), as: Message.AuditVerification.self)
+            let result = try global.call(
+                "VerifyAudit", Message.VerifyAudit(head: head), as: Message.AuditVerification.self)
             if !global.json {
                 if result.valid {
                     print("audit chain intact: \(result.events) events, head \(result.head)")
@@ -523,7 +650,9 @@ func scan(_ global: GlobalOptions, _ method: String, _ input: some Encodable) th
         if let stage = progress.stage, let stages = progress.stages, stages > 0, progress.state != "duplicate-check" {
             let width = 20
             let filled = min(width, stage * width / stages)
-            line = "[" + String(repeating: "#", count: filled) + String(repeating: "-", count: width - filled) + "] stage \(stage)/\(stages)"
+            line =
+                "[" + String(repeating: "#", count: filled) + String(repeating: "-", count: width - filled)
+                + "] stage \(stage)/\(stages)"
             if let hint = progress.hint { line += ": \(hint)" }
         } else {
             line = progress.hint ?? progress.state
@@ -544,26 +673,40 @@ let fingerNames = [
     "right-thumb", "right-index", "right-middle", "right-ring", "right-little",
 ]
 
+/// What to do about enrolled fingers the storage reader no longer holds.
+func missingAdvice(name: String, _ missing: [String]) -> String {
+    let finger = missing.count == 1 ? missing[0] : "FINGER"
+    return "The reader lost \(missing.count == 1 ? "this print" : "these prints") (e.g. a virtual reader restarted): "
+        + "kioskauthctl finger remove \(name) --finger \(finger), then enrol it again."
+}
+
 struct FingerCommand: ParsableCommand {
     static let configuration = CommandConfiguration(
-        commandName: "finger", abstract: "Enrol, list and remove fingers.", subcommands: [Enroll.self, List.self, Remove.self])
+        commandName: "finger", abstract: "Enrol, list and remove fingers.",
+        subcommands: [Enroll.self, List.self, Remove.self])
 
     struct Enroll: ParsableCommand {
         static let configuration = CommandConfiguration(abstract: "Enrol a finger, with live progress.")
         @OptionGroup var global: GlobalOptions
-        @Argument(help: "Login name.") var name: String
-        @Option(help: "Which finger: left-thumb ... right-little.") var finger = "right-index"
+        @Argument(help: "Login name.", completion: .people) var name: String
+        @Option(help: "Which finger: left-thumb ... right-little.", completion: .list(fingerNames))
+        var finger = "right-index"
+        @Option(help: "The reader to enrol on (an id from `kioskauthctl reader`); default the first.") var reader:
+            String?
 
         func validate() throws {
-            guard fingerNames.contains(finger) else { throw ValidationError("unknown finger '\(finger)': use \(fingerNames.joined(separator: ", "))") }
+            guard fingerNames.contains(finger) else {
+                throw ValidationError("unknown finger '\(finger)': use \(fingerNames.joined(separator: ", "))")
+            }
         }
 
         func run() throws {
-            let reply = try scan(global, "EnrollFinger", Message.EnrollFinger(name: name, finger: finger))
+            let reply = try scan(
+                global, "EnrollFinger", Message.EnrollFinger(name: name, finger: finger, reader: reader))
             guard !global.json else { return }
             print("enrolled \(reply.finger ?? finger) for \(name)")
             if reply.duplicateChecked == false {
-                print("note: this reader cannot identify, so duplicates could not be checked")
+                print("note: duplicates were not checked (the reader cannot identify, or the check is off)")
             }
         }
     }
@@ -571,35 +714,45 @@ struct FingerCommand: ParsableCommand {
     struct List: ParsableCommand {
         static let configuration = CommandConfiguration(abstract: "List a person's enrolled fingers.")
         @OptionGroup var global: GlobalOptions
-        @Argument(help: "Login name.") var name: String
+        @Argument(help: "Login name.", completion: .people) var name: String
 
         func run() throws {
             let reply = try global.call("ListFingers", Message.Name(name: name), as: Message.Fingers.self)
-            if !global.json { reply.fingers.forEach { print($0) } }
+            guard !global.json else { return }
+            let missing = reply.missingFromSensor ?? []
+            for finger in reply.fingers {
+                print(missing.contains(finger) ? "\(finger)\tmissing from the sensor" : finger)
+            }
+            if !missing.isEmpty { print(missingAdvice(name: name, missing)) }
         }
     }
 
     struct Remove: ParsableCommand {
-        static let configuration = CommandConfiguration(abstract: "Remove one finger, or all of a person's fingers (also from the sensor).")
+        static let configuration = CommandConfiguration(
+            abstract: "Remove one finger, or all of a person's fingers (also from the sensor).")
         @OptionGroup var global: GlobalOptions
-        @Argument(help: "Login name.") var name: String
-        @Option(help: "The finger; all fingers when absent.") var finger: String?
+        @Argument(help: "Login name.", completion: .people) var name: String
+        @Option(help: "The finger; all fingers when absent.", completion: .enrolledFingers) var finger: String?
 
         func validate() throws {
             if let finger, !fingerNames.contains(finger) { throw ValidationError("unknown finger '\(finger)'") }
         }
 
         func run() throws {
-            let reply = try global.call("RemoveFinger", Message.RemoveFinger(name: name, finger: finger), as: Message.Removed.self)
-            if !global.json { print(reply.removed.isEmpty ? "nothing to remove" : "removed \(reply.removed.joined(separator: ", "))") }
+            let reply = try global.call(
+                "RemoveFinger", Message.RemoveFinger(name: name, finger: finger), as: Message.Removed.self)
+            if !global.json {
+                print(reply.removed.isEmpty ? "nothing to remove" : "removed \(reply.removed.joined(separator: ", "))")
+            }
         }
     }
 }
 
 struct VerifyCommand: ParsableCommand {
-    static let configuration = CommandConfiguration(commandName: "verify", abstract: "Scan a finger and match one person; exits 0 only on a match.")
+    static let configuration = CommandConfiguration(
+        commandName: "verify", abstract: "Scan a finger and match one person; exits 0 only on a match.")
     @OptionGroup var global: GlobalOptions
-    @Argument(help: "Login name.") var name: String
+    @Argument(help: "Login name.", completion: .people) var name: String
 
     func run() throws {
         let reply = try scan(global, "VerifyFinger", Message.VerifyFinger(name: name))
@@ -608,7 +761,8 @@ struct VerifyCommand: ParsableCommand {
 }
 
 struct IdentifyCommand: ParsableCommand {
-    static let configuration = CommandConfiguration(commandName: "identify", abstract: "Scan a finger and say whose it is; exits 0 only when recognised.")
+    static let configuration = CommandConfiguration(
+        commandName: "identify", abstract: "Scan a finger and say whose it is; exits 0 only when recognised.")
     @OptionGroup var global: GlobalOptions
 
     func run() throws {
@@ -619,7 +773,8 @@ struct IdentifyCommand: ParsableCommand {
 }
 
 struct ReaderCommand: ParsableCommand {
-    static let configuration = CommandConfiguration(commandName: "reader", abstract: "Show the fingerprint readers present.")
+    static let configuration = CommandConfiguration(
+        commandName: "reader", abstract: "Show the fingerprint readers present.")
     @OptionGroup var global: GlobalOptions
 
     func run() throws {
@@ -630,30 +785,39 @@ struct ReaderCommand: ParsableCommand {
             var features: [String] = [r.scanType]
             if r.canIdentify { features.append("identify") }
             if r.hasStorage { features.append("storage") }
-            print("\(r.name)\tdriver \(r.driver)\t\(r.enrollStages) enrol stages\t\(features.joined(separator: ", "))")
+            print(
+                "\(r.id)\t\(r.name)\tdriver \(r.driver)\t\(r.enrollStages) enrol stages\t\(features.joined(separator: ", "))"
+            )
         }
     }
 }
 
 struct SessionCommand: ParsableCommand {
     static let configuration = CommandConfiguration(
-        commandName: "session", abstract: "List sessions, or end every session of a person.", subcommands: [List.self, End.self])
+        commandName: "session", abstract: "List sessions, or end every session of a person.",
+        subcommands: [List.self, End.self])
 
     struct List: ParsableCommand {
         static let configuration = CommandConfiguration(abstract: "List open sessions.")
         @OptionGroup var global: GlobalOptions
-        @Argument(help: "Only this person's.") var name: String?
+        @Argument(help: "Only this person's.", completion: .people) var name: String?
 
         func run() throws {
             let reply = try global.call("ListSessions", Message.ListSessions(name: name), as: Message.Sessions.self)
             guard !global.json else { return }
-            let rows = [["ID", "NAME", "STATE", "SERVICE", "OPENED", "LAST ACTIVITY", "CUT-OFF"]]
+            let rows =
+                [["ID", "NAME", "STATE", "SERVICE", "OPENED", "LAST ACTIVITY", "CUT-OFF"]]
                 + reply.sessions.map { s in
-                    [String(s.id.prefix(12)), s.name, s.state, s.service ?? "-", s.openedAt, s.lastActivityAt, s.overnightCutoff ?? "-"]
+                    [
+                        String(s.id.prefix(12)), s.name, s.state, s.service ?? "-", s.openedAt, s.lastActivityAt,
+                        s.overnightCutoff ?? "-",
+                    ]
                 }
             let widths = (0..<rows[0].count).map { column in rows.map { $0[column].count }.max() ?? 0 }
             for row in rows {
-                print(zip(row, widths).map { $0.padding(toLength: $1, withPad: " ", startingAt: 0) }.joined(separator: "  "))
+                print(
+                    zip(row, widths).map { $0.padding(toLength: $1, withPad: " ", startingAt: 0) }.joined(
+                        separator: "  "))
             }
         }
     }
@@ -662,7 +826,7 @@ struct SessionCommand: ParsableCommand {
         static let configuration = CommandConfiguration(
             abstract: "End every session of a person (security logout).")
         @OptionGroup var global: GlobalOptions
-        @Argument(help: "Login name.") var name: String
+        @Argument(help: "Login name.", completion: .people) var name: String
 
         func run() throws {
             let reply = try global.call("EndSessions", Message.Name(name: name), as: Message.EndedSessions.self)
@@ -680,10 +844,15 @@ struct Login: ParsableCommand {
     func run() throws {
         let password = try readSecret(prompt: "Password for \(email): ")
         let reply = try global.call(
-            "LoginWithPassword", Message.LoginWithPassword(email: email, password: password), as: Message.OnlineLogin.self)
+            "LoginWithPassword", Message.LoginWithPassword(email: email, password: password),
+            as: Message.OnlineLogin.self)
         guard !global.json, let person = reply.person else { return }
-        print("signed in as \(person.name) (\(person.roles.joined(separator: ", ")))\(reply.created == true ? ", new on this terminal" : "")")
-        if reply.offerFingerprint == true { print("fingerprint enrolment can be offered (kioskauthctl finger enroll \(person.name))") }
+        print(
+            "signed in as \(person.name) (\(person.roles.joined(separator: ", ")))\(reply.created == true ? ", new on this terminal" : "")"
+        )
+        if reply.offerFingerprint == true {
+            print("fingerprint enrolment can be offered (kioskauthctl finger enroll \(person.name))")
+        }
     }
 }
 
@@ -695,7 +864,7 @@ struct Activation: ParsableCommand {
         static let configuration = CommandConfiguration(
             abstract: "Issue a new code for a person pending activation; the old one dies.")
         @OptionGroup var global: GlobalOptions
-        @Argument(help: "Login name.") var name: String
+        @Argument(help: "Login name.", completion: .people) var name: String
 
         func run() throws {
             let reply = try global.call(
@@ -707,12 +876,86 @@ struct Activation: ParsableCommand {
     struct Revoke: ParsableCommand {
         static let configuration = CommandConfiguration(abstract: "Revoke a person's activation code.")
         @OptionGroup var global: GlobalOptions
-        @Argument(help: "Login name.") var name: String
+        @Argument(help: "Login name.", completion: .people) var name: String
 
         func run() throws {
             let reply = try global.call("RevokeActivationCode", Message.Name(name: name), as: Message.Revoked.self)
             if !global.json { print(reply.revoked ? "revoked" : "\(name) had no live activation code") }
             if !reply.revoked { throw ExitCode(1) }
         }
+    }
+}
+
+// MARK: Shell completion
+
+/// Completion of people's and fingers' names, asked of the daemon: the shell runs
+/// `kioskauthctl ---completion SUBCOMMAND... -- ARGUMENT INDEX CURSOR WORD...` and offers the
+/// lines printed. A caller the daemon does not let list them (or no daemon) gets no candidates,
+/// never an error, so the shell simply offers nothing.
+enum ShellCompletion {
+    /// Options of any subcommand that take a value, so their values are not taken for the name.
+    static let optionsWithValues: Swift.Set<String> = [
+        "--socket", "--finger", "--display-name", "--role", "--uid", "--reason", "--biometric-offer",
+        "--after", "--limit", "-n", "--head",
+    ]
+
+    /// The socket the command line names (`--socket PATH` or `--socket=PATH`), else the default.
+    static func client(_ words: [String]) -> VarlinkClient? {
+        var socket: String?
+        for (index, word) in words.enumerated() {
+            if word == "--socket", index + 1 < words.count { socket = words[index + 1] }
+            if word.hasPrefix("--socket=") { socket = String(word.dropFirst("--socket=".count)) }
+        }
+        return try? VarlinkClient(socketPath: GlobalOptions.socketPath(socket))
+    }
+
+    /// The names of everyone on the terminal starting with `prefix` (admins only).
+    static func people(_ words: [String], prefix: String) -> [String] {
+        guard let client = client(words),
+            let reply = try? client.call("io.kioskauth.ListPeople", Message.Empty(), as: Message.People.self)
+        else { return [] }
+        return reply.people.map(\.name).filter { $0.hasPrefix(prefix) && SafeText.escaped($0) == $0 }
+    }
+
+    /// The enrolled fingers of the person the command line names (admins, or that person).
+    static func enrolledFingers(_ words: [String], prefix: String) -> [String] {
+        // The person is the first word after the subcommands that is neither an option nor an
+        // option's value: `finger remove NAME --finger <TAB>`.
+        guard
+            let start = words.indices.first(where: {
+                words[$0] == "finger" && words.dropFirst($0 + 1).first == "remove"
+            })
+        else { return [] }
+        var name: String?
+        var index = start + 2
+        while index < words.count {
+            let word = words[index]
+            if optionsWithValues.contains(word) {
+                index += 2
+                continue
+            }
+            if !word.hasPrefix("-") {
+                name = word
+                break
+            }
+            index += 1
+        }
+        guard let name, let client = client(words),
+            let reply = try? client.call(
+                "io.kioskauth.ListFingers", Message.Name(name: name), as: Message.Fingers.self)
+        else { return [] }
+        return reply.fingers.filter { $0.hasPrefix(prefix) && fingerNames.contains($0) }
+    }
+}
+
+extension CompletionKind {
+    /// People's login names, from the daemon.
+    static var people: CompletionKind {
+        .custom { words, _, prefix in ShellCompletion.people(words, prefix: prefix) }
+    }
+
+    /// The fingers enrolled for the person named on the command line, from the daemon.
+    static var enrolledFingers: CompletionKind {
+        .custom { words, _, prefix in ShellCompletion.enrolledFingers(words, prefix: prefix) }
     }
 }

@@ -1,6 +1,7 @@
 import ArgumentParser
 import Foundation
 import KioskAuthDaemon
+import KioskAuthProtocol
 import Logging
 
 #if canImport(Glibc)
@@ -35,6 +36,12 @@ struct KioskAuthD: AsyncParsableCommand {
     @Flag(help: "Development only: keep the store key in a file in the state directory, created if needed.")
     var developmentKeyFile = false
 
+    @Flag(
+        help:
+            "Start even though the store is missing, emptied or behind its audit head anchor (rolled back, or acknowledged writes lost); writes a fresh anchor and audits store.rollback.accepted with what was lost."
+    )
+    var acceptStoreRollback = false
+
     @Option(help: "Log level: trace, debug, info, notice, warning, error, critical.")
     var logLevel: String?
 
@@ -58,7 +65,9 @@ struct KioskAuthD: AsyncParsableCommand {
         let paths = DaemonPaths(
             configuration: config, stateDirectory: stateDirectory, runtimeDirectory: runtimeDirectory, socket: socket)
         do {
-            try await Daemon.run(paths: paths, developmentKeyFile: developmentKeyFile, logger: logger)
+            try await Daemon.run(
+                paths: paths, developmentKeyFile: developmentKeyFile, acceptStoreRollback: acceptStoreRollback,
+                logger: logger)
         } catch let error as StartupError {
             FileHandle.standardError.write(Data("kioskauthd: \(error.message)\n".utf8))
             throw ExitCode(error.exitCode)

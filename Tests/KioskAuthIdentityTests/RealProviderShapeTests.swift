@@ -1,11 +1,11 @@
 import Foundation
 import Testing
 
+@testable import KioskAuthIdentity
+
 #if canImport(FoundationNetworking)
     import FoundationNetworking
 #endif
-
-@testable import KioskAuthIdentity
 
 /// The pure logic behind signing in with providers as organisations run them (issue #12):
 /// roles without a role claim, scopes from discovery, errors a person can act on.
@@ -32,7 +32,8 @@ struct RealProviderShapeTests {
     }
 
     @Test func theDefaultRoleServesWhenNothingElseDoes() {
-        let resolved = RoleResolution.resolve(claims(groups: ["other"]), roleFromGroup: mappings, defaultRole: "caregiver")
+        let resolved = RoleResolution.resolve(
+            claims(groups: ["other"]), roleFromGroup: mappings, defaultRole: "caregiver")
         #expect(resolved.roles == ["caregiver"] && resolved.roleSource == "default")
     }
 
@@ -83,13 +84,16 @@ struct RealProviderShapeTests {
         let bare = providerError(#"{"error": "invalid_scope"}"#)
         #expect(bare.message == "the identity provider refused the request: invalid_scope (HTTP 400)")
         let described = providerError(#"{"error": "invalid_request", "error_description": "Missing scope"}"#)
-        #expect(described.message == "the identity provider refused the request: invalid_request (Missing scope) (HTTP 400)")
+        #expect(
+            described.message == "the identity provider refused the request: invalid_request (Missing scope) (HTTP 400)"
+        )
         #expect(providerError("", status: 400).message == "the identity provider refused the request (HTTP 400)")
     }
 
     @Test func accessDeniedOnThePasswordGrantIsWrongCredentials() {
         // django-oidc-provider's answer to a wrong password.
-        let denied = #"{"error": "access_denied", "error_description": "The resource owner or authorization server denied the request."}"#
+        let denied =
+            #"{"error": "access_denied", "error_description": "The resource owner or authorization server denied the request."}"#
         #expect(providerError(denied, status: 403).code == .invalidCredentials)
         #expect(providerError(denied, status: 400, context: .devicePoll).code == .authorizationDenied)
     }

@@ -79,10 +79,13 @@ struct AuditChainTests {
 
     @Test func deletedLastEntry_isCaughtByTheRecordedHead() throws {
         let fixture = try StoreFixture()
-        _ = try fixture.withStore { try appendSamples(to: $0) }
+        // Tampered with while the store is open: reopening is refused outright (StoreFaultTests).
+        let store = try fixture.open()
+        defer { store.close() }
+        _ = try appendSamples(to: store)
         try fixture.raw().query("DELETE FROM audit WHERE seq = 5")
 
-        let verification = try fixture.withStore { try $0.verifyAudit() }
+        let verification = try store.verifyAudit()
         #expect(!verification.isValid)
         #expect(verification.events == 4)
         #expect(verification.brokenAt == 5)
@@ -111,12 +114,20 @@ struct AuditChainTests {
         // The attacker builds a whole chain with a key of their own, for this very store's
         // identity and with the same records, and puts it in place of the real one.
         let victim = try StoreFixture()
-        let real = try victim.withStore { try appendSamples(to: $0) }
+        let victimStore = try victim.open()
+        defer { victimStore.close() }
+        let real = try appendSamples(to: victimStore)
         let forger = try StoreFixture()
         try forger.withStore { _ in }
         let storeID = try victim.raw().scalar("SELECT value FROM meta WHERE key = 'store_id'")
         try forger.raw().query("UPDATE meta SET value = ? WHERE key = 'store_id'", [storeID])
-        let forged = try forger.withStore { try appendSamples(to: $0) }
+        // The forger's own store now has another id than its anchor: they accept that.
+        let forgerStore = try Store(
+            path: forger.path, key: forger.key, logger: quietLogger, now: testNow, acceptRollback: true)
+        _ = try appendSamples(to: forgerStore)
+        // Its chain starts with that acceptance; the first five entries stand in for the real five.
+        let forged = Array(try forgerStore.auditEntries(after: 0).prefix(5))
+        forgerStore.close()
         #expect(forged.map(\.mac) != real.map(\.mac))
 
         let raw = try victim.raw()
@@ -128,7 +139,7 @@ struct AuditChainTests {
         try raw.query("UPDATE meta SET value = ? WHERE key = 'audit_head'", [.blob(head)])
         raw.close()
 
-        let verification = try victim.withStore { try $0.verifyAudit() }
+        let verification = try victimStore.verifyAudit()
         #expect(!verification.isValid)
         #expect(verification.brokenAt == 1)
     }
@@ -137,7 +148,9 @@ struct AuditChainTests {
         let key = StoreKey.random()
         let first = try StoreFixture(key: key)
         let second = try StoreFixture(key: key)
-        _ = try first.withStore { try appendSamples(to: $0) }
+        let firstStore = try first.open()
+        defer { firstStore.close() }
+        _ = try appendSamples(to: firstStore)
         let copied = try second.withStore { try appendSamples(to: $0) }
 
         let raw = try first.raw()
@@ -150,14 +163,16 @@ struct AuditChainTests {
         )
         raw.close()
 
-        let verification = try first.withStore { try $0.verifyAudit() }
+        let verification = try firstStore.verifyAudit()
         #expect(!verification.isValid)
         #expect(verification.brokenAt == 1)
     }
 
     @Test func truncationWithARewrittenHead_isCaughtByTheAnchor_andByTheJournalHead() throws {
         let fixture = try StoreFixture()
-        let entries = try fixture.withStore { try appendSamples(to: $0) }
+        let store = try fixture.open()
+        defer { store.close() }
+        let entries = try appendSamples(to: store)
         let journalHead = (sequence: 5, macHex: entries[4].macHex)
         let raw = try fixture.raw()
         try raw.query("DELETE FROM audit WHERE seq > 3")
@@ -166,7 +181,7 @@ struct AuditChainTests {
             [.blob(recordedHead(sequence: 3, mac: entries[2].mac))])
         raw.close()
 
-        try fixture.withStore { store throws in
+        do {
             // Inside the database the truncated chain is consistent: the anchor knows better.
             let anchored = try store.verifyAudit()
             #expect(!anchored.isValid)
@@ -234,14 +249,17 @@ struct AuditChainTests {
     /// broken however many entries follow.
     @Test func truncation_staysCaught_afterNewEntries() throws {
         let fixture = try StoreFixture()
-        let entries = try fixture.withStore { try appendSamples(to: $0) }
+        let store = try fixture.open()
+        defer { store.close() }
+        let entries = try appendSamples(to: store)
         let raw = try fixture.raw()
         try raw.query("DELETE FROM audit WHERE seq > 2")
         try raw.query(
-            "UPDATE meta SET value = ? WHERE key = 'audit_head'", [.blob(recordedHead(sequence: 2, mac: entries[1].mac))])
+            "UPDATE meta SET value = ? WHERE key = 'audit_head'",
+            [.blob(recordedHead(sequence: 2, mac: entries[1].mac))])
         raw.close()
         for round in 0..<4 {
-            try fixture.withStore { store throws in
+            do {
                 try store.appendAudit(AuditRecord(action: "daemon.start", result: "success"), now: testNow)
                 let verification = try store.verifyAudit()
                 #expect(!verification.isValid, "round \(round)")
@@ -252,9 +270,11 @@ struct AuditChainTests {
 
     @Test func anchor_missingOrEdited_isAFinding_andAnOlderTrustedHeadOnTheChainIsAccepted() throws {
         let fixture = try StoreFixture()
-        let entries = try fixture.withStore { try appendSamples(to: $0) }
+        let store = try fixture.open()
+        defer { store.close() }
+        let entries = try appendSamples(to: store)
         let anchorPath = fixture.directory.file("audit-head")
-        try fixture.withStore { store throws in
+        do {
             #expect(try store.verifyAudit().isValid)
             #expect(try store.verifyAudit(trustedHead: AuditHeadMark(sequence: 2, mac: entries[1].mac)).isValid)
             #expect(try !store.verifyAudit(trustedHead: AuditHeadMark(sequence: 2, mac: entries[2].mac)).isValid)
@@ -269,18 +289,18 @@ struct AuditChainTests {
         var edited = [UInt8](original)
         if let index = edited.firstIndex(of: UInt8(ascii: "5")) { edited[index] = UInt8(ascii: "4") }
         try Data(edited).write(to: URL(fileURLWithPath: anchorPath))
-        try fixture.withStore { store throws in
+        do {
             // The other slot (entry 4) still checks out and is on the chain.
             #expect(try store.verifyAudit().isValid)
         }
         try Data(repeating: 0x20, count: original.count).write(to: URL(fileURLWithPath: anchorPath))
-        try fixture.withStore { store throws in
+        do {
             let verification = try store.verifyAudit()
             #expect(!verification.isValid)
             #expect(verification.reason?.contains("does not check out") == true)
         }
         try FileManager.default.removeItem(atPath: anchorPath)
-        try fixture.withStore { store throws in
+        do {
             let verification = try store.verifyAudit()
             #expect(!verification.isValid)
             #expect(verification.reason?.contains("missing") == true)

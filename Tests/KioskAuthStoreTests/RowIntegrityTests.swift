@@ -44,11 +44,15 @@ struct RowIntegrityTests {
         try fixture.raw().query(Self.edits[index].sql)
         try fixture.withStore { store throws in
             #expect(storeErrorCode { _ = try store.person(id: sarah.id) } == .integrity)
-            #expect(storeErrorCode { _ = try store.person(boundTo: 4242) } != nil || (try? store.person(boundTo: 4242)) == nil)
+            #expect(
+                storeErrorCode { _ = try store.person(boundTo: 4242) } != nil
+                    || (try? store.person(boundTo: 4242)) == nil)
             #expect(storeErrorCode { _ = try store.people() } == .integrity)
             #expect(storeErrorCode { _ = try store.identityProviderProfile(of: sarah) } == .integrity)
             // A write never launders the edit into a valid MAC.
-            #expect(storeErrorCode { try store.saveFailures(CredentialFailureState(), for: sarah, now: testNow) } == .integrity)
+            #expect(
+                storeErrorCode { try store.saveFailures(CredentialFailureState(), for: sarah, now: testNow) }
+                    == .integrity)
             #expect(storeErrorCode { try store.setState(.active, for: sarah, now: testNow) } == .integrity)
             #expect(storeErrorCode { _ = try store.person(id: sarah.id) } == .integrity)
         }
@@ -68,6 +72,11 @@ struct RowIntegrityTests {
         // Like a schema-2 store: no MACs yet.
         let raw = try fixture.raw()
         try raw.query("ALTER TABLE people DROP COLUMN mac")
+        for (table, column) in [
+            ("people", "has_passcode"), ("activation_codes", "mac"), ("sessions", "mac"), ("terminal_state", "mac"),
+        ] {
+            try raw.query("ALTER TABLE \(table) DROP COLUMN \(column)")
+        }
         try raw.query("PRAGMA user_version = 2")
         raw.close()
         try fixture.withStore { store throws in

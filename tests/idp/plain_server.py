@@ -13,7 +13,8 @@ Django on a free loopback port and prints one JSON line (`issuer`, `port`, `clie
 It exits when stdin closes. Each line read from stdin before that is one administrator action,
 done through the ORM as the admin site would, answered with one JSON line on stdout:
 `{"action": "revoke-user-tokens", "email"}` deletes every token of the user,
-`{"action": "set-active", "email", "active": false}`, `{"action": "set-groups", "email", "groups"}`.
+`{"action": "set-active", "email", "active": false}`, `{"action": "set-groups", "email", "groups"}`,
+`{"action": "recreate-user", "email", "password"}` deletes the user and adds one with the same email.
 """
 
 from __future__ import annotations
@@ -55,6 +56,8 @@ def parse_args(argv):
                    help="dot: publish the user's Django groups through OAUTH2_VALIDATOR_CLASS")
     p.add_argument("--id-token-claims", action="store_true",
                    help="oidc-provider: OIDC_IDTOKEN_INCLUDE_CLAIMS = True")
+    p.add_argument("--sub-generator",
+                   help="oidc-provider: OIDC_IDTOKEN_SUB_GENERATOR (a dotted path), as an administrator sets it")
     return p.parse_args(argv)
 
 
@@ -130,6 +133,12 @@ def admin_action(provider, request):
         user.save()
     elif request["action"] == "set-groups":
         set_groups(user, request["groups"])
+    elif request["action"] == "recreate-user":
+        # Deleted in the admin site and added again with the same email: a new primary key, so a
+        # new `sub`; the provider deletes the old user's tokens with it.
+        groups = [g.name for g in user.groups.all()]
+        user.delete()
+        create_user(request["email"], request["password"], groups)
     else:
         raise ValueError(f"unknown action {request['action']}")
 
@@ -150,6 +159,8 @@ def main(argv=None):
     env["KIOSKAUTH_IDP_REFRESH_SECONDS"] = str(args.refresh_token_seconds)
     env["KIOSKAUTH_IDP_PUBLISH_GROUPS"] = "1" if args.publish_groups else "0"
     env["KIOSKAUTH_IDP_IDTOKEN_CLAIMS"] = "1" if args.id_token_claims else "0"
+    if args.sub_generator:
+        env["KIOSKAUTH_IDP_SUB_GENERATOR"] = args.sub_generator
     key_path = os.path.join(state_dir, "secret-key")
     if not os.path.exists(key_path):
         with open(key_path, "w") as f:

@@ -425,7 +425,17 @@ def revoke_all_tokens(user):
 
 
 class Faults:
-    """Faults injected by tests, applied by the WSGI wrapper to matching paths."""
+    """Faults injected by tests, applied by the WSGI wrapper to matching paths.
+
+    POST /test/fault {"kind": ..., "path": "/token/", "count": 1, ...}; the next `count`
+    requests whose path starts with `path` get, by kind:
+
+    * ``status``: answered at once with HTTP `status` (503) and an OAuth error body, unprocessed;
+    * ``stall-before``: `seconds` (30) of silence, then processed and answered;
+    * ``stall-after``: processed at once, answered `seconds` (30) later;
+    * ``drip``: processed at once; status line and headers (with Content-Length) go out, then
+      the body one byte at a time, `interval` (0.1) seconds apart.
+    """
 
     def __init__(self):
         self.lock = threading.Lock()
@@ -520,7 +530,7 @@ class Controls:
             return JsonResponse({"ok": True, "status": grant.status})
         if action == "fault":
             kind = body.get("kind")
-            if kind not in ("status", "stall-before", "stall-after"):
+            if kind not in ("status", "stall-before", "stall-after", "drip"):
                 return JsonResponse({"error": "unknown_fault"}, status=400)
             self.faults.add(body)
             return JsonResponse({"ok": True})
@@ -585,6 +595,20 @@ def make_app(django_app, faults):
         if fault and fault["kind"] == "stall-after":
             # The request has been processed (a refresh token rotated, say); the answer is late.
             time.sleep(float(fault.get("seconds", 30)))
+        if fault and fault["kind"] == "drip":
+            # The request has been processed; the answer trickles out one byte at a time, each
+            # written (and flushed) on its own: a client that only times out while no byte comes
+            # would wait len(body) * interval.
+            headers = [(k, v) for k, v in captured["headers"] if k.lower() != "content-length"]
+            start_response(captured["status"], headers + [("Content-Length", str(len(body)))])
+            interval = float(fault.get("interval", 0.1))
+
+            def drip():
+                for i in range(len(body)):
+                    time.sleep(interval)
+                    yield body[i:i + 1]
+
+            return drip()
         start_response(captured["status"], captured["headers"])
         return [body]
 

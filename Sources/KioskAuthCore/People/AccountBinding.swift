@@ -40,7 +40,8 @@ public enum AccountBinding {
         guard let accountUID else { return nil }
         guard let boundUID else { return "not allowed on this account: the person is bound to no Unix account" }
         guard boundUID == accountUID else {
-            return "not allowed on this account: the person is bound to uid \(boundUID), the account is uid \(accountUID)"
+            return
+                "not allowed on this account: the person is bound to uid \(boundUID), the account is uid \(accountUID)"
         }
         return nil
     }
