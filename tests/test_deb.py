@@ -1,0 +1,380 @@
+"""The Debian packages, for real: scripts/build-deb builds kioskauth and libpam-kioskauth with
+dpkg-buildpackage, lintian checks them, and they are installed, upgraded, removed and purged with
+apt and dpkg in a Debian 12 root made by debootstrap, where apt resolves their Depends from the
+mirror this machine's apt uses. Nothing there has a Swift toolchain.
+
+The root (.build-debroot/bookworm, made once and reused) is copied for each run, and every
+command in it runs in a private mount namespace (proc, sys and dev mounted there), so nothing
+outlives the test. PID 1 there is not systemd: the maintainer scripts' deb-systemd-invoke steps
+(daemon-reload, start, stop, restart) are skipped, and the test checks that they were, and that
+the rest happened (users, directories, the socket enabled, the PAM profile registered).
+
+Needs root. Run: python3 -m pytest -s tests/test_deb.py
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+OUT = REPO / ".build-deb"
+ROOT_CACHE = REPO / ".build-debroot"
+SUITE = "bookworm"
+UPGRADE_SUFFIX = "+upgradetest1"
+
+pytestmark = pytest.mark.skipif(
+    os.geteuid() != 0,
+    reason="building and installing Debian packages in a debootstrap root needs root "
+    "(debootstrap, chroot, mount namespaces)",
+)
+
+STEPS: list[str] = []
+
+
+def step(message: str) -> None:
+    """Records (and prints, with pytest -s) what the test did and found."""
+    STEPS.append(message)
+    print(f"[deb] {message}", flush=True)
+
+
+def run(args, timeout: float = 600, check: bool = True, **kwargs) -> subprocess.CompletedProcess[str]:
+    result = subprocess.run([str(a) for a in args], capture_output=True, text=True, timeout=timeout,
+                            check=False, **kwargs)
+    if check and result.returncode != 0:
+        raise AssertionError(f"{' '.join(map(str, args))} exited {result.returncode}:\n"
+                             f"{result.stdout[-4000:]}\n{result.stderr[-4000:]}")
+    return result
+
+
+def changelog_version() -> str:
+    return run(["dpkg-parsechangelog", "-l", REPO / "debian/changelog", "-S", "Version"]).stdout.strip()
+
+
+def debian_mirror() -> str:
+    """The mirror this machine's apt fetches Debian 12 from, as apt itself reports it."""
+    listing = run(["apt-get", "indextargets", "--format", "$(REPO_URI) $(CODENAME) $(TARGET_OF)",
+                   "Identifier: Packages"]).stdout
+    for line in listing.splitlines():
+        parts = line.split()
+        if len(parts) == 3 and parts[1] == SUITE and parts[2] == "deb":
+            return parts[0]
+    pytest.fail(f"apt has no {SUITE} source configured (apt-get update first):\n{listing}")
+
+
+# --- The packages ----------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def packages() -> dict[str, Path]:
+    """Builds the packages once (a release build with the Swift runtime linked statically), or,
+    with KIOSKAUTH_DEB_REUSE=1 (while working on the tests), takes those already in .build-deb/."""
+    started = time.monotonic()
+    if os.environ.get("KIOSKAUTH_DEB_REUSE") != "1":
+        result = run(["nice", REPO / "scripts/build-deb"], timeout=2400, check=False)
+        (OUT / "build.log").write_text(result.stdout + result.stderr)
+        assert result.returncode == 0, f"scripts/build-deb failed:\n{result.stdout[-6000:]}\n{result.stderr[-6000:]}"
+    version = changelog_version()
+    arch = run(["dpkg", "--print-architecture"]).stdout.strip()
+    debs = {name: OUT / f"{name}_{version}_{arch}.deb" for name in ("kioskauth", "libpam-kioskauth")}
+    for deb in debs.values():
+        assert deb.is_file(), f"{deb.name} was not built"
+    debs["changes"] = OUT / f"kioskauth_{version}_{arch}.changes"
+    step(f"built (or reused) in {time.monotonic() - started:.0f} s: "
+         + ", ".join(f"{d.name} ({d.stat().st_size // 1024} KiB)" for d in debs.values() if d.suffix == ".deb"))
+    return debs
+
+
+def control_field(deb: Path, field: str) -> str:
+    return run(["dpkg-deb", "-f", deb, field]).stdout.strip()
+
+
+def contents(deb: Path) -> set[str]:
+    listing = run(["dpkg-deb", "-c", deb]).stdout
+    return {line.split(maxsplit=5)[5].split(" -> ")[0].lstrip(".") for line in listing.splitlines()}
+
+
+def test_packages_dependOnlyOnDebianLibraries(packages):
+    daemon, pam = packages["kioskauth"], packages["libpam-kioskauth"]
+    for deb in (daemon, pam):
+        step(f"{deb.name} Depends: {control_field(deb, 'Depends')}")
+    depends = control_field(daemon, "Depends")
+    # Computed by dh_shlibdeps from the binaries: the C libraries behind the Swift modules.
+    for library in ("libc6", "libsqlite3-0", "libargon2-1", "libfprint-2-2", "libglib2.0-0"):
+        assert re.search(rf"\b{re.escape(library)}\b", depends), f"{library} missing from {depends}"
+    assert "systemd" in depends
+    assert "swift" not in depends.lower()
+    pam_depends = control_field(pam, "Depends")
+    assert "libpam0g" in pam_depends and f"kioskauth (= {changelog_version()})" in pam_depends
+    # No Swift runtime library is needed: the standard library and Foundation are linked in.
+    scratch = Path(tempfile_dir()) / "kioskauth"
+    run(["dpkg-deb", "-x", daemon, scratch])
+    for program in ("usr/sbin/kioskauthd", "usr/bin/kioskauthctl"):
+        needed = run(["objdump", "-p", scratch / program]).stdout
+        libraries = re.findall(r"NEEDED\s+(\S+)", needed)
+        assert libraries, f"{program} names no shared library"
+        assert not [lib for lib in libraries if "swift" in lib.lower() or "Foundation" in lib], libraries
+
+
+def tempfile_dir() -> str:
+    path = OUT / "inspect"
+    shutil.rmtree(path, ignore_errors=True)
+    path.mkdir(parents=True)
+    return str(path)
+
+
+def test_packages_shipTheirFiles(packages):
+    daemon = contents(packages["kioskauth"])
+    for path in ("/usr/sbin/kioskauthd", "/usr/bin/kioskauthctl", "/usr/libexec/kioskauth/kioskauth-store-key",
+                 "/lib/systemd/system/kioskauthd.socket", "/lib/systemd/system/kioskauthd.service",
+                 "/lib/systemd/system/kioskauthd-store-key.service", "/usr/lib/sysusers.d/kioskauth.conf",
+                 "/usr/lib/tmpfiles.d/kioskauth.conf", "/lib/udev/rules.d/70-kioskauth.rules",
+                 "/usr/share/man/man8/kioskauthd.8.gz", "/usr/share/man/man1/kioskauthctl.1.gz",
+                 "/usr/share/bash-completion/completions/kioskauthctl", "/etc/kioskauth/kioskauthd.conf.d/"):
+        assert path in daemon, f"kioskauth lacks {path}"
+    multiarch = run(["dpkg-architecture", "-qDEB_HOST_MULTIARCH"]).stdout.strip()
+    pam = contents(packages["libpam-kioskauth"])
+    for path in (f"/lib/{multiarch}/security/pam_kioskauth.so", "/usr/share/pam-configs/kioskauth",
+                 "/etc/pam.d/kioskauth", "/usr/share/man/man8/pam_kioskauth.8.gz"):
+        assert path in pam, f"libpam-kioskauth lacks {path}"
+    assert not [p for p in daemon | pam if "pam_kioskauth.so" in p and p not in pam]
+
+
+def test_lintian_findsNoErrors(packages):
+    result = run(["lintian", "--fail-on", "error", "--tag-display-limit", "0", packages["changes"]],
+                 timeout=900, check=False)
+    findings = [line for line in result.stdout.splitlines() if re.match(r"^[EWIPX]: ", line)]
+    (OUT / "lintian.txt").write_text(result.stdout + result.stderr)
+    for line in findings:
+        if not line.startswith(("I:", "P:", "X:")):
+            step(f"lintian {line}")
+    errors = [line for line in findings if line.startswith("E: ")]
+    assert not errors and result.returncode == 0, result.stdout + result.stderr
+
+
+# --- A Debian 12 root ------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def base_root() -> Path:
+    """Debian 12 (minbase) with apt's lists, made once with debootstrap and kept between runs."""
+    base = ROOT_CACHE / SUITE
+    if (base / ".complete").exists():
+        step(f"reusing the debootstrap root {base.relative_to(REPO)}")
+        return base
+    mirror = debian_mirror()
+    started = time.monotonic()
+    partial = ROOT_CACHE / f"{SUITE}.partial"
+    shutil.rmtree(partial, ignore_errors=True)
+    ROOT_CACHE.mkdir(exist_ok=True)
+    run(["debootstrap", "--variant=minbase", SUITE, partial, mirror], timeout=1200)
+    chroot(partial, "apt-get update -q", timeout=600)
+    (partial / ".complete").write_text(mirror + "\n")
+    shutil.rmtree(base, ignore_errors=True)
+    partial.rename(base)
+    step(f"debootstrap {SUITE} from {mirror} took {time.monotonic() - started:.0f} s")
+    return base
+
+
+def chroot(root: Path, script: str, timeout: float = 600, check: bool = True) -> subprocess.CompletedProcess[str]:
+    """Runs a shell script in root, in a mount namespace of its own that ends with it. apt's
+    downloads are kept in .build-debroot/archives, so later runs fetch nothing twice."""
+    archives = ROOT_CACHE / "archives"
+    (archives / "partial").mkdir(parents=True, exist_ok=True)
+    mounts = (
+        f"mount -t proc proc '{root}/proc' && mount -t sysfs -o ro sysfs '{root}/sys' && "
+        f"mount --rbind /dev '{root}/dev' && mount --make-rslave '{root}/dev' && "
+        f"mount --bind '{archives}' '{root}/var/cache/apt/archives' && "
+        f"exec chroot '{root}' /bin/sh -ec \"$1\""
+    )
+    env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8", "DEBIAN_FRONTEND": "noninteractive",
+           "HOME": "/root"}
+    return run(["unshare", "--mount", "--propagation", "private", "--", "/bin/sh", "-ec", mounts, "sh", script],
+               timeout=timeout, check=check, env=env)
+
+
+@pytest.fixture
+def root(base_root) -> Path:
+    """A disposable copy of the Debian 12 root."""
+    copy = ROOT_CACHE / "work"
+    shutil.rmtree(copy, ignore_errors=True)
+    run(["cp", "-a", "--reflink=auto", base_root, copy], timeout=600)
+    yield copy
+    shutil.rmtree(copy, ignore_errors=True)
+
+
+def repack(deb: Path, destination: Path, old: str, new: str) -> Path:
+    """The same package with version `new`: the upgrade the test installs over the build."""
+    tree = destination / deb.name.replace(".deb", "")
+    shutil.rmtree(tree, ignore_errors=True)
+    run(["dpkg-deb", "-R", deb, tree])
+    control = tree / "DEBIAN/control"
+    text = control.read_text()
+    text = text.replace(f"Version: {old}\n", f"Version: {new}\n").replace(f"(= {old})", f"(= {new})")
+    control.write_text(text)
+    out = destination / deb.name.replace(old, new)
+    run(["dpkg-deb", "-Zgzip", "--root-owner-group", "-b", tree, out], timeout=300)
+    shutil.rmtree(tree)
+    return out
+
+
+def systemd_invocations(script: Path) -> list[str]:
+    """What a maintainer script asks systemd to do, each only where /run/systemd/system exists."""
+    calls, guard = [], None
+    for line in script.read_text().splitlines():
+        indent = line[: len(line) - len(line.lstrip())]
+        if guard is None:
+            if re.match(r"\s*if .*/run/systemd/system", line):
+                guard = indent
+            continue
+        if line == guard + "fi":
+            guard = None
+        elif "daemon-reload" in line:
+            calls.append("systemctl daemon-reload")
+        elif match := re.search(r"deb-systemd-invoke (\S+) (.*?) >", line):
+            action = "start/restart" if match.group(1) == "$_dh_action" else match.group(1)
+            calls.append(f"{action} {match.group(2).replace(chr(39), '')}")
+    return calls
+
+
+# The daemon, run in the root as kioskauthd.service would run it: the store key created by the
+# key unit's script and decrypted with systemd-creds, as LoadCredentialEncrypted= does.
+RUN_DAEMON = """
+key=/etc/credstore.encrypted/kioskauth.store-key
+[ -e "$key" ] || /usr/libexec/kioskauth/kioskauth-store-key "$key" /var/lib/kioskauth/kioskauth.sqlite
+creds=$(mktemp -d)
+systemd-creds decrypt --name=kioskauth.store-key "$key" "$creds/kioskauth.store-key"
+chmod 0400 "$creds/kioskauth.store-key"
+chown -R kioskauthd:kioskauthd "$creds"
+mkdir -p /run/kioskauth && chown kioskauthd:kioskauthd /run/kioskauth
+CREDENTIALS_DIRECTORY=$creds STATE_DIRECTORY=/var/lib/kioskauth RUNTIME_DIRECTORY=/run/kioskauth \
+    setpriv --reuid=kioskauthd --regid=kioskauthd --init-groups /usr/sbin/kioskauthd >/tmp/kioskauthd.log 2>&1 &
+pid=$!
+i=0
+until [ -S /run/kioskauth/io.kioskauth ]; do
+    i=$((i + 1)); [ $i -lt 300 ] || { cat /tmp/kioskauthd.log; exit 1; }
+    kill -0 $pid || { cat /tmp/kioskauthd.log; exit 1; }
+    sleep 0.1
+done
+ctl() { kioskauthctl --socket /run/kioskauth/io.kioskauth "$@"; }
+"""
+STOP_DAEMON = """
+kill $pid; wait $pid || true
+rm -rf "$creds"
+"""
+
+
+def test_deb_installUpgradeRemovePurge_inDebian12(packages, root):
+    started = time.monotonic()
+    version = changelog_version()
+    debs = root / "tmp/debs"
+    debs.mkdir()
+    v1 = [shutil.copy2(packages[name], debs) for name in ("kioskauth", "libpam-kioskauth")]
+    v2 = [repack(packages[name], debs, version, version + UPGRADE_SUFFIX) for name in ("kioskauth", "libpam-kioskauth")]
+    in_root = lambda paths: " ".join("/tmp/debs/" + Path(p).name for p in paths)  # noqa: E731
+
+    def sha(path: str) -> str:
+        return hashlib.sha256((root / path.lstrip("/")).read_bytes()).hexdigest()
+
+    common = ["/etc/pam.d/common-auth", "/etc/pam.d/common-account", "/etc/pam.d/common-session"]
+    pam_before = {path: sha(path) for path in common}
+    assert not (root / "usr/bin/swift").exists()
+
+    # --- install --------------------------------------------------------------------------------
+    result = chroot(root, f"apt-get install -y -q --no-install-recommends {in_root(v1)}", timeout=1200)
+    log = result.stdout + result.stderr
+    step(f"install {version}: apt resolved Depends from the mirror and installed "
+         + ", ".join(sorted(set(re.findall(r"^Setting up (\S+?) \(", log, re.M)))[:60]))
+    # PID 1 is not systemd: the socket is enabled, but deb-systemd-invoke neither reloaded nor started.
+    assert "deb-systemd-invoke did not start it" in log, log[-3000:]
+    assert not (root / "run/systemd/system").exists()
+    skipped = {script: list(dict.fromkeys(systemd_invocations(root / f"var/lib/dpkg/info/kioskauth.{script}")))
+               for script in ("postinst", "prerm", "postrm")}
+    assert "start/restart kioskauthd.socket" in skipped["postinst"] and "stop kioskauthd.socket" in skipped["prerm"]
+    step("no systemd running (/run/systemd/system absent), so the maintainer scripts skip: "
+         + "; ".join(f"{script}: {', '.join(calls)}" for script, calls in skipped.items()))
+    assert (root / "etc/systemd/system/sockets.target.wants/kioskauthd.socket").is_symlink()
+    assert not (root / "etc/systemd/system/multi-user.target.wants/kioskauthd.service").exists()
+    passwd = (root / "etc/passwd").read_text()
+    group = (root / "etc/group").read_text()
+    assert re.search(r"^kioskauthd:x:\d+:\d+:Kiosk authentication daemon:/:/usr/sbin/nologin$", passwd, re.M), passwd
+    for name in ("kioskauthd", "kioskauth", "kioskauth-admin"):
+        assert re.search(rf"^{name}:x:\d+:", group, re.M), group
+    state = root / "var/lib/kioskauth"
+    users = chroot(root, "stat -c '%U:%G %a' /var/lib/kioskauth /run/kioskauth").stdout.split("\n")
+    assert users[0] == "kioskauthd:kioskauthd 700" and users[1] == "kioskauthd:kioskauthd 755", users
+    # The PAM stack is untouched until the administrator runs pam-auth-update.
+    assert (root / "usr/share/pam-configs/kioskauth").is_file()
+    assert {path: sha(path) for path in common} == pam_before
+    assert "pam_kioskauth" not in (root / "etc/pam.d/common-auth").read_text()
+    step("install: user kioskauthd, groups kioskauth and kioskauth-admin, /var/lib/kioskauth 0700, "
+         "kioskauthd.socket enabled, PAM profile registered, common-auth/account/session unchanged")
+    reported = chroot(root, "kioskauthd --version; kioskauthctl --version").stdout.split()
+    assert reported == [version, version], reported
+
+    # A store with one person, made by the daemon as its unit runs it.
+    chroot(root, RUN_DAEMON + """
+ctl user add sarah --display-name Sarah
+ctl status --json > /tmp/status-v1.json
+""" + STOP_DAEMON, timeout=120)
+    assert (state / "kioskauth.sqlite").is_file()
+    key_sha = sha("/etc/credstore.encrypted/kioskauth.store-key")
+    status = json.loads((root / "tmp/status-v1.json").read_text())
+    assert status["version"] == version and status["people"] == 1 and not status["developmentKey"], status
+    step(f"store created by kioskauthd {version}: schema {status['schemaVersion']}, one person, "
+         "key sealed by the key unit's script with systemd-creds")
+
+    # The administrator enables the module, as pam-auth-update's dialog would.
+    chroot(root, "pam-auth-update --enable kioskauth")
+    assert "pam_kioskauth.so" in (root / "etc/pam.d/common-auth").read_text()
+
+    # --- upgrade --------------------------------------------------------------------------------
+    result = chroot(root, f"apt-get install -y -q {in_root(v2)}", timeout=600)
+    log = result.stdout + result.stderr
+    assert f"Unpacking kioskauth ({version}{UPGRADE_SUFFIX}) over ({version})" in log, log[-3000:]
+    installed = chroot(root, "dpkg-query -W -f='${Version} ' kioskauth libpam-kioskauth").stdout.split()
+    assert installed == [version + UPGRADE_SUFFIX] * 2
+    assert sha("/etc/credstore.encrypted/kioskauth.store-key") == key_sha
+    chroot(root, RUN_DAEMON + """
+ctl user list --json > /tmp/people-v2.json
+ctl status --json > /tmp/status-v2.json
+""" + STOP_DAEMON, timeout=120)
+    people = json.loads((root / "tmp/people-v2.json").read_text())["people"]
+    assert [p["name"] for p in people] == ["sarah"], people
+    upgraded = json.loads((root / "tmp/status-v2.json").read_text())
+    assert upgraded["schemaVersion"] >= status["schemaVersion"], upgraded
+    assert "pam_kioskauth.so" in (root / "etc/pam.d/common-auth").read_text()
+    step(f"upgrade {version} -> {version}{UPGRADE_SUFFIX}: store key unchanged, the store opens "
+         f"(schema {upgraded['schemaVersion']}) and still holds sarah; the enabled PAM profile stays "
+         "enabled (skipped: the socket's restart, which would stop a running kioskauthd)")
+
+    # --- remove ---------------------------------------------------------------------------------
+    result = chroot(root, "apt-get remove -y -q kioskauth libpam-kioskauth")
+    assert not (root / "usr/sbin/kioskauthd").exists()
+    assert not (root / "usr/share/pam-configs/kioskauth").exists()
+    assert "pam_kioskauth" not in (root / "etc/pam.d/common-auth").read_text()
+    assert (state / "kioskauth.sqlite").is_file()
+    assert sha("/etc/credstore.encrypted/kioskauth.store-key") == key_sha
+    assert "kioskauthd:" in (root / "etc/passwd").read_text()
+    step("remove: programs and PAM profile gone, common-auth without pam_kioskauth; store, key and "
+         "user kept (skipped: stopping kioskauthd.socket, which stops kioskauthd with it)")
+
+    # --- purge ----------------------------------------------------------------------------------
+    chroot(root, "apt-get purge -y -q kioskauth libpam-kioskauth")
+    assert not state.exists()
+    assert not (root / "etc/credstore.encrypted/kioskauth.store-key").exists()
+    assert not (root / "etc/kioskauth").exists()
+    assert not (root / "etc/systemd/system/sockets.target.wants/kioskauthd.socket").exists()
+    status = chroot(root, "dpkg-query -W -f='${db:Status-Abbrev}' kioskauth", check=False).stdout
+    assert not status.startswith("ii") and not status.startswith("rc"), status
+    step("purge: /var/lib/kioskauth, the store key, /etc/kioskauth and the enablement gone; "
+         "user and groups kept (as Debian does)")
+    step(f"install, upgrade, remove and purge took {time.monotonic() - started:.0f} s")
