@@ -340,12 +340,19 @@ class VarlinkConnection:
         self.sock.close()
 
 
-def enroll(d, sensor: Path, name: str, finger_id: str) -> dict:
-    """Enrols a finger over the socket, touching the virtual reader whenever it waits for one."""
+def enroll(d, sensor: Path, name: str, finger_id: str, *, finger: str | None = None,
+           reader: str | None = None) -> dict:
+    """Enrols a finger over the socket (on `reader`, an id, when given), touching the virtual
+    reader at `sensor` whenever it waits for one."""
     from fprint_virtual import scan
 
+    parameters = {"name": name}
+    if finger:
+        parameters["finger"] = finger
+    if reader:
+        parameters["reader"] = reader
     connection = VarlinkConnection(d.socket)
-    connection.send({"method": "io.kioskauth.EnrollFinger", "parameters": {"name": name}, "more": True})
+    connection.send({"method": "io.kioskauth.EnrollFinger", "parameters": parameters, "more": True})
     try:
         while True:
             reply = connection.receive()

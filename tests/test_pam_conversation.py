@@ -16,8 +16,7 @@ import pytest
 from fprint_virtual import (DRIVERS, ERROR_GENERAL, RETRY_CENTER_FINGER, RETRY_TOO_SHORT, VirtualDevice, scan,
                             wait_for_socket)
 from kioskauth_testing import FAST_HASH_CONFIG
-from pam_support import (CHECK_HINT, MODULE, PAM_AUTHINFO_UNAVAIL, PAM_MAXTRIES, PAM_SUCCESS, Client,
-                         VarlinkConnection, security_dir)
+from pam_support import MODULE, PAM_AUTHINFO_UNAVAIL, PAM_MAXTRIES, PAM_SUCCESS, Client, security_dir
 from test_pam import (NOT_RECOGNISED, PASSCODE, TOUCH, add_person, audit, call, enroll,  # noqa: F401
                       module, pam, person, start)
 
@@ -198,23 +197,7 @@ def readers(make_daemon, *drivers):
 def enroll_on(d, reader, name, finger_id, finger):
     """Enrols `finger` on one reader (id, name, socket), touching it whenever it asks."""
     reader_id, _, sensor = reader
-    connection = VarlinkConnection(d.socket)
-    connection.send({"method": "io.kioskauth.EnrollFinger", "more": True,
-                     "parameters": {"name": name, "finger": finger, "reader": reader_id}})
-    try:
-        while True:
-            reply = connection.receive()
-            assert "error" not in reply, reply
-            progress = reply["parameters"].get("progress")
-            if progress is None:
-                return reply
-            if progress["state"] == "duplicate-check":
-                if progress.get("hint") == CHECK_HINT:
-                    scan(sensor, finger_id)
-            elif progress.get("stage", 0) < progress.get("stages", 1):
-                scan(sensor, finger_id)
-    finally:
-        connection.close()
+    return enroll(d, sensor, name, finger_id, finger=finger, reader=reader_id)
 
 
 # Only the set of messages is compared: at this branch's base the daemon sends the touch prompt
