@@ -198,19 +198,19 @@ extension Store {
         for person: StoredPerson, now: Date
     ) throws(StoreError) {
         try transaction { db in
-            try checkPersonRow(person.id, in: db)
-            defer { _ = try? resealPersonRow(person.id, in: db) }
-            try db.query(
-                "UPDATE people SET refresh_state = ?, updated_at = ? WHERE id = ?",
-                [.text(try Self.encodeJSON(record)), .real(now.timeIntervalSince1970), .integer(person.id)])
-            guard db.changes == 1 else { throw StoreError(.noSuchPerson(person.name.rawValue)) }
-            if let contact {
+            try updatingPerson(person.id, in: db) {
                 try db.query(
-                    "UPDATE people SET idp_contact = ? WHERE id = ?",
-                    [.text(try Self.encodeJSON(contact)), .integer(person.id)])
-            }
-            if let rotatedToken {
-                try writeRefreshToken(rotatedToken, personID: person.id, name: person.name, db: db, now: now)
+                    "UPDATE people SET refresh_state = ?, updated_at = ? WHERE id = ?",
+                    [.text(try Self.encodeJSON(record)), .real(now.timeIntervalSince1970), .integer(person.id)])
+                guard db.changes == 1 else { throw StoreError(.noSuchPerson(person.name.rawValue)) }
+                if let contact {
+                    try db.query(
+                        "UPDATE people SET idp_contact = ? WHERE id = ?",
+                        [.text(try Self.encodeJSON(contact)), .integer(person.id)])
+                }
+                if let rotatedToken {
+                    try writeRefreshToken(rotatedToken, personID: person.id, name: person.name, db: db, now: now)
+                }
             }
         }
     }
@@ -218,42 +218,42 @@ extension Store {
     /// Suspends a person's local unlock until their next online login, with the reason.
     public func suspend(_ person: StoredPerson, reason: String, refresh: RefreshRecord?, now: Date) throws(StoreError) {
         try transaction { db in
-            try checkPersonRow(person.id, in: db)
-            defer { _ = try? resealPersonRow(person.id, in: db) }
-            try db.query(
-                "UPDATE people SET state = 'suspended', suspended_reason = ?, refresh_state = COALESCE(?, refresh_state), updated_at = ? WHERE id = ?",
-                [
-                    .text(reason), try refresh.map { .text(try Self.encodeJSON($0)) } ?? .null,
-                    .real(now.timeIntervalSince1970),
-                    .integer(person.id),
-                ])
-            guard db.changes == 1 else { throw StoreError(.noSuchPerson(person.name.rawValue)) }
+            try updatingPerson(person.id, in: db) {
+                try db.query(
+                    "UPDATE people SET state = 'suspended', suspended_reason = ?, refresh_state = COALESCE(?, refresh_state), updated_at = ? WHERE id = ?",
+                    [
+                        .text(reason), try refresh.map { .text(try Self.encodeJSON($0)) } ?? .null,
+                        .real(now.timeIntervalSince1970),
+                        .integer(person.id),
+                    ])
+                guard db.changes == 1 else { throw StoreError(.noSuchPerson(person.name.rawValue)) }
+            }
         }
     }
 
     /// Turns the fingerprint-enrolment offer on or off (a decline is remembered until re-enabled).
     public func setBiometricOffer(_ enabled: Bool, for person: StoredPerson, now: Date) throws(StoreError) {
         try transaction { db in
-            try checkPersonRow(person.id, in: db)
-            defer { _ = try? resealPersonRow(person.id, in: db) }
-            try db.query(
-                "UPDATE people SET biometric_offer = ?, updated_at = ? WHERE id = ?",
-                [.text(enabled ? "on" : "declined"), .real(now.timeIntervalSince1970), .integer(person.id)])
-            guard db.changes == 1 else { throw StoreError(.noSuchPerson(person.name.rawValue)) }
+            try updatingPerson(person.id, in: db) {
+                try db.query(
+                    "UPDATE people SET biometric_offer = ?, updated_at = ? WHERE id = ?",
+                    [.text(enabled ? "on" : "declined"), .real(now.timeIntervalSince1970), .integer(person.id)])
+                guard db.changes == 1 else { throw StoreError(.noSuchPerson(person.name.rawValue)) }
+            }
         }
     }
 
     /// Replaces a person's roles (the role claim changed at a refresh).
     public func setRoles(_ roles: RoleSet, for person: StoredPerson, now: Date) throws(StoreError) {
         try transaction { db in
-            try checkPersonRow(person.id, in: db)
-            defer { _ = try? resealPersonRow(person.id, in: db) }
-            try db.query(
-                "UPDATE people SET roles = ?, updated_at = ? WHERE id = ?",
-                [
-                    .text(roles.all.map(\.rawValue).joined(separator: ",")), .real(now.timeIntervalSince1970),
-                    .integer(person.id),
-                ])
+            try updatingPerson(person.id, in: db) {
+                try db.query(
+                    "UPDATE people SET roles = ?, updated_at = ? WHERE id = ?",
+                    [
+                        .text(roles.all.map(\.rawValue).joined(separator: ",")), .real(now.timeIntervalSince1970),
+                        .integer(person.id),
+                    ])
+            }
         }
     }
 }
