@@ -5,7 +5,7 @@ import KioskAuthStore
 
 /// One-time activation of pre-provisioned people: an admin adds the person and hands over a
 /// code; at the terminal the person enters it, sets a passcode, may enrol a finger, and is in.
-extension Authority {
+extension CredentialAuthority {
     static let activationLimiterKey = "activation-rate-limit"
 
     static let expiredMessage = "This code has expired. Ask your coordinator for a new code."
@@ -22,7 +22,7 @@ extension Authority {
 
     /// Issues a code for a person who is not active yet; the earlier one dies.
     func issueActivationCode(_ caller: Caller, for person: StoredPerson) throws(APIError) -> (ActivationCode, Date) {
-        try audited(caller, action: "activation.issue", person: person.name.rawValue) { tx throws(StoreError) in
+        try audited(caller, action: .activationIssue, person: person.name.rawValue) { tx throws(StoreError) in
             try issueActivationCode(tx, caller, for: person)
         }
     }
@@ -35,15 +35,15 @@ extension Authority {
         let stored = try store.issueActivationCode(
             code.normalized, for: person, lifetime: configuration.activation.codeLifetime, now: now())
         try tx.audit(
-            caller, action: "activation.issue", result: "success", person: person.name.rawValue,
+            caller, action: .activationIssue, result: .success, person: person.name.rawValue,
             method: "activation-code")
         return (code, stored.expiresAt)
     }
 
     func issueActivationCode(_ caller: Caller, _ name: String) throws(APIError) -> Message.ActivationCodeIssued {
-        try requireAdmin(caller, action: "activation.issue", person: name)
+        try requireAdmin(caller, action: .activationIssue, person: name)
         let name = try loginName(name)
-        let person = try existingPerson(name, caller: caller, action: "activation.issue")
+        let person = try existingPerson(name, caller: caller, action: .activationIssue)
         guard person.state == .pendingActivation else {
             throw APIError.own("AlreadyActive", ["name": .string(name.rawValue)])
         }
@@ -52,13 +52,13 @@ extension Authority {
     }
 
     func revokeActivationCode(_ caller: Caller, _ name: String) throws(APIError) -> Bool {
-        try requireAdmin(caller, action: "activation.revoke", person: name)
+        try requireAdmin(caller, action: .activationRevoke, person: name)
         let name = try loginName(name)
-        let person = try existingPerson(name, caller: caller, action: "activation.revoke")
-        return try audited(caller, action: "activation.revoke", person: name.rawValue) { tx throws(StoreError) in
+        let person = try existingPerson(name, caller: caller, action: .activationRevoke)
+        return try audited(caller, action: .activationRevoke, person: name.rawValue) { tx throws(StoreError) in
             let revoked = try store.revokeActivationCode(for: person, now: now())
             try tx.audit(
-                caller, action: "activation.revoke", result: revoked ? "success" : "failure", person: name.rawValue,
+                caller, action: .activationRevoke, result: revoked ? "success" : "failure", person: name.rawValue,
                 method: "activation-code")
             return revoked
         }
@@ -69,9 +69,9 @@ extension Authority {
         detail: String
     ) -> APIError {
         limiter.recordFailure(now: steadyNow())
-        saveTerminalValue(limiter, forKey: Self.activationLimiterKey, action: "activation.check", caller: caller)
+        saveTerminalValue(limiter, forKey: Self.activationLimiterKey, action: .activationCheck, caller: caller)
         audit(
-            caller, action: "activation.check", result: "failure", person: person, method: "activation-code",
+            caller, action: .activationCheck, result: .failure, person: person, method: "activation-code",
             service: service, detail: detail)
         return error
     }
@@ -82,7 +82,7 @@ extension Authority {
         let service = input.context?.service
         guard groups.isAuthenticator(caller) else {
             audit(
-                caller, action: "activation.check", result: "refused", method: "activation-code", service: service,
+                caller, action: .activationCheck, result: .refused, method: "activation-code", service: service,
                 detail: "caller is not an authenticator")
             throw APIError.permissionDenied(
                 "activation at the terminal needs root or membership in \(configuration.access.authenticatorGroup)")
@@ -90,34 +90,32 @@ extension Authority {
         // The same service rules as passcodes: activation sets one. Never through su/sudo-like
         // services, where the invoking user is somebody else, nor from services not allowed to
         // take passcodes.
-        if let service,
-            configuration.access.switchUserServices.contains(service)
-                || !configuration.access.passcodeServices.contains(service)
-        {
+        if let service, !loginPolicy.mayActivate(service: service) {
             audit(
-                caller, action: "activation.check", result: "refused", method: "activation-code", service: service,
+                caller, action: .activationCheck, result: .refused, method: "activation-code", service: service,
                 detail: "service not allowed")
             throw APIError.own(
                 "PasscodeNotAllowed", ["reason": .string("the PAM service \(service) cannot activate accounts")])
         }
-        if input.context?.isRemote == true {
+        if let context = input.context?.loginContext, let refusal = loginPolicy.remoteRefusal(context, for: .activation)
+        {
             audit(
-                caller, action: "activation.check", result: "refused", method: "activation-code", service: service,
+                caller, action: .activationCheck, result: .refused, method: "activation-code", service: service,
                 detail: "remote session")
-            throw APIError.permissionDenied("activation is only possible at the terminal itself")
+            throw APIError.permissionDenied(refusal)
         }
         let started = now()
         var limiter =
             try terminalValue(
                 ActivationRateLimiter.self, forKey: Self.activationLimiterKey, caller: caller,
-                action: "activation.check")
+                action: .activationCheck)
             ?? ActivationRateLimiter(
                 maxFailures: configuration.activation.terminalMaxFailures,
                 window: configuration.activation.terminalWindow)
         let steady = steadyNow()
         if let until = limiter.pausedUntil(now: steady) {
             audit(
-                caller, action: "activation.check", result: "refused", method: "activation-code", service: service,
+                caller, action: .activationCheck, result: .refused, method: "activation-code", service: service,
                 detail: "paused")
             throw APIError.own(
                 "ActivationPaused",
@@ -130,7 +128,7 @@ extension Authority {
         let named: StoredPerson?
         if let name = input.name, !name.isEmpty {
             let login = try loginName(name)
-            named = try withStore(caller, action: "activation.check") { () throws(StoreError) in
+            named = try withStore(caller, action: .activationCheck) { () throws(StoreError) in
                 try store.person(named: login)
             }
         } else {
@@ -143,7 +141,7 @@ extension Authority {
                 person: named?.name.rawValue,
                 service: service, limiter: &limiter, detail: "malformed code")
         }
-        let stored = try withStore(caller, action: "activation.check") { () throws(StoreError) in
+        let stored = try withStore(caller, action: .activationCheck) { () throws(StoreError) in
             try store.activationCode(matching: code.normalized)
         }
         guard let stored, named == nil || named?.id == stored.personID else {
@@ -162,7 +160,7 @@ extension Authority {
                 caller, APIError.own("ActivationCodeWrong", parameters), person: named?.name.rawValue, service: service,
                 limiter: &limiter, detail: "wrong code")
         }
-        let owner = try withStore(caller, action: "activation.check") { () throws(StoreError) in
+        let owner = try withStore(caller, action: .activationCheck) { () throws(StoreError) in
             try store.person(id: stored.personID)
         }
         guard let owner else { throw APIError.own("ActivationCodeRevoked", ["message": .string(Self.revokedMessage)]) }
@@ -188,7 +186,7 @@ extension Authority {
             throw APIError.own("AlreadyActive", ["name": .string(owner.name.rawValue)])
         }
         audit(
-            caller, action: "activation.check", result: "success", person: owner.name.rawValue,
+            caller, action: .activationCheck, result: .success, person: owner.name.rawValue,
             method: "activation-code", service: service)
         let ticket = issueTicket(for: owner, caller: caller, purpose: .activation(codeID: stored.id))
         return Message.Verified(
@@ -200,10 +198,10 @@ extension Authority {
     ) async throws(APIError) -> Message.Activated {
         guard let (personID, codeID) = peekActivationTicket(input.ticket, caller: caller),
             let person = try withStore(
-                caller, action: "activation.complete", { () throws(StoreError) in try store.person(id: personID) })
+                caller, action: .activationComplete, { () throws(StoreError) in try store.person(id: personID) })
         else {
             audit(
-                caller, action: "activation.complete", result: "refused", method: "activation-code",
+                caller, action: .activationComplete, result: .refused, method: "activation-code",
                 detail: "invalid ticket")
             throw APIError.ticketInvalid
         }
@@ -212,7 +210,7 @@ extension Authority {
         } catch {
             // The ticket stays valid: the person tries another passcode.
             audit(
-                caller, action: "activation.complete", result: "refused", person: person.name.rawValue,
+                caller, action: .activationComplete, result: .refused, person: person.name.rawValue,
                 detail: "weak: \(error.reason.rawValue)")
             throw APIError.own(
                 "WeakPasscode", ["reason": .string(error.reason.rawValue), "message": .string(error.description)])
@@ -224,19 +222,19 @@ extension Authority {
         }
         guard consumeActivationTicket(input.ticket, caller: caller) != nil,
             let code = try withStore(
-                caller, action: "activation.complete",
+                caller, action: .activationComplete,
                 { () throws(StoreError) in try store.liveActivationCode(for: person) }),
             code.id == codeID
         else {
             throw APIError.own("ActivationCodeRevoked", ["message": .string(Self.revokedMessage)])
         }
-        try audited(caller, action: "activation.complete", person: person.name.rawValue) { tx throws(StoreError) in
+        try audited(caller, action: .activationComplete, person: person.name.rawValue) { tx throws(StoreError) in
             try store.completeActivation(code, person: person, verifier: verifier, now: now())
             try tx.audit(
-                caller, action: "activation.complete", result: "success", person: person.name.rawValue,
+                caller, action: .activationComplete, result: .success, person: person.name.rawValue,
                 method: "activation-code")
         }
-        let active = try existingPerson(person.name, caller: caller, action: "activation.complete")
+        let active = try existingPerson(person.name, caller: caller, action: .activationComplete)
         let offerEnabled = (try? store.identityProviderProfile(of: active))?.isBiometricOfferEnabled ?? true
         let offer = await reader?.readers.isEmpty == false && active.fingers.isEmpty && offerEnabled
         return Message.Activated(
@@ -259,16 +257,16 @@ extension Authority {
     // MARK: Export
 
     func exportPerson(_ caller: Caller, _ name: String) throws(APIError) -> Message.PersonExport {
-        try requireAdmin(caller, action: "person.export", person: name)
+        try requireAdmin(caller, action: .personExport, person: name)
         let name = try loginName(name)
-        let person = try existingPerson(name, caller: caller, action: "person.export")
-        let events = try withStore(caller, action: "person.export") { () throws(StoreError) in
+        let person = try existingPerson(name, caller: caller, action: .personExport)
+        let events = try withStore(caller, action: .personExport) { () throws(StoreError) in
             try store.auditEntries(after: 0, limit: 1_000_000).filter { $0.record.person == name.rawValue }
         }
-        let codes = try withStore(caller, action: "person.export") { () throws(StoreError) in
+        let codes = try withStore(caller, action: .personExport) { () throws(StoreError) in
             try store.activationCodes(of: person)
         }
-        audit(caller, action: "person.export", result: "success", person: name.rawValue)
+        audit(caller, action: .personExport, result: .success, person: name.rawValue)
         return Message.PersonExport(
             person: record(person),
             audit: events.map { entry in

@@ -4,7 +4,7 @@ import KioskAuthFingerprint
 import KioskAuthProtocol
 import KioskAuthStore
 
-extension Authority {
+extension CredentialAuthority {
     static let identifyThrottleKey = "identify-throttle"
 
     /// The one-line prompt shown while a scan waits for a finger.
@@ -103,11 +103,7 @@ extension Authority {
     }
 
     func fingerprintRefusal(_ context: CallerContext?) -> String? {
-        guard let context else { return nil }
-        if context.isRemote {
-            return "fingerprints are not accepted over remote sessions"
-        }
-        return nil
+        loginPolicy.fingerprintRefusal(context?.loginContext)
     }
 
     // MARK: Enrolment
@@ -117,7 +113,7 @@ extension Authority {
     ) async throws(APIError) -> Message.ScanReply {
         let name = try loginName(input.name)
         let person = try authorisedPerson(
-            name, caller: caller, action: "finger.enroll",
+            name, caller: caller, action: .fingerEnroll,
             privileged: groups.isAdmin(caller)
                 || (configuration.fingerprint.selfEnrollment && groups.isAuthenticator(caller)),
             refusal: "only admins enrol other people's fingers")
@@ -127,13 +123,13 @@ extension Authority {
             guard configuration.fingerprint.selfEnrollment, isSelf(caller, person) || groups.isAuthenticator(caller)
             else {
                 audit(
-                    caller, action: "finger.enroll", result: "refused", person: name.rawValue,
+                    caller, action: .fingerEnroll, result: .refused, person: name.rawValue,
                     detail: "not an admin and not self")
                 throw APIError.permissionDenied("only admins enrol other people's fingers")
             }
             guard let ticket = input.ticket, isValidTicket(ticket, person: person, caller: caller) else {
                 audit(
-                    caller, action: "finger.enroll", result: "refused", person: name.rawValue,
+                    caller, action: .fingerEnroll, result: .refused, person: name.rawValue,
                     detail: "self-service without a valid ticket")
                 throw APIError.ticketInvalid
             }
@@ -141,7 +137,7 @@ extension Authority {
             // An admin needs no ticket, but one presented is checked all the same: a greeter
             // running as root enrols on the strength of an authentication only while it is fresh.
             audit(
-                caller, action: "finger.enroll", result: "refused", person: name.rawValue,
+                caller, action: .fingerEnroll, result: .refused, person: name.rawValue,
                 detail: "the presented ticket is not valid")
             throw APIError.ticketInvalid
         }
@@ -172,7 +168,7 @@ extension Authority {
         }
         var enrolled =
             configuration.fingerprint.duplicateCheck
-            ? try withStore(caller, action: "finger.enroll", person: name.rawValue) { () throws(StoreError) in
+            ? try withStore(caller, action: .fingerEnroll, person: name.rawValue) { () throws(StoreError) in
                 try store.allFingers()
             } : []
         if let target, !enrolled.isEmpty {
@@ -195,7 +191,7 @@ extension Authority {
         } catch {
             let apiError = Self.apiError(error, scanTimeout: configuration.fingerprint.scanTimeout)
             audit(
-                caller, action: "finger.enroll", result: "failure", person: name.rawValue, method: "fingerprint",
+                caller, action: .fingerEnroll, result: .failure, person: name.rawValue, method: "fingerprint",
                 detail: "\(finger.rawValue): \(apiError.name)")
             if let error = error as? FingerprintError, error.code == .duplicate {
                 throw alreadyEnrolled(error.matchedID, caller: caller, enrolling: person)
@@ -212,7 +208,7 @@ extension Authority {
             spentTicket = entry
         }
         // The person may have been removed while the scan ran.
-        let current = try existingPerson(name, caller: caller, action: "finger.enroll")
+        let current = try existingPerson(name, caller: caller, action: .fingerEnroll)
         guard current.id == person.id else { throw APIError.noSuchPerson(name.rawValue) }
         // The stored template, the activation it may bring and the audit entry: one transaction.
         // The sensor's own copy (made by the scan) cannot be in it; one left without a stored
@@ -226,7 +222,7 @@ extension Authority {
                     try store.revokeActivationCode(for: current, now: now())
                 }
                 try tx.audit(
-                    caller, action: "finger.enroll", result: "success", person: name.rawValue, method: "fingerprint",
+                    caller, action: .fingerEnroll, result: .success, person: name.rawValue, method: "fingerprint",
                     detail: finger.rawValue + (target.map { " on \($0.id)" } ?? "")
                         + (duplicateChecked ? "" : " (duplicates not checked)"))
             }
@@ -235,11 +231,11 @@ extension Authority {
                 throw APIError.own(
                     "FingerAlreadyEnrolled", ["finger": .string(finger.rawValue), "name": .string(name.rawValue)])
             }
-            throw try failStore(caller, "finger.enroll", error)
+            throw try failStore(caller, .fingerEnroll, error)
         }
         // The new print is on the sensor whatever the last reconciliation found.
-        fingersMissingFromSensor[current.id]?.remove(finger.rawValue)
-        let updated = try existingPerson(name, caller: caller, action: "finger.enroll")
+        context.fingersMissingFromSensor[current.id]?.remove(finger.rawValue)
+        let updated = try existingPerson(name, caller: caller, action: .fingerEnroll)
         // The spent ticket's authentication is handed on, no fresher than it was, so that the
         // login that offered enrolment can still open its session (or step up) on this connection.
         let handedOn = spentTicket.map {
@@ -290,7 +286,7 @@ extension Authority {
     func listFingers(_ caller: Caller, _ name: String) throws(APIError) -> Message.Fingers {
         let name = try loginName(name)
         let person = try authorisedPerson(
-            name, caller: caller, action: "finger.list", privileged: groups.isAdmin(caller),
+            name, caller: caller, action: .fingerList, privileged: groups.isAdmin(caller),
             refusal: "finger.list needs root or membership in \(configuration.access.adminGroup)")
         let missing = missingFromSensor(person)
         return Message.Fingers(fingers: person.fingers, missingFromSensor: missing.isEmpty ? nil : missing)
@@ -318,16 +314,16 @@ extension Authority {
     }
 
     func removeFinger(_ caller: Caller, _ input: Message.RemoveFinger) async throws(APIError) -> [String] {
-        try requireAdmin(caller, action: "finger.remove", person: input.name)
+        try requireAdmin(caller, action: .fingerRemove, person: input.name)
         let name = try loginName(input.name)
-        let person = try existingPerson(name, caller: caller, action: "finger.remove")
+        let person = try existingPerson(name, caller: caller, action: .fingerRemove)
         if let finger = input.finger, !person.fingers.contains(finger) {
             throw APIError.invalidInput("finger", "\(name.rawValue) has no \(finger) enrolled")
         }
-        let removed = try audited(caller, action: "finger.remove", person: name.rawValue) { tx throws(StoreError) in
+        let removed = try audited(caller, action: .fingerRemove, person: name.rawValue) { tx throws(StoreError) in
             let removed = try store.removeFingers(input.finger, of: person)
             try tx.audit(
-                caller, action: "finger.remove", result: "success", person: name.rawValue,
+                caller, action: .fingerRemove, result: .success, person: name.rawValue,
                 detail: removed.map(\.finger).joined(separator: ","))
             return removed
         }
@@ -361,17 +357,17 @@ extension Authority {
         let name = try loginName(input.name)
         let service = input.context?.service
         let person = try authenticationSubject(
-            caller, name: name, context: input.context, action: "finger.verify", method: "fingerprint",
+            caller, name: name, context: input.context, action: .fingerVerify, method: "fingerprint",
             refusalError: "FingerprintNotAllowed", refusal: { _ in fingerprintRefusal(input.context) })
         let failedHere = fingerFailures[caller.connectionID]?[person.id] ?? 0
         guard failedHere < configuration.fingerprint.failuresBeforeFallback else {
             audit(
-                caller, action: "finger.verify", result: "refused", person: name.rawValue, method: "fingerprint",
+                caller, action: .fingerVerify, result: .refused, person: name.rawValue, method: "fingerprint",
                 service: service, detail: "fallback required on this connection")
             throw APIError.own(
                 "FallbackRequired", ["name": .string(name.rawValue), "fallback": .string(fallback(for: person))])
         }
-        let fingers = try withStore(caller, action: "finger.verify", person: name.rawValue) { () throws(StoreError) in
+        let fingers = try withStore(caller, action: .fingerVerify, person: name.rawValue) { () throws(StoreError) in
             try store.fingers(of: person)
         }
         guard !fingers.isEmpty else { throw APIError.own("NoFingers", ["name": .string(name.rawValue)]) }
@@ -384,7 +380,7 @@ extension Authority {
         if !attached.isEmpty {
             guard let holding = await readerHolding(fingers, attached: attached, on: reader) else {
                 audit(
-                    caller, action: "finger.verify", result: "refused", person: name.rawValue, method: "fingerprint",
+                    caller, action: .fingerVerify, result: .refused, person: name.rawValue, method: "fingerprint",
                     service: service, detail: "fingers enrolled only on readers not attached")
                 throw APIError.own("NoFingers", ["name": .string(name.rawValue)])
             }
@@ -394,7 +390,7 @@ extension Authority {
         // Both counts are taken before the scan and settled after it, so that concurrent touches
         // never share a slot.
         let saidWait = try await admitFingerTouch(
-            caller, action: "finger.verify", person: name.rawValue, service: service, sink: sink)
+            caller, action: .fingerVerify, person: name.rawValue, service: service, sink: sink)
         fingerFailures[caller.connectionID, default: [:]][person.id, default: 0] += 1
         let scanStarted = services.clock.reading()
         let phases = Self.scanPhases(sink, saidWait: saidWait, prompt: prompt)
@@ -417,7 +413,7 @@ extension Authority {
             fingerFailures[caller.connectionID, default: [:]][person.id, default: 1] -= 1
             let apiError = Self.apiError(error, scanTimeout: configuration.fingerprint.scanTimeout)
             audit(
-                caller, action: "finger.verify", result: "failure", person: name.rawValue, method: "fingerprint",
+                caller, action: .fingerVerify, result: .failure, person: name.rawValue, method: "fingerprint",
                 service: service, detail: apiError.name)
             throw apiError
         }
@@ -431,12 +427,12 @@ extension Authority {
         let current =
             matched
             ? try recheckSubject(
-                caller, person, context: input.context, action: "finger.verify", method: "fingerprint")
-            : try existingPerson(name, caller: caller, action: "finger.verify")
+                caller, person, context: input.context, action: .fingerVerify, method: "fingerprint")
+            : try existingPerson(name, caller: caller, action: .fingerVerify)
         var failures = current.failures
         if matched { failures.fingerprintFailures = 0 }
         let updated = try recordAuthentication(
-            caller, person: current, failures: failures, unlocked: matched, action: "finger.verify",
+            caller, person: current, failures: failures, unlocked: matched, action: .fingerVerify,
             result: matched ? "success" : "failure", method: "fingerprint", service: service,
             detail: matched
                 ? nil : "no match; \(failuresHere) on this connection; \(inARow) in a row")
@@ -501,7 +497,7 @@ extension Authority {
         if let state = fingerThrottleState { return state }
         let state =
             try terminalValue(
-                IdentifyThrottleState.self, forKey: Self.identifyThrottleKey, caller: caller, action: "finger.throttle")
+                IdentifyThrottleState.self, forKey: Self.identifyThrottleKey, caller: caller, action: .fingerThrottle)
             ?? IdentifyThrottleState()
         fingerThrottleState = state
         return state
@@ -509,7 +505,7 @@ extension Authority {
 
     func saveFingerThrottleState(_ state: IdentifyThrottleState) {
         fingerThrottleState = state
-        saveTerminalValue(state, forKey: Self.identifyThrottleKey, action: "finger.throttle")
+        saveTerminalValue(state, forKey: Self.identifyThrottleKey, action: .fingerThrottle)
     }
 
     /// Admits one touch against the terminal-wide throttle, or refuses it while fingerprint
@@ -520,7 +516,7 @@ extension Authority {
     /// Returns whether the wait notice went out.
     @discardableResult
     func admitFingerTouch(
-        _ caller: Caller, action: String, person: String?, service: String?, sink: ReplySink
+        _ caller: Caller, action: AuditAction, person: String?, service: String?, sink: ReplySink
     ) async throws(APIError) -> Bool {
         var prompted = false
         let wait = Message.ScanReply(progress: ScanProgress(state: "wait", hint: Self.waitPrompt))
@@ -542,10 +538,10 @@ extension Authority {
             switch admission {
             case .paused(let until):
                 audit(
-                    caller, action: action, result: "refused", person: person, method: "fingerprint",
+                    caller, action: action, result: .refused, person: person, method: "fingerprint",
                     service: service, detail: "paused after unknown fingers")
                 let retry = JSONValue.number(max(1, until.timeIntervalSince(at).rounded(.up)))
-                throw action == "finger.identify"
+                throw action == .fingerIdentify
                     ? APIError.own("IdentifyPaused", ["retryAfterSeconds": retry])
                     : APIError.own("FingerprintPaused", ["retryAfterSeconds": retry])
             case .admit where fingerTouchQueue.first == ticket:
@@ -600,19 +596,19 @@ extension Authority {
         let service = input.context?.service
         guard groups.isAuthenticator(caller) else {
             audit(
-                caller, action: "finger.identify", result: "refused", method: "fingerprint", service: service,
+                caller, action: .fingerIdentify, result: .refused, method: "fingerprint", service: service,
                 detail: "caller is not an authenticator")
             throw APIError.permissionDenied(
                 "walk-up identify needs root or membership in \(configuration.access.authenticatorGroup)")
         }
         if let reason = fingerprintRefusal(input.context) {
             audit(
-                caller, action: "finger.identify", result: "refused", method: "fingerprint", service: service,
+                caller, action: .fingerIdentify, result: .refused, method: "fingerprint", service: service,
                 detail: reason)
             throw APIError.own("FingerprintNotAllowed", ["reason": .string(reason)])
         }
         let reader = try requireReader()
-        let roster = try withStore(caller, action: "finger.identify") { () throws(StoreError) in
+        let roster = try withStore(caller, action: .fingerIdentify) { () throws(StoreError) in
             try store.roster(cap: configuration.fingerprint.identifyRosterCap)
         }
         guard !roster.fingers.isEmpty else {
@@ -636,7 +632,7 @@ extension Authority {
         }
         let prompt = Self.touchPrompt(on: target, attached: attached)
         let saidWait = try await admitFingerTouch(
-            caller, action: "finger.identify", person: nil, service: service, sink: sink)
+            caller, action: .fingerIdentify, person: nil, service: service, sink: sink)
         let scanStarted = services.clock.reading()
         let result: MatchResult
         do {
@@ -651,19 +647,19 @@ extension Authority {
             recordFingerTouch(nil)
             let apiError = Self.apiError(error, scanTimeout: configuration.fingerprint.scanTimeout)
             audit(
-                caller, action: "finger.identify", result: "failure", method: "fingerprint", service: service,
+                caller, action: .fingerIdentify, result: .failure, method: "fingerprint", service: service,
                 detail: apiError.name)
             throw apiError
         }
         guard case .match(let id) = result, let match = candidates.first(where: { "\($0.personID)" == id }),
             let person = try withStore(
-                caller, action: "finger.identify",
+                caller, action: .fingerIdentify,
                 { () throws(StoreError) in try store.person(named: match.personName) }),
             person.id == match.personID
         else {
             let unknownInARow = recordFingerTouch(false)
             audit(
-                caller, action: "finger.identify", result: "failure", method: "fingerprint", service: service,
+                caller, action: .fingerIdentify, result: .failure, method: "fingerprint", service: service,
                 detail:
                     "unknown finger; \(unknownInARow) in a row; roster \(roster.fingers.count)/\(roster.totalFingers)")
             throw APIError.own(
@@ -676,10 +672,10 @@ extension Authority {
         recordFingerTouch(true)
         // A walk-up identification clears whatever finger state exists.
         fingerFailures[caller.connectionID]?[person.id] = nil
-        try checkOfflineUnlock(caller, person, action: "finger.identify", method: "fingerprint", service: service)
+        try online.checkOfflineUnlock(caller, person, action: .fingerIdentify, method: "fingerprint", service: service)
         guard person.state == .active else {
             audit(
-                caller, action: "finger.identify", result: "refused", person: person.name.rawValue,
+                caller, action: .fingerIdentify, result: .refused, person: person.name.rawValue,
                 method: "fingerprint", service: service, detail: "state \(person.state.rawValue)")
             throw APIError.own(
                 "PersonNotActive",
@@ -689,11 +685,11 @@ extension Authority {
                 ])
         }
         try requireAccountAllowed(
-            caller, person, context: input.context, action: "finger.identify", method: "fingerprint")
+            caller, person, context: input.context, action: .fingerIdentify, method: "fingerprint")
         var failures = person.failures
         failures.fingerprintFailures = 0
         let updated = try recordAuthentication(
-            caller, person: person, failures: failures, unlocked: true, action: "finger.identify", result: "success",
+            caller, person: person, failures: failures, unlocked: true, action: .fingerIdentify, result: .success,
             method: "fingerprint", service: service, detail: "roster \(roster.fingers.count)")
         return Message.ScanReply(
             person: record(updated), ticket: issueTicket(for: updated, caller: caller, startedAt: scanStarted),
@@ -708,7 +704,7 @@ extension Authority {
     func reconcileSensor() async {
         guard let reader else { return }
         // Recomputed over every storage reader attached now.
-        fingersMissingFromSensor = [:]
+        context.fingersMissingFromSensor = [:]
         for sensor in await reader.readers where sensor.hasStorage {
             await reconcileSensor(sensor, on: reader)
         }
@@ -746,7 +742,7 @@ extension Authority {
                 }
             }
             for (personID, fingers) in missingByPerson {
-                fingersMissingFromSensor[personID, default: []].formUnion(fingers)
+                context.fingersMissingFromSensor[personID, default: []].formUnion(fingers)
             }
             if !missing.isEmpty {
                 // Said plainly: a virtual reader forgets its prints whenever the daemon restarts.
@@ -764,7 +760,7 @@ extension Authority {
                 logger.warning("sensor reconciled", metadata: ["orphans_removed": "\(orphans)"])
             }
             audit(
-                nil, action: "reader.reconcile", result: missing.isEmpty ? "success" : "failure",
+                nil, action: .readerReconcile, result: missing.isEmpty ? "success" : "failure",
                 detail:
                     "orphans removed: \(orphans); missing from sensor: \(missing.isEmpty ? "none" : missing.joined(separator: ","))"
             )

@@ -198,7 +198,7 @@ public enum Daemon {
             isSocketActivated: listenFD != nil,
             usesDevelopmentKey: { if case .developmentKeyFile = source { true } else { false } }(),
             reader: reader, logger: logger, services: onlineServices, now: { clock.now() })
-        await authority.audit(nil, action: "daemon.start", result: "success", detail: "schema \(Store.schemaVersion)")
+        await authority.audit(nil, action: .daemonStart, result: .success, detail: "schema \(Store.schemaVersion)")
         await authority.reconcileSensor()
         await authority.startOnline()
 
@@ -256,14 +256,14 @@ public enum Daemon {
         } catch {
             logger.error("stopped with an error", metadata: ["error": "\(error)"])
             await authority.flushRefusalSummaries()
-            await authority.audit(nil, action: "daemon.stop", result: "failure", detail: "\(error)")
+            await authority.audit(nil, action: .daemonStop, result: .failure, detail: "\(error)")
             try? await hashingPool.shutdownGracefully()
             try? await eventLoops.shutdownGracefully()
             throw StartupError(message: "\(error)")
         }
         notifier.notify("STOPPING=1\nSTATUS=Stopped")
         await authority.flushRefusalSummaries()
-        await authority.audit(nil, action: "daemon.stop", result: "success")
+        await authority.audit(nil, action: .daemonStop, result: .success)
         try? await hashingPool.shutdownGracefully()
         try? await eventLoops.shutdownGracefully()
         logger.info("stopped")
@@ -330,12 +330,12 @@ struct ReaderService: Service {
             case .added(let info):
                 logger.info("reader added", metadata: ["driver": "\(info.driver)", "reader": "\(info.name)"])
                 await authority.audit(
-                    nil, action: "reader.added", result: "success", detail: "\(info.driver): \(info.name)")
+                    nil, action: .readerAdded, result: .success, detail: "\(info.driver): \(info.name)")
                 await authority.publishReaderEvent(added: true, reader: info.id)
                 await authority.reconcileSensor()
             case .removed(let id):
                 logger.info("reader removed", metadata: ["reader": "\(id)"])
-                await authority.audit(nil, action: "reader.removed", result: "success", detail: id)
+                await authority.audit(nil, action: .readerRemoved, result: .success, detail: id)
                 await authority.publishReaderEvent(added: false, reader: id)
             }
         }

@@ -77,80 +77,80 @@ public struct Dispatcher: Sendable {
         }
         let prefix = KioskAuthInterface.name + "."
         register(prefix + "GetStatus") { (_: Message.Empty, caller, _) in
-            try await authority.status(caller)
+            try await authority.terminal.status(caller)
         }
         register(prefix + "AddPerson") { (input: Message.AddPerson, caller, _) in
-            try await authority.addPerson(caller, input)
+            try await authority.credentials.addPerson(caller, input)
         }
         register(prefix + "IssueActivationCode") { (input: Message.Name, caller, _) in
-            try await authority.issueActivationCode(caller, input.name)
+            try await authority.credentials.issueActivationCode(caller, input.name)
         }
         register(prefix + "RevokeActivationCode") { (input: Message.Name, caller, _) in
-            Message.Revoked(revoked: try await authority.revokeActivationCode(caller, input.name))
+            Message.Revoked(revoked: try await authority.credentials.revokeActivationCode(caller, input.name))
         }
         register(prefix + "CheckActivationCode") { (input: Message.CheckActivationCode, caller, _) in
-            try await authority.checkActivationCode(caller, input)
+            try await authority.credentials.checkActivationCode(caller, input)
         }
         register(prefix + "CompleteActivation") { (input: Message.CompleteActivation, caller, _) in
-            try await authority.completeActivation(caller, input)
+            try await authority.credentials.completeActivation(caller, input)
         }
         register(prefix + "CheckAccount") { (input: Message.CheckAccount, caller, _) in
-            try await authority.checkAccount(caller, input)
+            try await authority.credentials.checkAccount(caller, input)
         }
         register(prefix + "ExportPerson") { (input: Message.Name, caller, _) in
-            try await authority.exportPerson(caller, input.name)
+            try await authority.credentials.exportPerson(caller, input.name)
         }
         register(prefix + "ListPeople") { (_: Message.Empty, caller, _) in
-            Message.People(people: try await authority.listPeople(caller))
+            Message.People(people: try await authority.credentials.listPeople(caller))
         }
         register(prefix + "GetPerson") { (input: Message.Name, caller, _) in
-            Message.PersonReply(person: try await authority.getPerson(caller, input.name))
+            Message.PersonReply(person: try await authority.credentials.getPerson(caller, input.name))
         }
         register(prefix + "RemovePerson") { (input: Message.Name, caller, _) in
-            try await authority.removePerson(caller, input.name)
+            try await authority.credentials.removePerson(caller, input.name)
             return Message.Empty()
         }
         register(prefix + "SetPasscode") { (input: Message.SetPasscode, caller, _) in
-            Message.PersonReply(person: try await authority.setPasscode(caller, input))
+            Message.PersonReply(person: try await authority.credentials.setPasscode(caller, input))
         }
         register(prefix + "VerifyPasscode") { (input: Message.VerifyPasscode, caller, _) in
-            try await authority.verifyPasscode(caller, input)
+            try await authority.credentials.verifyPasscode(caller, input)
         }
         register(prefix + "SuspendPerson") { (input: Message.SuspendPerson, caller, _) in
-            Message.PersonReply(person: try await authority.suspendPerson(caller, input))
+            Message.PersonReply(person: try await authority.credentials.suspendPerson(caller, input))
         }
         register(prefix + "ResumePerson") { (input: Message.Name, caller, _) in
-            Message.PersonReply(person: try await authority.resumePerson(caller, input.name))
+            Message.PersonReply(person: try await authority.credentials.resumePerson(caller, input.name))
         }
         register(prefix + "BindAccount") { (input: Message.BindAccount, caller, _) in
-            Message.PersonReply(person: try await authority.bindAccount(caller, input))
+            Message.PersonReply(person: try await authority.credentials.bindAccount(caller, input))
         }
         register(prefix + "ResetLockout") { (input: Message.Name, caller, _) in
-            Message.PersonReply(person: try await authority.resetLockout(caller, input.name))
+            Message.PersonReply(person: try await authority.credentials.resetLockout(caller, input.name))
         }
         register(prefix + "GetReaders") { (_: Message.Empty, caller, _) in
-            Message.Readers(readers: await authority.readers(caller))
+            Message.Readers(readers: await authority.credentials.readers(caller))
         }
         register(prefix + "EnrollFinger") { (input: Message.EnrollFinger, caller, sink) in
-            try await authority.enrollFinger(caller, input, sink: sink)
+            try await authority.credentials.enrollFinger(caller, input, sink: sink)
         }
         register(prefix + "ListFingers") { (input: Message.Name, caller, _) in
-            try await authority.listFingers(caller, input.name)
+            try await authority.credentials.listFingers(caller, input.name)
         }
         register(prefix + "RemoveFinger") { (input: Message.RemoveFinger, caller, _) in
-            Message.Removed(removed: try await authority.removeFinger(caller, input))
+            Message.Removed(removed: try await authority.credentials.removeFinger(caller, input))
         }
         register(prefix + "VerifyFinger") { (input: Message.VerifyFinger, caller, sink) in
-            try await authority.verifyFinger(caller, input, sink: sink)
+            try await authority.credentials.verifyFinger(caller, input, sink: sink)
         }
         register(prefix + "Identify") { (input: Message.Identify, caller, sink) in
-            try await authority.identify(caller, input, sink: sink)
+            try await authority.credentials.identify(caller, input, sink: sink)
         }
         register(prefix + "GetAudit") { (input: Message.GetAudit, caller, _) in
-            Message.AuditEvents(events: try await authority.auditEvents(caller, input))
+            Message.AuditEvents(events: try await authority.terminal.auditEvents(caller, input))
         }
         register(prefix + "VerifyAudit") { (input: Message.VerifyAudit, caller, _) in
-            try await authority.verifyAudit(caller, input)
+            try await authority.terminal.verifyAudit(caller, input)
         }
         registerOnlineMethods(authority: authority)
     }

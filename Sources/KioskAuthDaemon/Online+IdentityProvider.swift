@@ -11,7 +11,7 @@ import KioskAuthStore
 // Identify) only read the store and the clock, so a provider that is down or hanging cannot
 // slow them down.
 
-extension Authority {
+extension OnlineAuthority {
     static let offlineWindowStateKey = "offline-window"
     /// The line PAM and the CLI show when the offline window has ended.
     static let offlineWindowMessage = "Sign in online: this terminal has been offline for too long."
@@ -25,9 +25,9 @@ extension Authority {
 
     /// Loads the offline-window state, the open sessions and the refresh schedule from the store.
     /// Called once, before the socket is served.
-    public func startOnline() {
+    func startOnline() {
         if let state = try? terminalValue(
-            OfflineWindow.State.self, forKey: Self.offlineWindowStateKey, caller: nil, action: "offline-window")
+            OfflineWindow.State.self, forKey: Self.offlineWindowStateKey, caller: nil, action: .offlineWindow)
             ?? nil
         {
             online.offlineWindow = OfflineWindow(policy: online.offlineWindow.policy, state: state)
@@ -88,7 +88,7 @@ extension Authority {
             let recorded = try? store.identityProviderProfile(of: invoking).email
             guard let recorded, recorded.lowercased() == email.lowercased() else {
                 audit(
-                    caller, action: "idp.login", result: "refused", method: "idp-password", service: service,
+                    caller, action: .idpLogin, result: .refused, method: "idp-password", service: service,
                     detail: "\(service ?? "-") accepts an online login only for the invoking user")
                 throw APIError.own(
                     "OnlineLoginNotAllowed",
@@ -105,7 +105,7 @@ extension Authority {
             settleOnlineLoginSlot(reservedAt: slot, error: error)
             noteProvider(error)
             audit(
-                caller, action: "idp.login", result: "failure", method: "idp-password", service: service,
+                caller, action: .idpLogin, result: .failure, method: "idp-password", service: service,
                 detail: "\(email): \(Self.summary(error))")
             throw Self.apiError(identity: error)
         }
@@ -130,7 +130,7 @@ extension Authority {
         } catch {
             noteProvider(error)
             audit(
-                caller, action: "idp.login", result: "failure", method: "idp-device", service: service,
+                caller, action: .idpLogin, result: .failure, method: "idp-device", service: service,
                 detail: Self.summary(error))
             throw Self.apiError(identity: error)
         }
@@ -147,7 +147,7 @@ extension Authority {
         } catch {
             noteProvider(error)
             audit(
-                caller, action: "idp.login", result: "failure", method: "idp-device", service: service,
+                caller, action: .idpLogin, result: .failure, method: "idp-device", service: service,
                 detail: Self.summary(error))
             throw Self.apiError(identity: error)
         }
@@ -177,7 +177,7 @@ extension Authority {
             (try? store.person(withSubject: identity.subject))?.id != invokingPerson.id
         {
             audit(
-                caller, action: "idp.login", result: "refused", method: method, service: service,
+                caller, action: .idpLogin, result: .refused, method: method, service: service,
                 detail: "signed in as someone other than the invoking user")
             throw APIError.own(
                 "OnlineLoginNotAllowed",
@@ -204,15 +204,15 @@ extension Authority {
         let login = OnlineLogin(
             subject: identity.subject, email: identity.email,
             candidateNames: Self.candidateNames(email: identity.email, subject: identity.subject).filter {
-                accounts.uidOfAccount($0.rawValue) == nil
+                access.accounts.uidOfAccount($0.rawValue) == nil
             },
-            displayName: Self.displayName(email: identity.email, subject: identity.subject), roles: roleSet,
+            displayName: LoginContextPolicy.displayName(email: identity.email), roles: roleSet,
             contact: contact, refreshToken: refreshToken,
             refresh: refreshToken.map { _ in RefreshRecord(token: lifetime) })
         // The revocation of the token family this login replaces, the login's person and
         // tokens, and the audit entry: one transaction.
         var revocationQueued = false
-        let (person, created) = try audited(caller, action: "idp.login") { tx throws(StoreError) in
+        let (person, created) = try audited(caller, action: .idpLogin) { tx throws(StoreError) in
             // A login starts a new token family: the one it replaces is revoked, not left alive.
             if let existing = try? store.person(withSubject: identity.subject),
                 (try? store.queueRevocation(of: existing, now: reading.wall)) == true
@@ -221,7 +221,7 @@ extension Authority {
             }
             let (person, created) = try store.recordOnlineLogin(login, now: reading.wall)
             try tx.audit(
-                caller, action: "idp.login", result: "success", person: person.name.rawValue, method: method,
+                caller, action: .idpLogin, result: .success, person: person.name.rawValue, method: method,
                 service: service,
                 detail: Self.loginDetail(identity, roles: roleSet, created: created, refreshToken: refreshToken != nil))
             return (person, created)
@@ -267,7 +267,7 @@ extension Authority {
             + "the account was recreated or renamed at the provider; an administrator who means it removes the old "
             + "person first (kioskauthctl user remove \(name))"
         audit(
-            caller, action: "idp.login", result: "refused", person: name, method: method, service: service,
+            caller, action: .idpLogin, result: .refused, person: name, method: method, service: service,
             detail: "subject-changed: \(reason)")
         // The refused login's tokens are nobody's: revoked, not left alive at the provider.
         if let orphan = result.tokens.refreshToken,
@@ -308,16 +308,6 @@ extension Authority {
             email: email, digestHex: digest.map { String(format: "%02x", $0) }.joined())
     }
 
-    /// "sarah.jones@clinic.example" → "Sarah Jones".
-    static func displayName(email: String?, subject: String) -> String {
-        guard let email, let local = email.split(separator: "@").first, !local.isEmpty else { return "IdP user" }
-        let words = local.split(whereSeparator: { ".-_+".contains($0) }).map {
-            $0.prefix(1).uppercased() + $0.dropFirst()
-        }
-        let name = words.joined(separator: " ")
-        return name.isEmpty || name.count > 128 ? String(email.prefix(128)) : name
-    }
-
     /// Offer fingerprint enrolment: policy allows, a reader is present, the person has no finger
     /// yet and has not declined.
     func shouldOfferFingerprint(_ person: StoredPerson) async -> Bool {
@@ -331,7 +321,7 @@ extension Authority {
     func setBiometricOffer(_ caller: Caller, _ input: Message.SetBiometricOffer) throws(APIError) -> PersonRecord {
         let name = try loginName(input.name)
         let person = try authorisedPerson(
-            name, caller: caller, action: "person.biometric-offer",
+            name, caller: caller, action: .personBiometricOffer,
             privileged: groups.isAdmin(caller) || groups.isAuthenticator(caller),
             refusal: "you may only change your own biometric offer")
         if !groups.isAdmin(caller) && !isSelf(caller, person) {
@@ -339,29 +329,19 @@ extension Authority {
                 consumeTicket(ticket, person: person, caller: caller)
             else {
                 audit(
-                    caller, action: "person.biometric-offer", result: "refused", person: name.rawValue,
+                    caller, action: .personBiometricOffer, result: .refused, person: name.rawValue,
                     detail: "not an admin, not self, no valid ticket")
                 throw APIError.permissionDenied(
                     "only admins, the person, or the app that just authenticated them may change the offer")
             }
         }
-        try audited(caller, action: "person.biometric-offer", person: name.rawValue) { tx throws(StoreError) in
+        try audited(caller, action: .personBiometricOffer, person: name.rawValue) { tx throws(StoreError) in
             try store.setBiometricOffer(input.enabled, for: person, now: now())
             try tx.audit(
-                caller, action: "person.biometric-offer", result: "success", person: name.rawValue,
+                caller, action: .personBiometricOffer, result: .success, person: name.rawValue,
                 detail: input.enabled ? "on" : "declined")
         }
-        return record(try existingPerson(name, caller: caller, action: "person.biometric-offer"))
-    }
-
-    /// Adds the identity-provider fields to a person record.
-    func addIdentityProviderFields(to record: inout PersonRecord, of person: StoredPerson) {
-        guard let profile = try? store.identityProviderProfile(of: person) else { return }
-        record.biometricOffer = profile.isBiometricOfferEnabled
-        guard person.origin == .idp else { return }
-        record.email = profile.email
-        record.suspendedReason = profile.suspendedReason
-        record.lastOnlineContactAt = profile.contact.map { Self.timestamp($0.reading.wall) }
+        return record(try existingPerson(name, caller: caller, action: .personBiometricOffer))
     }
 
     // MARK: The offline window
@@ -369,7 +349,7 @@ extension Authority {
     /// Refuses local unlock of an IdP person whose unlock is suspended or whose offline window
     /// has ended. Reads only the store and the clock: never the network. Local people pass.
     func checkOfflineUnlock(
-        _ caller: Caller?, _ person: StoredPerson, action: String, method: String?, service: String?
+        _ caller: Caller?, _ person: StoredPerson, action: AuditAction, method: String?, service: String?
     )
         throws(APIError)
     {
@@ -379,7 +359,7 @@ extension Authority {
         }
         if let reason = profile.suspendedReason {
             audit(
-                caller, action: action, result: "refused", person: person.name.rawValue, method: method,
+                caller, action: action, result: .refused, person: person.name.rawValue, method: method,
                 service: service, detail: "suspended until an online login: \(reason)")
             throw APIError.own(
                 "OnlineLoginRequired",
@@ -390,7 +370,7 @@ extension Authority {
         }
         guard let contact = profile.contact else {
             audit(
-                caller, action: action, result: "refused", person: person.name.rawValue, method: method,
+                caller, action: action, result: .refused, person: person.name.rawValue, method: method,
                 service: service, detail: "no online contact recorded")
             throw Self.offlineWindowExpired(person.name)
         }
@@ -402,12 +382,12 @@ extension Authority {
             return
         case .expired(let ago):
             audit(
-                caller, action: action, result: "refused", person: person.name.rawValue, method: method,
+                caller, action: action, result: .refused, person: person.name.rawValue, method: method,
                 service: service, detail: "offline window ended \(Int(ago.components.seconds)) s ago")
             throw Self.offlineWindowExpired(person.name)
         case .clockWentBackwards:
             audit(
-                caller, action: action, result: "refused", person: person.name.rawValue, method: method,
+                caller, action: action, result: .refused, person: person.name.rawValue, method: method,
                 service: service, detail: "offline window ended: the wall clock went backwards")
             throw Self.offlineWindowExpired(person.name)
         }
@@ -418,11 +398,11 @@ extension Authority {
         for action in actions {
             switch action {
             case .persist(let state):
-                saveTerminalValue(state, forKey: Self.offlineWindowStateKey, action: "offline-window")
+                saveTerminalValue(state, forKey: Self.offlineWindowStateKey, action: .offlineWindow)
             case .audit(.clockWentBackwards(let previous, let current)):
                 logger.warning("the wall clock went backwards; every offline window ended")
                 audit(
-                    nil, action: "clock.backwards", result: "failure",
+                    nil, action: .clockBackwards, result: .failure,
                     detail:
                         "wall clock went from \(Self.timestamp(previous.wall)) to \(Self.timestamp(current.wall)); every open offline window ended"
                 )
@@ -505,7 +485,7 @@ extension Authority {
     func connectivity(_ caller: Caller, people askedForPeople: Bool = false) throws(APIError) -> Message.Connectivity {
         let seesEveryone = groups.isAdmin(caller)
         let seesAggregate = groups.isAuthenticator(caller) || groups.isAdmin(caller)
-        let people = try withStore(caller, action: "connectivity") { () throws(StoreError) in
+        let people = try withStore(caller, action: .connectivity) { () throws(StoreError) in
             try store.identityProviderPeople()
         }
         let reading = services.clock.reading()
@@ -538,7 +518,7 @@ extension Authority {
                     lastContactAt: profile.contact.map { Self.timestamp($0.reading.wall) },
                     suspendedReason: profile.suspendedReason))
         }
-        let outbox = try withStore(caller, action: "connectivity") { () throws(StoreError) in try store.outboxSummary()
+        let outbox = try withStore(caller, action: .connectivity) { () throws(StoreError) in try store.outboxSummary()
         }
         let circuit: String
         switch online.schedule.circuit {
@@ -561,12 +541,12 @@ extension Authority {
     /// Before a person is removed: queue the revocation of their refresh token (sealed, delivered
     /// by the refresh service when online), end their sessions and stop refreshing for them.
     func prepareRemoval(_ caller: Caller, of person: StoredPerson) throws(APIError) {
-        let queued = try audited(caller, action: "person.remove", person: person.name.rawValue) {
+        let queued = try audited(caller, action: .personRemove, person: person.name.rawValue) {
             tx throws(StoreError) in
             let queued = try store.queueRevocation(of: person, now: now())
             if queued {
                 try tx.audit(
-                    caller, action: "idp.revoke", result: "success", person: person.name.rawValue,
+                    caller, action: .idpRevoke, result: .success, person: person.name.rawValue,
                     detail: "refresh token revocation queued for delivery")
             }
             return queued

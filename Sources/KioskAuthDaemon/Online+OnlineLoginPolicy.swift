@@ -10,7 +10,7 @@ import KioskAuthStore
 // contacted, and wrong passwords are throttled per terminal, so that the terminal cannot become a
 // way to guess the organisation's passwords.
 
-extension Authority {
+extension OnlineAuthority {
     static let onlineLoginLimiterKey = "online-login-rate-limit"
 
     /// What an online login is checked against before the provider is asked.
@@ -28,25 +28,19 @@ extension Authority {
     func onlineLoginRefusal(
         _ context: CallerContext?, name: LoginName?
     ) throws(APIError) -> (reason: String?, invoking: StoredPerson?) {
-        guard let context else { return (nil, nil) }
-        if context.isRemote {
-            return ("online logins are not accepted over remote sessions", nil)
-        }
-        guard let service = context.service else { return (nil, nil) }
-        if configuration.access.switchUserServices.contains(service) {
+        switch loginPolicy.onlineLoginRule(context?.loginContext) {
+        case .allowed: return (nil, nil)
+        case .refused(let reason): return (reason, nil)
+        case .invokingUserOnly(let ruid, let service):
             let bound =
-                try context.ruid.flatMap { ruid throws(APIError) in
-                    try withStore(nil, action: "idp.login") { () throws(StoreError) in try store.person(boundTo: ruid) }
+                try ruid.flatMap { ruid throws(APIError) in
+                    try withStore(nil, action: .idpLogin) { () throws(StoreError) in try store.person(boundTo: ruid) }
                 }
             guard let bound, bound.origin == .idp, name == nil || name == bound.name else {
                 return ("\(service) accepts an online login only for the invoking user", nil)
             }
             return (nil, bound)
         }
-        if !configuration.access.passcodeServices.contains(service) {
-            return ("the PAM service \(service) is not allowed online logins", nil)
-        }
-        return (nil, nil)
     }
 
     /// Checks everything but the credential: an authenticator, a configured provider, a context
@@ -58,7 +52,7 @@ extension Authority {
         let service = context?.service
         guard groups.isAuthenticator(caller) else {
             audit(
-                caller, action: "idp.login", result: "refused", method: method, service: service,
+                caller, action: .idpLogin, result: .refused, method: method, service: service,
                 detail: "caller is not an authenticator")
             throw APIError.permissionDenied(
                 "online login needs root or membership in \(configuration.access.authenticatorGroup)")
@@ -67,7 +61,7 @@ extension Authority {
         let (reason, invoking) = try onlineLoginRefusal(context, name: name)
         if let reason {
             audit(
-                caller, action: "idp.login", result: "refused", person: name?.rawValue, method: method,
+                caller, action: .idpLogin, result: .refused, person: name?.rawValue, method: method,
                 service: service, detail: reason)
             throw APIError.own("OnlineLoginNotAllowed", ["reason": .string(reason)])
         }
@@ -75,7 +69,7 @@ extension Authority {
         let at = steadyNow()
         if let until = limiter.pausedUntil(now: at) {
             audit(
-                caller, action: "idp.login", result: "refused", person: name?.rawValue, method: method,
+                caller, action: .idpLogin, result: .refused, person: name?.rawValue, method: method,
                 service: service, detail: "paused after too many wrong passwords")
             throw APIError.own(
                 "OnlineLoginPaused",
@@ -89,7 +83,7 @@ extension Authority {
 
     func onlineLoginLimiter(_ caller: Caller?) throws(APIError) -> ActivationRateLimiter {
         try terminalValue(
-            ActivationRateLimiter.self, forKey: Self.onlineLoginLimiterKey, caller: caller, action: "idp.login")
+            ActivationRateLimiter.self, forKey: Self.onlineLoginLimiterKey, caller: caller, action: .idpLogin)
             ?? ActivationRateLimiter(
                 maxFailures: configuration.identityProvider.loginMaxFailures,
                 window: configuration.identityProvider.loginFailureWindow)
@@ -102,7 +96,7 @@ extension Authority {
         var limiter = try onlineLoginLimiter(caller)
         let at = steadyNow()
         _ = limiter.reserve(now: at)
-        saveTerminalValue(limiter, forKey: Self.onlineLoginLimiterKey, action: "idp.login", caller: caller)
+        saveTerminalValue(limiter, forKey: Self.onlineLoginLimiterKey, action: .idpLogin, caller: caller)
         return at
     }
 
@@ -111,7 +105,7 @@ extension Authority {
         if let error, (error as? IdentityError)?.code == .invalidCredentials { return }
         guard var limiter = try? onlineLoginLimiter(nil) else { return }
         limiter.release(reservedAt: reservedAt)
-        saveTerminalValue(limiter, forKey: Self.onlineLoginLimiterKey, action: "idp.login")
+        saveTerminalValue(limiter, forKey: Self.onlineLoginLimiterKey, action: .idpLogin)
     }
 
     /// CheckOnlineLogin: may an online login happen here, for `name`? Never contacts the provider;
@@ -125,7 +119,7 @@ extension Authority {
         _ = try openOnlineLoginGate(caller, context: input.context, name: name, method: "idp-check")
         guard let name,
             let person = try withStore(
-                caller, action: "idp.login", { () throws(StoreError) in try store.person(named: name) }),
+                caller, action: .idpLogin, { () throws(StoreError) in try store.person(named: name) }),
             person.origin == .idp,
             let profile = try? store.identityProviderProfile(of: person)
         else { return Message.OnlineLoginAllowed(email: nil) }

@@ -6,7 +6,7 @@ import KioskAuthIdentity
 // when, these say what an outcome means, and RefreshService sends the probe. Nothing here runs
 // on an unlock path or waits for the network.
 
-extension Authority {
+extension OnlineAuthority {
     /// Any request to the provider ended, whatever the outcome: the next probe moves away.
     func noteTraffic() {
         var random = SystemRandomNumberGenerator()

@@ -9,7 +9,7 @@ import KioskAuthStore
 // reports how they ended. Every record is persisted before its request is sent, and a rotated
 // refresh token is written in the same transaction as the record that follows it.
 
-extension Authority {
+extension OnlineAuthority {
     /// Outbox deliveries in flight at once.
     static let maximumConcurrentDeliveries = 4
     /// Longest pause between delivery attempts of one outbox item.
@@ -117,24 +117,24 @@ extension Authority {
         switch event {
         case .refreshTokenRejected(let id):
             audit(
-                nil, action: "idp.refresh", result: "failure", person: name(id), method: "idp",
+                nil, action: .idpRefresh, result: .failure, person: name(id), method: "idp",
                 detail: "refresh token rejected (invalid_grant): local unlock suspended until the next online login")
         case .refreshTokenRejectedAfterLostResponse(let id):
             audit(
-                nil, action: "idp.refresh", result: "failure", person: name(id), method: "idp",
+                nil, action: .idpRefresh, result: .failure, person: name(id), method: "idp",
                 detail:
                     "refresh token rejected after a lost response (possibly our own retry, not necessarily a revocation): local unlock suspended until the next online login"
             )
         case .refreshInterruptedByRestart(let id):
             audit(
-                nil, action: "idp.refresh", result: "failure", person: name(id), method: "idp",
+                nil, action: .idpRefresh, result: .failure, person: name(id), method: "idp",
                 detail: "a refresh was in flight when the daemon stopped; retried as a lost response")
         case .circuitOpened(let until, let failures):
             audit(
-                nil, action: "idp.circuit", result: "failure",
+                nil, action: .idpCircuit, result: .failure,
                 detail: "opened after \(failures) failures in a row; refreshes pause until \(Self.timestamp(until))")
         case .circuitClosed:
-            audit(nil, action: "idp.circuit", result: "success", detail: "closed: the identity provider answers again")
+            audit(nil, action: .idpCircuit, result: .success, detail: "closed: the identity provider answers again")
         }
     }
 
@@ -270,7 +270,7 @@ extension Authority {
                         try audited { tx throws(StoreError) in
                             try store.setRoles(set, for: person, now: now)
                             try tx.audit(
-                                nil, action: "idp.roles", result: "success", person: person.name.rawValue,
+                                nil, action: .idpRoles, result: .success, person: person.name.rawValue,
                                 detail: "roles=\(set.all.map(\.rawValue).joined(separator: ","))")
                         }
                     } catch {
@@ -319,7 +319,7 @@ extension Authority {
         suspend(personID, reason: reason, record: nil) { tx throws(StoreError) in
             queued = (try? store.queueRevocation(of: person, now: now())) == true
             try tx.audit(
-                nil, action: "idp.refresh", result: "failure", person: person.name.rawValue, method: "idp",
+                nil, action: .idpRefresh, result: .failure, person: person.name.rawValue, method: "idp",
                 detail: "no longer admitted (\(violation.message)): local unlock suspended, tokens revoked")
         }
         if queued { services.refreshWakeup.signal() }
@@ -337,7 +337,7 @@ extension Authority {
         guard let error else {
             try? store.markDelivered(job.id, now: now)
             audit(
-                nil, action: "idp.revoke", result: "success", person: job.person, method: "idp",
+                nil, action: .idpRevoke, result: .success, person: job.person, method: "idp",
                 detail: "queued revocation delivered")
             noteProviderAnswered()
             return

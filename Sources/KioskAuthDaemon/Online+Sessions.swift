@@ -8,7 +8,7 @@ import KioskAuthStore
 // a session re-checks its expiry first, and the timekeeping service re-checks every second, so
 // suspend/resume and clock changes are noticed whether or not a timer fired.
 
-extension Authority {
+extension OnlineAuthority {
     /// Open sessions on the terminal at once.
     static let maximumOpenSessions = 256
     /// Open sessions of one person at once.
@@ -88,7 +88,7 @@ extension Authority {
                     endReason: endReason?.rawValue)
                 if let endReason {
                     try tx.audit(
-                        nil, action: "session.end", result: "success", person: entry.name.rawValue,
+                        nil, action: .sessionEnd, result: .success, person: entry.name.rawValue,
                         service: entry.service, detail: "\(entry.id.prefix(8)): \(endReason.rawValue)")
                 }
             }
@@ -168,7 +168,7 @@ extension Authority {
         // Authorised before the person is looked up: an unprivileged caller learns nothing about
         // who exists.
         let person = try authorisedPerson(
-            name, caller: caller, action: "session.open", privileged: groups.isAuthenticator(caller),
+            name, caller: caller, action: .sessionOpen, privileged: groups.isAuthenticator(caller),
             refusal: "you may only open your own sessions")
         // A session opens on the strength of a fresh authentication of its person on this
         // connection. Only root (the PAM module in a login or greeter process, after another
@@ -176,12 +176,12 @@ extension Authority {
         // token is released to nobody until AuthenticateSession.
         guard input.ticket != nil || caller.isRoot else {
             audit(
-                caller, action: "session.open", result: "refused", person: name.rawValue, service: service,
+                caller, action: .sessionOpen, result: .refused, person: name.rawValue, service: service,
                 detail: "no ticket")
             throw APIError.ticketInvalid
         }
-        try requireAccountAllowed(caller, person, context: input.context, action: "session.open", method: nil)
-        try checkOfflineUnlock(caller, person, action: "session.open", method: nil, service: service)
+        try requireAccountAllowed(caller, person, context: input.context, action: .sessionOpen, method: nil)
+        try checkOfflineUnlock(caller, person, action: .sessionOpen, method: nil, service: service)
         guard person.state == .active else {
             throw APIError.own(
                 "PersonNotActive",
@@ -194,7 +194,7 @@ extension Authority {
         if let ticket = input.ticket {
             guard let entry = takeTicket(ticket, person: person, caller: caller) else {
                 audit(
-                    caller, action: "session.open", result: "refused", person: name.rawValue, service: service,
+                    caller, action: .sessionOpen, result: .refused, person: name.rawValue, service: service,
                     detail: "no valid ticket for this person on this connection")
                 throw APIError.ticketInvalid
             }
@@ -227,11 +227,11 @@ extension Authority {
             try audited { tx throws(StoreError) in
                 try store.insertSession(session)
                 try tx.audit(
-                    caller, action: "session.open", result: "success", person: name.rawValue, service: service,
+                    caller, action: .sessionOpen, result: .success, person: name.rawValue, service: service,
                     detail: "\(id.prefix(8))\(authenticatedAt == nil ? "" : "; authenticated")")
             }
         } catch let error as StoreError {
-            throw try failStore(caller, "session.open", error)
+            throw try failStore(caller, .sessionOpen, error)
         } catch {
             throw APIError.own("InternalError", ["reason": .string("session did not encode")])
         }
@@ -244,7 +244,7 @@ extension Authority {
 
     /// The open session `id`, after re-checking its end rules, for a caller allowed to act on it:
     /// root, the kioskauth and kioskauth-admin groups, or the person bound to the caller's uid.
-    func session(_ caller: Caller, _ id: String, action: String) throws(APIError) -> SessionEntry {
+    func session(_ caller: Caller, _ id: String, action: AuditAction) throws(APIError) -> SessionEntry {
         guard id.count <= 64, let entry = online.sessions[id] else {
             throw APIError.own("NoSuchSession", ["id": .string(String(id.prefix(64)))])
         }
@@ -252,7 +252,7 @@ extension Authority {
             let person = try? store.person(named: entry.name)
             guard let person, isSelf(caller, person) else {
                 audit(
-                    caller, action: action, result: "refused", person: entry.name.rawValue,
+                    caller, action: action, result: .refused, person: entry.name.rawValue,
                     detail: "not the session's person")
                 throw APIError.own("NoSuchSession", ["id": .string(id)])
             }
@@ -271,7 +271,7 @@ extension Authority {
     }
 
     func closeSession(_ caller: Caller, _ id: String) throws(APIError) {
-        var entry = try session(caller, id, action: "session.close")
+        var entry = try session(caller, id, action: .sessionClose)
         let reading = services.clock.reading()
         let actions = entry.state.machine.end(.loggedOut, at: reading)
         online.sessions[id] = entry
@@ -279,7 +279,7 @@ extension Authority {
     }
 
     func lockSession(_ caller: Caller, _ id: String) throws(APIError) -> SessionRecord {
-        var entry = try session(caller, id, action: "session.lock")
+        var entry = try session(caller, id, action: .sessionLock)
         let reading = services.clock.reading()
         let wasLocked = entry.state.machine.isLocked
         let actions = entry.state.machine.lock(at: reading)
@@ -291,7 +291,7 @@ extension Authority {
     }
 
     func reportActivity(_ caller: Caller, _ id: String) throws(APIError) -> SessionRecord {
-        var entry = try session(caller, id, action: "session.activity")
+        var entry = try session(caller, id, action: .sessionActivity)
         let reading = services.clock.reading()
         let actions = entry.state.machine.recordActivity(at: reading)
         online.sessions[id] = entry
@@ -300,12 +300,12 @@ extension Authority {
     }
 
     func authenticateSession(_ caller: Caller, _ input: Message.AuthenticateSession) throws(APIError) -> SessionRecord {
-        var entry = try session(caller, input.id, action: "session.authenticate")
+        var entry = try session(caller, input.id, action: .sessionAuthenticate)
         guard let person = try? store.person(named: entry.name), person.id == entry.personID,
             let ticket = takeTicket(input.ticket, person: person, caller: caller)
         else {
             audit(
-                caller, action: "session.authenticate", result: "refused", person: entry.name.rawValue,
+                caller, action: .sessionAuthenticate, result: .refused, person: entry.name.rawValue,
                 detail: "no valid ticket for this person on this connection")
             throw APIError.ticketInvalid
         }
@@ -325,12 +325,12 @@ extension Authority {
         case .accepted:
             online.sessions[input.id]?.tokenConnection = caller.connectionID
             audit(
-                caller, action: "session.authenticate", result: "success", person: entry.name.rawValue,
+                caller, action: .sessionAuthenticate, result: .success, person: entry.name.rawValue,
                 service: entry.service, detail: String(input.id.prefix(8)))
             return sessionRecord(online.sessions[input.id] ?? entry)
         case .staleLockEpoch:
             audit(
-                caller, action: "session.authenticate", result: "refused", person: entry.name.rawValue,
+                caller, action: .sessionAuthenticate, result: .refused, person: entry.name.rawValue,
                 service: entry.service, detail: "authentication started before the last lock")
             throw APIError.own("StaleAuthentication", ["id": .string(input.id)])
         case .sessionEnded(let reason):
@@ -342,7 +342,7 @@ extension Authority {
         guard (0...(7 * 86400)).contains(input.maxAgeSeconds) else {
             throw APIError.invalidInput("maxAgeSeconds", "expected 0 to 604800 seconds")
         }
-        let entry = try session(caller, input.id, action: "session.step-up")
+        let entry = try session(caller, input.id, action: .sessionStepUp)
         let reading = services.clock.reading()
         switch entry.state.machine.stepUp(maximumAge: .seconds(input.maxAgeSeconds), at: reading) {
         case .satisfied: return Message.StepUpReply(satisfied: true, session: sessionRecord(entry))
@@ -359,7 +359,7 @@ extension Authority {
         let own =
             seesEveryone
             ? nil
-            : try withStore(caller, action: "session.list") { () throws(StoreError) in
+            : try withStore(caller, action: .sessionList) { () throws(StoreError) in
                 try store.person(boundTo: caller.uid)
             }
         let filter = try input.name.map { text throws(APIError) in try loginName(text) }
@@ -373,37 +373,37 @@ extension Authority {
     func endSessions(_ caller: Caller, _ name: String) throws(APIError) -> Int {
         let name = try loginName(name)
         let person = try authorisedPerson(
-            name, caller: caller, action: "session.security-logout", privileged: groups.isAdmin(caller),
+            name, caller: caller, action: .sessionSecurityLogout, privileged: groups.isAdmin(caller),
             refusal: "session.security-logout needs root or membership in \(configuration.access.adminGroup)")
         let ended = endSessions(of: person.id, reason: .securityLogout)
         audit(
-            caller, action: "session.security-logout", result: "success", person: name.rawValue,
+            caller, action: .sessionSecurityLogout, result: .success, person: name.rawValue,
             detail: "\(ended) session(s) ended")
         return ended
     }
 
     func sessionToken(_ caller: Caller, _ id: String) async throws(APIError) -> Message.SessionToken {
-        let entry = try session(caller, id, action: "session.token")
+        let entry = try session(caller, id, action: .sessionToken)
         guard
             groups.isAuthenticator(caller) || (try? store.person(named: entry.name)).map({ isSelf(caller, $0) }) == true
         else {
             throw APIError.permissionDenied("only the kioskauth group or the person may read a session's token")
         }
         try requireTokenRelease(caller, entry)
-        let person = try existingPerson(entry.name, caller: caller, action: "session.token")
+        let person = try existingPerson(entry.name, caller: caller, action: .sessionToken)
         guard person.origin == .idp else {
             throw APIError.own(
                 "NoAccessToken",
                 ["reason": .string("\(person.name.rawValue) is a local person: there is no identity-provider token")])
         }
-        try checkOfflineUnlock(caller, person, action: "session.token", method: nil, service: entry.service)
+        try checkOfflineUnlock(caller, person, action: .sessionToken, method: nil, service: entry.service)
         let token = try await accessToken(for: person)
         // The session may have ended, been locked or re-authenticated elsewhere while the token
         // was refreshed.
-        let current = try session(caller, id, action: "session.token")
+        let current = try session(caller, id, action: .sessionToken)
         try requireTokenRelease(caller, current)
         audit(
-            caller, action: "session.token", result: "success", person: entry.name.rawValue, service: entry.service,
+            caller, action: .sessionToken, result: .success, person: entry.name.rawValue, service: entry.service,
             detail: String(id.prefix(8)))
         return Message.SessionToken(
             accessToken: token.token.rawValue, expiresAt: Self.timestamp(token.expiresAt),
@@ -417,7 +417,7 @@ extension Authority {
         let id = entry.id
         guard !entry.state.machine.isLocked else {
             audit(
-                caller, action: "session.token", result: "refused", person: entry.name.rawValue,
+                caller, action: .sessionToken, result: .refused, person: entry.name.rawValue,
                 service: entry.service, detail: "\(id.prefix(8)): locked")
             throw APIError.own("SessionLocked", ["id": .string(id)])
         }
@@ -425,7 +425,7 @@ extension Authority {
             authentication.lockEpoch == entry.state.machine.lockEpoch, entry.tokenConnection == caller.connectionID
         else {
             audit(
-                caller, action: "session.token", result: "refused", person: entry.name.rawValue,
+                caller, action: .sessionToken, result: .refused, person: entry.name.rawValue,
                 service: entry.service, detail: "\(id.prefix(8)): not authenticated on this connection")
             throw APIError.own("SessionNotAuthenticated", ["id": .string(id)])
         }

@@ -97,8 +97,8 @@ struct SessionEntry {
     var tokenConnection: UInt64? = nil
 }
 
-/// The mutable state of the online features. It belongs to the `Authority` actor: only the
-/// actor touches it.
+/// The mutable state of the online features. It belongs to `OnlineAuthority` (on the
+/// `AuthorityActor`): nothing else touches it.
 final class OnlineState {
     /// The terminal-wide offline-window state, loaded from the store at start.
     var offlineWindow: OfflineWindow
@@ -108,7 +108,7 @@ final class OnlineState {
     var names: [Int64: LoginName] = [:]
     /// Armed refresh timers (wall clock).
     var refreshTimers: [Int64: Date] = [:]
-    /// The circuit breaker's timer (steady time, `Authority.steadyNow()`).
+    /// The circuit breaker's timer (steady time, `AuthorityContext.steadyNow()`).
     var breakerWake: Date?
     /// Refreshes to hand to the refresh service.
     var pendingJobs: [RefreshJob] = []
@@ -126,8 +126,6 @@ final class OnlineState {
     var outboxRetryNow = false
     /// Open sessions by id.
     var sessions: [String: SessionEntry] = [:]
-    /// Terminal steady time (boot clock with a wall-clock high-water mark), loaded at first use.
-    var steadyClock: SteadyClock?
     /// When the offline window last took an observation (boot clock).
     var lastObservation: ClockReading?
 

@@ -24,7 +24,7 @@ struct RefreshService: Service {
         await withGracefulShutdownHandler {
             await withDiscardingTaskGroup { group in
                 while !Task.isCancelled && !Task.isShuttingDownGracefully {
-                    let work = await authority.refreshTick()
+                    let work = await authority.online.refreshTick()
                     for job in work.jobs {
                         group.addTask { await refresh(job) }
                     }
@@ -58,7 +58,7 @@ struct RefreshService: Service {
             return
         }
         if Task.isCancelled { return }
-        await authority.completeRefresh(job, result)
+        await authority.online.completeRefresh(job, result)
     }
 
     private func probe(timeout: Duration) async {
@@ -71,7 +71,7 @@ struct RefreshService: Service {
         // At shutdown nobody needs the answer; otherwise report even a cancellation, which
         // frees the probe slot.
         if Task.isCancelled { return }
-        await authority.completeProbe(error: failure)
+        await authority.online.completeProbe(error: failure)
     }
 
     private func deliver(_ job: DeliveryJob) async {
@@ -82,10 +82,10 @@ struct RefreshService: Service {
             failure = error
         }
         if Task.isCancelled && failure != nil {
-            await authority.releaseDelivery(job)
+            await authority.online.releaseDelivery(job)
             return
         }
-        await authority.completeDelivery(job, error: failure)
+        await authority.online.completeDelivery(job, error: failure)
     }
 }
 
@@ -103,13 +103,13 @@ struct TimekeepingService: Service {
     func run() async throws {
         await withGracefulShutdownHandler {
             while !Task.isCancelled && !Task.isShuttingDownGracefully {
-                await authority.timekeepingTick()
+                await authority.online.timekeepingTick()
                 await wakeup.wait(upTo: .seconds(1))
             }
         } onGracefulShutdown: {
             events.finishAll()
             wakeup.signal()
         }
-        await authority.observeClock()
+        await authority.online.observeClock()
     }
 }

@@ -321,7 +321,7 @@ public final class VarlinkServer: Service, Sendable {
             return false
         }
         if !authority.isPrivileged(caller), let retryAfter = takeToken(caller) {
-            authority.tallyRefusal(caller, action: "rate-limited", rateLimited: true)
+            authority.tallyRefusal(caller, action: .rateLimited, rateLimited: true)
             if call.oneway != true {
                 let error = APIError.rateLimited(configuration.requestsPerSecondPerUID, retryAfter: retryAfter)
                 try? await outbound.write(ByteBuffer(bytes: Self.encode(error)))
