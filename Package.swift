@@ -104,6 +104,13 @@ let package = Package(
             ]),
         .testTarget(name: "KioskAuthProtocolTests", dependencies: ["KioskAuthProtocol"]),
         .testTarget(
+            name: "KioskAuthDaemonTests",
+            dependencies: [
+                "KioskAuthDaemon", "KioskAuthCore", "KioskAuthStore", "KioskAuthProtocol",
+                .product(name: "Logging", package: "swift-log"),
+                .product(name: "NIOPosix", package: "swift-nio"),
+            ]),
+        .testTarget(
             name: "KioskAuthFingerprintTests",
             dependencies: ["KioskAuthFingerprint", "CFPrint", .product(name: "Logging", package: "swift-log")]),
         .testTarget(

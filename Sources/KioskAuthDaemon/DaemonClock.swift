@@ -23,6 +23,8 @@ public struct DaemonClock: Sendable {
         /// The test clock file, when one was given (debug builds only).
         public let testClockFile: String?
     #endif
+    /// Where readings come from instead of the system clocks, for in-process tests.
+    var source: (@Sendable () -> ClockReading)? = nil
 
     /// The system clocks.
     public static func system(environment: [String: String] = ProcessInfo.processInfo.environment) -> DaemonClock {
@@ -46,8 +48,18 @@ public struct DaemonClock: Sendable {
         #endif
     }
 
+    /// A clock whose readings all come from `source` (for in-process tests).
+    static func readings(bootID: String, _ source: @escaping @Sendable () -> ClockReading) -> DaemonClock {
+        #if DEBUG
+            DaemonClock(bootID: bootID, testClockFile: nil, source: source)
+        #else
+            DaemonClock(bootID: bootID, source: source)
+        #endif
+    }
+
     /// Reads all three clocks now.
     public func reading() -> ClockReading {
+        if let source { return source() }
         var boot = timespec()
         clock_gettime(CLOCK_BOOTTIME, &boot)
         var reading = ClockReading(
