@@ -74,6 +74,8 @@ public struct AuditAction: Sendable, Hashable, CustomStringConvertible {
 
     static let storeIntegrity = AuditAction("store.integrity")
 
+    static let status = AuditAction("status")
+
     static let clock = AuditAction("clock")
     static let connectivity = AuditAction("connectivity")
     static let offlineWindow = AuditAction("offline-window")

@@ -1,4 +1,5 @@
 import Foundation
+import KioskAuthCore
 import KioskAuthStore
 import Logging
 

@@ -41,7 +41,7 @@ extension AuthorityPart {
         context.saveTerminalValue(value, forKey: key, action: action, caller: caller)
     }
 
-    static func timestamp(_ date: Date) -> String {
+    nonisolated static func timestamp(_ date: Date) -> String {
         date.formatted(Date.ISO8601FormatStyle(includingFractionalSeconds: false))
     }
 
@@ -204,7 +204,7 @@ extension AuthorityPart {
             },
             passcodeHardLocked: person.failures.passcodeHardLocked,
             fingerprintFailures: person.failures.fingerprintFailures,
-            createdAt: Self.timestamp(person.createdAt), lastUnlockAt: person.lastUnlockAt.map(Self.timestamp))
+            createdAt: Self.timestamp(person.createdAt), lastUnlockAt: person.lastUnlockAt.map { Self.timestamp($0) })
         let missing = missingFromSensor(person)
         record.fingersMissingFromSensor = missing.isEmpty ? nil : missing
         addIdentityProviderFields(to: &record, of: person)

@@ -58,7 +58,7 @@ extension CredentialAuthority {
         return try audited(caller, action: .activationRevoke, person: name.rawValue) { tx throws(StoreError) in
             let revoked = try store.revokeActivationCode(for: person, now: now())
             try tx.audit(
-                caller, action: .activationRevoke, result: revoked ? "success" : "failure", person: name.rawValue,
+                caller, action: .activationRevoke, result: revoked ? .success : .failure, person: name.rawValue,
                 method: "activation-code")
             return revoked
         }

@@ -433,7 +433,7 @@ extension CredentialAuthority {
         if matched { failures.fingerprintFailures = 0 }
         let updated = try recordAuthentication(
             caller, person: current, failures: failures, unlocked: matched, action: .fingerVerify,
-            result: matched ? "success" : "failure", method: "fingerprint", service: service,
+            result: matched ? .success : .failure, method: "fingerprint", service: service,
             detail: matched
                 ? nil : "no match; \(failuresHere) on this connection; \(inARow) in a row")
         guard matched else {
@@ -460,7 +460,7 @@ extension CredentialAuthority {
     func readerScan<T: Sendable>(
         _ caller: Caller, _ operation: @escaping @Sendable () async throws -> T
     ) async throws -> T {
-        if isPrivileged(caller) {
+        if access.isPrivileged(caller) {
             preemptUnprivilegedScans()
             return try await operation()
         }
@@ -760,7 +760,7 @@ extension CredentialAuthority {
                 logger.warning("sensor reconciled", metadata: ["orphans_removed": "\(orphans)"])
             }
             audit(
-                nil, action: .readerReconcile, result: missing.isEmpty ? "success" : "failure",
+                nil, action: .readerReconcile, result: missing.isEmpty ? .success : .failure,
                 detail:
                     "orphans removed: \(orphans); missing from sensor: \(missing.isEmpty ? "none" : missing.joined(separator: ","))"
             )

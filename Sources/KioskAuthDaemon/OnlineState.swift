@@ -99,6 +99,7 @@ struct SessionEntry {
 
 /// The mutable state of the online features. It belongs to `OnlineAuthority` (on the
 /// `AuthorityActor`): nothing else touches it.
+@AuthorityActor
 final class OnlineState {
     /// The terminal-wide offline-window state, loaded from the store at start.
     var offlineWindow: OfflineWindow
@@ -129,7 +130,7 @@ final class OnlineState {
     /// When the offline window last took an observation (boot clock).
     var lastObservation: ClockReading?
 
-    init(configuration: DaemonConfiguration) {
+    nonisolated init(configuration: DaemonConfiguration) {
         let idp = configuration.identityProvider
         probe = ReachabilityProbeSchedule(
             policy: .init(interval: idp.probeInterval > 0 ? .milliseconds(Int64(idp.probeInterval * 1000)) : nil))
