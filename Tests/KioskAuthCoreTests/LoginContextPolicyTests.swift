@@ -109,7 +109,10 @@ struct LoginContextPolicyTests {
         #expect(LoginContextPolicy.displayName(email: "sarah.jones@clinic.example") == "Sarah Jones")
         #expect(LoginContextPolicy.displayName(email: "a-b_c+d@x") == "A B C D")
         #expect(LoginContextPolicy.displayName(email: nil) == "IdP user")
-        #expect(LoginContextPolicy.displayName(email: "@x") == "IdP user")
+        #expect(LoginContextPolicy.displayName(email: "@") == "IdP user")
+        // As on main: splitting at "@" drops empty pieces, so with no local part the first piece
+        // is the domain.
+        #expect(LoginContextPolicy.displayName(email: "@x") == "X")
         #expect(LoginContextPolicy.displayName(email: "...@x") == "...@x")
     }
 }
