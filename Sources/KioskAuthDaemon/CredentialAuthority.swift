@@ -114,10 +114,6 @@ final class CredentialAuthority: AuthorityPart {
             person: record(person), activationCode: code.description, activationExpiresAt: Self.timestamp(expires))
     }
 
-    func failStore(_ caller: Caller, _ action: AuditAction, _ error: StoreError) throws(APIError) -> APIError {
-        try withStore(caller, action: action) { () throws(StoreError) in throw error }
-    }
-
     func listPeople(_ caller: Caller) throws(APIError) -> [PersonRecord] {
         try requireAdmin(caller, action: .personList)
         return try withStore(caller, action: .personList) { () throws(StoreError) in try store.people() }.map(record)
