@@ -1,5 +1,6 @@
-/* Fingerprint scans (finger.h): the daemon's prompts streamed to the person, walk-up identify
- * and 1:1 verify. */
+/* Fingerprint scans (finger.h): the daemon's prompts streamed to the person, one loop over the
+ * touches of a conversation for Identify and VerifyFinger alike, and what each method's final
+ * reply means. */
 
 #define _GNU_SOURCE
 
@@ -95,26 +96,57 @@ void say_identify_paused(const struct login *l, const struct reply *reply) {
     complain(l, text);
 }
 
-/* Walk-up unlock: on a match, and only then, PAM_USER becomes the person recognised. */
-struct step identify(const struct login *l) {
-    _cleanup_buffer_ struct buffer request = {0};
-    buffer_puts(&request, "{\"method\":\"io.kioskauth.Identify\",\"more\":true,"
-                          "\"parameters\":{\"context\":");
-    json_context(&request, l);
-    buffer_puts(&request, "}}");
+/* What a method makes of the final reply of one touch, before the replies both read alike. */
+enum verdict {
+    VERDICT_STEP,      /* the scan is over: the step says what comes next */
+    VERDICT_MISS,      /* the finger was not recognised: a try is used, another may follow */
+    VERDICT_LAST_MISS, /* the same, and the daemon allows no further try */
+    VERDICT_OTHER,     /* not the method's own: read as for either method */
+};
 
+/* One method: its name (for the log), the person (VerifyFinger), where a scan without a verdict
+ * on the finger goes on, how it reads its final replies, and what ends the last try. */
+struct finger_scan {
+    const char *method;
+    const char *name;
+    enum next without_verdict;
+    enum verdict (*judge)(const struct login *l, const struct finger_scan *f, struct connection *c,
+                          const struct reply *reply, bool touch_requested, struct step *s);
+    struct step (*out_of_tries)(const struct login *l, const struct reply *reply);
+};
+
+static enum verdict ended(struct step *s, struct step step) {
+    *s = step;
+    return VERDICT_STEP;
+}
+
+/* No verdict on the finger (no reader, a timeout, an unplugged reader, ...): said when there is
+ * something to say, and the conversation goes on without the finger. */
+static struct step no_verdict(const struct login *l, const struct finger_scan *f,
+                              const struct reply *reply) {
+    log_debug(l, "%s: %s", f->method, reply->error);
+    say_reader_trouble(l, reply);
+    return (struct step){PAM_AUTHINFO_UNAVAIL, f->without_verdict};
+}
+
+/* The touches of one conversation, for either method. A touch the reader could not use is
+ * touched again within the same deadline and is not a try; a finger not recognised uses one. The
+ * daemon counts failed matches per connection, and every touch has its own: the conversation's
+ * count is this loop's (a retry hint is not a try). */
+static struct step scan_finger(const struct login *l, const struct finger_scan *f,
+                               const struct buffer *request) {
     uint64_t deadline = 0;
     for (unsigned attempt = 1;;) {
         _cleanup_connection_ struct connection c = CONNECTION_INIT;
         _cleanup_reply_ struct reply reply = {0};
         bool touch_requested;
-        int r = scan(l, &c, &request, &reply, &touch_requested, &deadline);
+        int r = scan(l, &c, request, &reply, &touch_requested, &deadline);
         /* Ctrl-C: the person chose another way in; the stack goes on to its next module. */
         if (r == -EINTR)
             return (struct step){PAM_AUTHINFO_UNAVAIL, NEXT_NONE};
         if (r == -ETIMEDOUT) {
             complain(l, MESSAGE_SCAN_TIMED_OUT);
-            return (struct step){PAM_AUTHINFO_UNAVAIL, NEXT_ASK_NAME};
+            return (struct step){PAM_AUTHINFO_UNAVAIL, f->without_verdict};
         }
         if (r < 0)
             return (struct step){PAM_AUTHINFO_UNAVAIL, NEXT_NONE};
@@ -124,60 +156,89 @@ struct step identify(const struct login *l) {
         }
         deadline = 0;
 
-        if (!reply.error) {
-            const char *name = reply_person_name(&reply);
-            if (!name)
-                return unexpected(l, "Identify", &(struct reply){.error = "malformed reply"});
-            r = pam_set_item(l->pamh, PAM_USER, name);
-            if (r != PAM_SUCCESS)
-                return (struct step){
-                    log_ret(l, r, LOG_ERR, "Cannot set PAM_USER: %s", pam_strerror(l->pamh, r)),
-                    NEXT_NONE};
-            const struct json *person = json_get(reply.parameters, "person");
-            const char *display_name = json_get_string(person, "displayName");
-            note_person(l, person);
-            char welcome[MAX_MESSAGE_LENGTH];
-            snprintf(welcome, sizeof(welcome), "Welcome back, %s",
-                     display_name && *display_name ? display_name : name);
-            inform(l, welcome);
-            keep_for_session(l, &c, json_get_string(reply.parameters, "ticket"), name);
-            log_debug(l, "Identified %s", name);
-            return (struct step){PAM_SUCCESS, NEXT_NONE};
-        }
-        if (is_error(&reply, "NotIdentified")) {
-            /* No touch was asked for when nobody is enrolled: ask for the name at once. */
-            if (!touch_requested || json_get_bool(reply.parameters, "askForName"))
-                return (struct step){PAM_AUTH_ERR, NEXT_ASK_NAME};
+        struct step s;
+        enum verdict verdict = f->judge(l, f, &c, &reply, touch_requested, &s);
+        if (verdict == VERDICT_STEP)
+            return s;
+        if (verdict == VERDICT_MISS || verdict == VERDICT_LAST_MISS) {
             complain(l, MESSAGE_NOT_RECOGNISED);
-            if (attempt++ >= l->options.max_tries) {
-                complain(l, MESSAGE_USE_NAME);
-                return (struct step){PAM_MAXTRIES, NEXT_ASK_NAME, .finger_done = true};
-            }
+            if (verdict == VERDICT_LAST_MISS || attempt++ >= l->options.max_tries)
+                return f->out_of_tries(l, &reply);
             continue;
         }
-        if (is_error(&reply, "IdentifyPaused")) {
-            say_identify_paused(l, &reply);
-            return (struct step){PAM_AUTHINFO_UNAVAIL, NEXT_ASK_NAME, .finger_done = true};
-        }
-        if (is_reader_trouble(&reply)) {
-            log_debug(l, "Identify: %s", reply.error);
-            say_reader_trouble(l, &reply);
-            return (struct step){PAM_AUTHINFO_UNAVAIL, NEXT_ASK_NAME};
-        }
+        if (is_reader_trouble(&reply))
+            return no_verdict(l, f, &reply);
         if (is_error(&reply, "FingerprintNotAllowed")) {
             const char *reason = json_get_string(reply.parameters, "reason");
-            log_debug(l, "Identify refused: %s", reason ? reason : "no reason given");
+            log_debug(l, "%s refused: %s", f->method, reason ? reason : "no reason given");
             return (struct step){PAM_AUTHINFO_UNAVAIL, NEXT_NONE};
         }
         if (must_sign_in_online(&reply))
             return sign_in_required(l, &reply);
-        /* Recognised, but not someone who may log in now (suspended by an administrator). */
-        if (is_error(&reply, "PersonNotActive")) {
-            complain(l, not_active_message(json_get_string(reply.parameters, "state")));
-            return (struct step){PAM_AUTH_ERR, NEXT_NONE};
-        }
-        return unexpected(l, "Identify", &reply);
+        return unexpected(l, f->method, &reply);
     }
+}
+
+static enum verdict identify_verdict(const struct login *l, const struct finger_scan *f,
+                                     struct connection *c, const struct reply *reply,
+                                     bool touch_requested, struct step *s) {
+    if (!reply->error) {
+        const char *name = reply_person_name(reply);
+        if (!name)
+            return ended(s, unexpected(l, f->method, &(struct reply){.error = "malformed reply"}));
+        int r = pam_set_item(l->pamh, PAM_USER, name);
+        if (r != PAM_SUCCESS)
+            return ended(s, (struct step){log_ret(l, r, LOG_ERR, "Cannot set PAM_USER: %s",
+                                                  pam_strerror(l->pamh, r)),
+                                          NEXT_NONE});
+        const struct json *person = json_get(reply->parameters, "person");
+        const char *display_name = json_get_string(person, "displayName");
+        note_person(l, person);
+        char welcome[MAX_MESSAGE_LENGTH];
+        snprintf(welcome, sizeof(welcome), "Welcome back, %s",
+                 display_name && *display_name ? display_name : name);
+        inform(l, welcome);
+        keep_for_session(l, c, json_get_string(reply->parameters, "ticket"), name);
+        log_debug(l, "Identified %s", name);
+        return ended(s, (struct step){PAM_SUCCESS, NEXT_NONE});
+    }
+    if (is_error(reply, "NotIdentified")) {
+        /* No touch was asked for when nobody is enrolled: ask for the name at once. */
+        if (!touch_requested || json_get_bool(reply->parameters, "askForName"))
+            return ended(s, (struct step){PAM_AUTH_ERR, NEXT_ASK_NAME});
+        return VERDICT_MISS;
+    }
+    if (is_error(reply, "IdentifyPaused")) {
+        say_identify_paused(l, reply);
+        return ended(s, (struct step){PAM_AUTHINFO_UNAVAIL, NEXT_ASK_NAME, .finger_done = true});
+    }
+    /* Recognised, but not someone who may log in now (suspended by an administrator). */
+    if (is_error(reply, "PersonNotActive")) {
+        complain(l, not_active_message(json_get_string(reply->parameters, "state")));
+        return ended(s, (struct step){PAM_AUTH_ERR, NEXT_NONE});
+    }
+    return VERDICT_OTHER;
+}
+
+static struct step identify_out_of_tries(const struct login *l, const struct reply *reply) {
+    (void)reply;
+    complain(l, MESSAGE_USE_NAME);
+    return (struct step){PAM_MAXTRIES, NEXT_ASK_NAME, .finger_done = true};
+}
+
+struct step identify(const struct login *l) {
+    static const struct finger_scan f = {
+        .method = "Identify",
+        .without_verdict = NEXT_ASK_NAME,
+        .judge = identify_verdict,
+        .out_of_tries = identify_out_of_tries,
+    };
+    _cleanup_buffer_ struct buffer request = {0};
+    buffer_puts(&request, "{\"method\":\"io.kioskauth.Identify\",\"more\":true,"
+                          "\"parameters\":{\"context\":");
+    json_context(&request, l);
+    buffer_puts(&request, "}}");
+    return scan_finger(l, &f, &request);
 }
 
 /* After too many failed matches: the passcode, or for a person from the identity provider who
@@ -193,8 +254,48 @@ static struct step fallback(const struct login *l, const struct reply *reply) {
     return (struct step){PAM_MAXTRIES, NEXT_PASSCODE};
 }
 
-/* 1:1 match of the named person's finger. */
+static enum verdict verify_verdict(const struct login *l, const struct finger_scan *f,
+                                   struct connection *c, const struct reply *reply,
+                                   bool touch_requested, struct step *s) {
+    (void)touch_requested;
+    if (!reply->error) {
+        const char *matched = reply_person_name(reply);
+        if (!matched || strcmp(matched, f->name) != 0)
+            return ended(s, unexpected(l, f->method, &(struct reply){.error = "malformed reply"}));
+        note_person(l, json_get(reply->parameters, "person"));
+        keep_for_session(l, c, json_get_string(reply->parameters, "ticket"), f->name);
+        log_debug(l, "Fingerprint verified for %s", f->name);
+        return ended(s, (struct step){PAM_SUCCESS, NEXT_NONE});
+    }
+    if (is_error(reply, "FingerprintNotRecognized"))
+        return json_get_bool(reply->parameters, "fallbackRequired") ? VERDICT_LAST_MISS
+                                                                    : VERDICT_MISS;
+    if (is_error(reply, "FallbackRequired"))
+        return ended(s, fallback(l, reply));
+    /* No finger enrolled, or matching paused on the terminal: as with no reader, no error text,
+     * only the passcode prompt. */
+    if (is_error(reply, "NoFingers") || is_error(reply, "FingerprintPaused"))
+        return ended(s, no_verdict(l, f, reply));
+    if (is_error(reply, "NoSuchPerson"))
+        return ended(s, (struct step){PAM_USER_UNKNOWN, NEXT_FIRST_LOGIN});
+    if (is_error(reply, "PersonNotActive")) {
+        const char *state = json_get_string(reply->parameters, "state");
+        if (is_pending(state))
+            return ended(s, (struct step){PAM_AUTH_ERR, NEXT_ACTIVATE});
+        complain(l, not_active_message(state));
+        return ended(s, (struct step){PAM_AUTH_ERR, NEXT_NONE});
+    }
+    return VERDICT_OTHER;
+}
+
 struct step verify_finger(const struct login *l, const char *name) {
+    const struct finger_scan f = {
+        .method = "VerifyFinger",
+        .name = name,
+        .without_verdict = NEXT_PASSCODE,
+        .judge = verify_verdict,
+        .out_of_tries = fallback,
+    };
     _cleanup_buffer_ struct buffer request = {0};
     buffer_puts(&request, "{\"method\":\"io.kioskauth.VerifyFinger\",\"more\":true,"
                           "\"parameters\":{\"name\":");
@@ -202,71 +303,5 @@ struct step verify_finger(const struct login *l, const char *name) {
     buffer_puts(&request, ",\"context\":");
     json_context(&request, l);
     buffer_puts(&request, "}}");
-
-    uint64_t deadline = 0;
-    for (unsigned attempt = 1;;) {
-        _cleanup_connection_ struct connection c = CONNECTION_INIT;
-        _cleanup_reply_ struct reply reply = {0};
-        bool touch_requested;
-        int r = scan(l, &c, &request, &reply, &touch_requested, &deadline);
-        if (r == -EINTR)
-            return (struct step){PAM_AUTHINFO_UNAVAIL, NEXT_NONE};
-        if (r == -ETIMEDOUT) {
-            complain(l, MESSAGE_SCAN_TIMED_OUT);
-            return (struct step){PAM_AUTHINFO_UNAVAIL, NEXT_PASSCODE};
-        }
-        if (r < 0)
-            return (struct step){PAM_AUTHINFO_UNAVAIL, NEXT_NONE};
-        if (is_error(&reply, "ScanRetry")) {
-            say_retry(l, &reply);
-            continue;
-        }
-        deadline = 0;
-
-        if (!reply.error) {
-            const char *matched = reply_person_name(&reply);
-            if (!matched || strcmp(matched, name) != 0)
-                return unexpected(l, "VerifyFinger", &(struct reply){.error = "malformed reply"});
-            note_person(l, json_get(reply.parameters, "person"));
-            keep_for_session(l, &c, json_get_string(reply.parameters, "ticket"), name);
-            log_debug(l, "Fingerprint verified for %s", name);
-            return (struct step){PAM_SUCCESS, NEXT_NONE};
-        }
-        if (is_error(&reply, "FingerprintNotRecognized")) {
-            complain(l, MESSAGE_NOT_RECOGNISED);
-            /* The daemon counts failed matches per connection, and every touch has its own: the
-             * conversation's count is this loop's (a retry hint is not a try). */
-            if (json_get_bool(reply.parameters, "fallbackRequired") ||
-                attempt++ >= l->options.max_tries)
-                return fallback(l, &reply);
-            continue;
-        }
-        if (is_error(&reply, "FallbackRequired"))
-            return fallback(l, &reply);
-        /* No reader, no finger enrolled, or matching paused on the terminal: no error text, only
-         * the passcode prompt. */
-        if (is_error(&reply, "NoFingers") || is_error(&reply, "FingerprintPaused") ||
-            is_reader_trouble(&reply)) {
-            log_debug(l, "VerifyFinger: %s", reply.error);
-            say_reader_trouble(l, &reply);
-            return (struct step){PAM_AUTHINFO_UNAVAIL, NEXT_PASSCODE};
-        }
-        if (is_error(&reply, "NoSuchPerson"))
-            return (struct step){PAM_USER_UNKNOWN, NEXT_FIRST_LOGIN};
-        if (is_error(&reply, "PersonNotActive")) {
-            const char *state = json_get_string(reply.parameters, "state");
-            if (is_pending(state))
-                return (struct step){PAM_AUTH_ERR, NEXT_ACTIVATE};
-            complain(l, not_active_message(state));
-            return (struct step){PAM_AUTH_ERR, NEXT_NONE};
-        }
-        if (is_error(&reply, "FingerprintNotAllowed")) {
-            const char *reason = json_get_string(reply.parameters, "reason");
-            log_debug(l, "VerifyFinger refused: %s", reason ? reason : "no reason given");
-            return (struct step){PAM_AUTHINFO_UNAVAIL, NEXT_NONE};
-        }
-        if (must_sign_in_online(&reply))
-            return sign_in_required(l, &reply);
-        return unexpected(l, "VerifyFinger", &reply);
-    }
+    return scan_finger(l, &f, &request);
 }
