@@ -44,7 +44,10 @@ let package = Package(
             swiftSettings: strictSettings),
 
         // Varlink framing, the interface description and typed errors; shared by daemon and CLI.
-        .target(name: "KioskAuthProtocol", exclude: ["io.kioskauth.varlink"], swiftSettings: strictSettings),
+        // The interface description is embedded in the code, so the installed binary needs no bundle.
+        .target(
+            name: "KioskAuthProtocol", resources: [.embedInCode("io.kioskauth.varlink")],
+            swiftSettings: strictSettings),
 
         // The only code that touches libfprint.
         .target(

@@ -142,12 +142,12 @@ public enum VarlinkCoding {
 
 /// Standard varlink error names and this interface's own.
 public enum VarlinkErrorName {
-    public static let interfaceNotFound = "org.varlink.service.InterfaceNotFound"
-    public static let methodNotFound = "org.varlink.service.MethodNotFound"
-    public static let methodNotImplemented = "org.varlink.service.MethodNotImplemented"
-    public static let invalidParameter = "org.varlink.service.InvalidParameter"
-    public static let permissionDenied = "org.varlink.service.PermissionDenied"
-    public static let expectedMore = "org.varlink.service.ExpectedMore"
+    public static let interfaceNotFound = VarlinkServiceError.interfaceNotFound.qualifiedName
+    public static let methodNotFound = VarlinkServiceError.methodNotFound.qualifiedName
+    public static let methodNotImplemented = VarlinkServiceError.methodNotImplemented.qualifiedName
+    public static let invalidParameter = VarlinkServiceError.invalidParameter.qualifiedName
+    public static let permissionDenied = VarlinkServiceError.permissionDenied.qualifiedName
+    public static let expectedMore = VarlinkServiceError.expectedMore.qualifiedName
 
     /// A name in the io.kioskauth interface, e.g. `own("NoSuchPerson")`.
     public static func own(_ name: String) -> String { "\(KioskAuthInterface.name).\(name)" }

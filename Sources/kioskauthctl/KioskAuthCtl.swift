@@ -29,12 +29,12 @@ struct GlobalOptions: ParsableArguments {
 
     /// Calls `method` and prints the reply as JSON when asked to.
     @discardableResult
-    func call<Output: Decodable>(_ method: String, _ input: some Encodable, as output: Output.Type) throws -> Output {
+    func call<Input, Output>(_ method: VarlinkMethod<Input, Output>, _ input: Input) throws -> Output {
         let client = try connect()
         let parameters = try VarlinkCoding.encode(input)
-        let reply = try client.call("io.kioskauth." + method, parameters: parameters)
+        let reply = try client.call(method.qualifiedName, parameters: parameters)
         if json { printJSON(reply) }
-        return try VarlinkCoding.decode(output, from: reply)
+        return try VarlinkCoding.decode(Output.self, from: reply)
     }
 }
 
@@ -271,7 +271,7 @@ struct Status: ParsableCommand {
     @OptionGroup var global: GlobalOptions
 
     func run() throws {
-        let status = try global.call("GetStatus", Message.Empty(), as: Message.Status.self)
+        let status = try global.call(KioskAuthMethod.getStatus, Message.Empty())
         guard !global.json else { return }
         print("kioskauthd \(status.version), store schema \(status.schemaVersion)")
         print("people:       \(status.people)")
@@ -284,7 +284,7 @@ struct Status: ParsableCommand {
         if let delivery = status.auditDelivery { printAuditDelivery(delivery) }
         guard
             let connectivity = try? global.call(
-                "GetConnectivity", Message.GetConnectivity(people: true), as: Message.Connectivity.self)
+                KioskAuthMethod.getConnectivity, Message.GetConnectivity(people: true))
         else {
             return
         }
@@ -344,7 +344,7 @@ struct User: ParsableCommand {
 
         func run() throws {
             try global.call(
-                "SuspendPerson", Message.SuspendPerson(name: name, reason: reason), as: Message.PersonReply.self)
+                KioskAuthMethod.suspendPerson, Message.SuspendPerson(name: name, reason: reason))
             if !global.json { print("\(name) is suspended") }
         }
     }
@@ -356,7 +356,7 @@ struct User: ParsableCommand {
         @Argument(help: "Login name.", completion: .people) var name: String
 
         func run() throws {
-            try global.call("ResumePerson", Message.Name(name: name), as: Message.PersonReply.self)
+            try global.call(KioskAuthMethod.resumePerson, Message.Name(name: name))
             if !global.json { print("\(name) is active again") }
         }
     }
@@ -383,7 +383,7 @@ struct User: ParsableCommand {
         func run() throws {
             if uid != nil || unbind {
                 let reply = try global.call(
-                    "BindAccount", Message.BindAccount(name: name, uid: uid), as: Message.PersonReply.self)
+                    KioskAuthMethod.bindAccount, Message.BindAccount(name: name, uid: uid))
                 if !global.json {
                     print(reply.person.uid.map { "\(name) is bound to uid \($0)" } ?? "\(name) is bound to no uid")
                 }
@@ -391,8 +391,7 @@ struct User: ParsableCommand {
             if let biometricOffer {
                 let enabled = biometricOffer == "on"
                 try global.call(
-                    "SetBiometricOffer", Message.SetBiometricOffer(name: name, enabled: enabled),
-                    as: Message.PersonReply.self)
+                    KioskAuthMethod.setBiometricOffer, Message.SetBiometricOffer(name: name, enabled: enabled))
                 if !global.json { print("fingerprint enrolment offer for \(name): \(enabled ? "on" : "off")") }
             }
         }
@@ -415,9 +414,8 @@ struct User: ParsableCommand {
 
         func run() throws {
             let reply = try global.call(
-                "AddPerson",
-                Message.AddPerson(name: name, displayName: displayName, roles: role.isEmpty ? nil : role, uid: uid),
-                as: Message.PersonAdded.self)
+                KioskAuthMethod.addPerson,
+                Message.AddPerson(name: name, displayName: displayName, roles: role.isEmpty ? nil : role, uid: uid))
             guard !global.json else { return }
             print("added \(reply.person.name) (\(reply.person.roles.joined(separator: ", "))), pending activation")
             if let code = reply.activationCode {
@@ -433,7 +431,7 @@ struct User: ParsableCommand {
         @OptionGroup var global: GlobalOptions
 
         func run() throws {
-            let reply = try global.call("ListPeople", Message.Empty(), as: Message.People.self)
+            let reply = try global.call(KioskAuthMethod.listPeople, Message.Empty())
             guard !global.json else { return }
             let rows =
                 [["NAME", "DISPLAY NAME", "ROLES", "ORIGIN", "STATE", "UID", "PASSCODE", "FINGERS"]]
@@ -467,7 +465,7 @@ struct User: ParsableCommand {
         @Argument(help: "Login name.", completion: .people) var name: String
 
         func run() throws {
-            let p = try global.call("GetPerson", Message.Name(name: name), as: Message.PersonReply.self).person
+            let p = try global.call(KioskAuthMethod.getPerson, Message.Name(name: name)).person
             guard !global.json else { return }
             print("name:          \(p.name)")
             print("display name:  \(p.displayName)")
@@ -503,7 +501,8 @@ struct User: ParsableCommand {
 
         func run() throws {
             let reply = try global.connect().call(
-                "io.kioskauth.ExportPerson", parameters: try VarlinkCoding.encode(Message.Name(name: name)))
+                KioskAuthMethod.exportPerson.qualifiedName,
+                parameters: try VarlinkCoding.encode(Message.Name(name: name)))
             printJSON(reply)
         }
     }
@@ -515,7 +514,7 @@ struct User: ParsableCommand {
         @Argument(help: "Login name.", completion: .people) var name: String
 
         func run() throws {
-            try global.call("RemovePerson", Message.Name(name: name), as: Message.Empty.self)
+            try global.call(KioskAuthMethod.removePerson, Message.Name(name: name))
             if !global.json { print("removed \(name); their secrets are erased") }
         }
     }
@@ -535,8 +534,7 @@ struct Passcode: ParsableCommand {
             let first = try readSecret(prompt: "New passcode for \(name): ")
             let second = try readSecret(prompt: "Again: ")
             try global.call(
-                "SetPasscode", Message.SetPasscode(name: name, passcode: first, confirmation: second),
-                as: Message.PersonReply.self)
+                KioskAuthMethod.setPasscode, Message.SetPasscode(name: name, passcode: first, confirmation: second))
             if !global.json { print("passcode set for \(name)") }
         }
     }
@@ -550,7 +548,7 @@ struct Passcode: ParsableCommand {
         func run() throws {
             let passcode = try readSecret(prompt: "Passcode for \(name): ")
             let reply = try global.call(
-                "VerifyPasscode", Message.VerifyPasscode(name: name, passcode: passcode), as: Message.Verified.self)
+                KioskAuthMethod.verifyPasscode, Message.VerifyPasscode(name: name, passcode: passcode))
             if !global.json { print("passcode accepted for \(reply.person.displayName)") }
         }
     }
@@ -566,7 +564,7 @@ struct Lockout: ParsableCommand {
         @Argument(help: "Login name.", completion: .people) var name: String
 
         func run() throws {
-            try global.call("ResetLockout", Message.Name(name: name), as: Message.PersonReply.self)
+            try global.call(KioskAuthMethod.resetLockout, Message.Name(name: name))
             if !global.json { print("lockout cleared for \(name)") }
         }
     }
@@ -593,8 +591,8 @@ struct Audit: ParsableCommand {
 
         func run() throws {
             let reply = try global.call(
-                "GetAudit", Message.GetAudit(after: after, limit: limit, newest: limit == nil ? nil : true),
-                as: Message.AuditEvents.self)
+                KioskAuthMethod.getAudit,
+                Message.GetAudit(after: after, limit: limit, newest: limit == nil ? nil : true))
             guard !global.json else { return }
             for e in reply.events {
                 var line = "\(e.sequence)\t\(safe(e.time))\t\(safe(e.action))\t\(safe(e.result))"
@@ -619,7 +617,7 @@ struct Audit: ParsableCommand {
 
         func run() throws {
             let result = try global.call(
-                "VerifyAudit", Message.VerifyAudit(head: head), as: Message.AuditVerification.self)
+                KioskAuthMethod.verifyAudit, Message.VerifyAudit(head: head))
             if !global.json {
                 if result.valid {
                     print("audit chain intact: \(result.events) events, head \(result.head)")
@@ -633,12 +631,14 @@ struct Audit: ParsableCommand {
 }
 
 /// Streams a scanning call, showing progress on standard error; returns the final reply.
-func scan(_ global: GlobalOptions, _ method: String, _ input: some Encodable) throws -> Message.ScanReply {
+func scan<Input>(
+    _ global: GlobalOptions, _ method: VarlinkMethod<Input, Message.ScanReply>, _ input: Input
+) throws -> Message.ScanReply {
     let client = try global.connect()
     let parameters = try VarlinkCoding.encode(input)
     var final: Message.ScanReply?
     let interactive = isatty(STDERR_FILENO) != 0
-    try client.callMore("io.kioskauth." + method, parameters: parameters) { reply in
+    try client.callMore(method.qualifiedName, parameters: parameters) { reply in
         let decoded = try VarlinkCoding.decode(Message.ScanReply.self, from: reply)
         if global.json { printJSON(reply) }
         guard let progress = decoded.progress else {
@@ -702,7 +702,7 @@ struct FingerCommand: ParsableCommand {
 
         func run() throws {
             let reply = try scan(
-                global, "EnrollFinger", Message.EnrollFinger(name: name, finger: finger, reader: reader))
+                global, KioskAuthMethod.enrollFinger, Message.EnrollFinger(name: name, finger: finger, reader: reader))
             guard !global.json else { return }
             print("enrolled \(reply.finger ?? finger) for \(name)")
             if reply.duplicateChecked == false {
@@ -717,7 +717,7 @@ struct FingerCommand: ParsableCommand {
         @Argument(help: "Login name.", completion: .people) var name: String
 
         func run() throws {
-            let reply = try global.call("ListFingers", Message.Name(name: name), as: Message.Fingers.self)
+            let reply = try global.call(KioskAuthMethod.listFingers, Message.Name(name: name))
             guard !global.json else { return }
             let missing = reply.missingFromSensor ?? []
             for finger in reply.fingers {
@@ -740,7 +740,7 @@ struct FingerCommand: ParsableCommand {
 
         func run() throws {
             let reply = try global.call(
-                "RemoveFinger", Message.RemoveFinger(name: name, finger: finger), as: Message.Removed.self)
+                KioskAuthMethod.removeFinger, Message.RemoveFinger(name: name, finger: finger))
             if !global.json {
                 print(reply.removed.isEmpty ? "nothing to remove" : "removed \(reply.removed.joined(separator: ", "))")
             }
@@ -755,7 +755,7 @@ struct VerifyCommand: ParsableCommand {
     @Argument(help: "Login name.", completion: .people) var name: String
 
     func run() throws {
-        let reply = try scan(global, "VerifyFinger", Message.VerifyFinger(name: name))
+        let reply = try scan(global, KioskAuthMethod.verifyFinger, Message.VerifyFinger(name: name))
         if !global.json { print("matched \(reply.person?.displayName ?? name)") }
     }
 }
@@ -766,7 +766,7 @@ struct IdentifyCommand: ParsableCommand {
     @OptionGroup var global: GlobalOptions
 
     func run() throws {
-        let reply = try scan(global, "Identify", Message.Identify())
+        let reply = try scan(global, KioskAuthMethod.identify, Message.Identify())
         guard !global.json, let person = reply.person else { return }
         print("Welcome back, \(person.displayName) (\(person.name))")
     }
@@ -778,7 +778,7 @@ struct ReaderCommand: ParsableCommand {
     @OptionGroup var global: GlobalOptions
 
     func run() throws {
-        let reply = try global.call("GetReaders", Message.Empty(), as: Message.Readers.self)
+        let reply = try global.call(KioskAuthMethod.getReaders, Message.Empty())
         guard !global.json else { return }
         if reply.readers.isEmpty { print("no fingerprint reader present (passcodes still work)") }
         for r in reply.readers {
@@ -803,7 +803,7 @@ struct SessionCommand: ParsableCommand {
         @Argument(help: "Only this person's.", completion: .people) var name: String?
 
         func run() throws {
-            let reply = try global.call("ListSessions", Message.ListSessions(name: name), as: Message.Sessions.self)
+            let reply = try global.call(KioskAuthMethod.listSessions, Message.ListSessions(name: name))
             guard !global.json else { return }
             let rows =
                 [["ID", "NAME", "STATE", "SERVICE", "OPENED", "LAST ACTIVITY", "CUT-OFF"]]
@@ -829,7 +829,7 @@ struct SessionCommand: ParsableCommand {
         @Argument(help: "Login name.", completion: .people) var name: String
 
         func run() throws {
-            let reply = try global.call("EndSessions", Message.Name(name: name), as: Message.EndedSessions.self)
+            let reply = try global.call(KioskAuthMethod.endSessions, Message.Name(name: name))
             if !global.json { print("ended \(reply.ended) session\(reply.ended == 1 ? "" : "s") of \(name)") }
         }
     }
@@ -844,8 +844,7 @@ struct Login: ParsableCommand {
     func run() throws {
         let password = try readSecret(prompt: "Password for \(email): ")
         let reply = try global.call(
-            "LoginWithPassword", Message.LoginWithPassword(email: email, password: password),
-            as: Message.OnlineLogin.self)
+            KioskAuthMethod.loginWithPassword, Message.LoginWithPassword(email: email, password: password))
         guard !global.json, let person = reply.person else { return }
         print(
             "signed in as \(person.name) (\(person.roles.joined(separator: ", ")))\(reply.created == true ? ", new on this terminal" : "")"
@@ -868,7 +867,7 @@ struct Activation: ParsableCommand {
 
         func run() throws {
             let reply = try global.call(
-                "IssueActivationCode", Message.Name(name: name), as: Message.ActivationCodeIssued.self)
+                KioskAuthMethod.issueActivationCode, Message.Name(name: name))
             if !global.json { print("activation code: \(reply.code)   (one use; expires \(reply.expiresAt))") }
         }
     }
@@ -879,7 +878,7 @@ struct Activation: ParsableCommand {
         @Argument(help: "Login name.", completion: .people) var name: String
 
         func run() throws {
-            let reply = try global.call("RevokeActivationCode", Message.Name(name: name), as: Message.Revoked.self)
+            let reply = try global.call(KioskAuthMethod.revokeActivationCode, Message.Name(name: name))
             if !global.json { print(reply.revoked ? "revoked" : "\(name) had no live activation code") }
             if !reply.revoked { throw ExitCode(1) }
         }
@@ -912,7 +911,7 @@ enum ShellCompletion {
     /// The names of everyone on the terminal starting with `prefix` (admins only).
     static func people(_ words: [String], prefix: String) -> [String] {
         guard let client = client(words),
-            let reply = try? client.call("io.kioskauth.ListPeople", Message.Empty(), as: Message.People.self)
+            let reply = try? client.call(KioskAuthMethod.listPeople, Message.Empty())
         else { return [] }
         return reply.people.map(\.name).filter { $0.hasPrefix(prefix) && SafeText.escaped($0) == $0 }
     }
@@ -942,7 +941,7 @@ enum ShellCompletion {
         }
         guard let name, let client = client(words),
             let reply = try? client.call(
-                "io.kioskauth.ListFingers", Message.Name(name: name), as: Message.Fingers.self)
+                KioskAuthMethod.listFingers, Message.Name(name: name))
         else { return [] }
         return reply.fingers.filter { $0.hasPrefix(prefix) && fingerNames.contains($0) }
     }
