@@ -58,10 +58,11 @@ let package = Package(
             ],
             swiftSettings: strictSettings),
 
-        // OAuth 2.0 / OpenID Connect client.
+        // OAuth 2.0 / OpenID Connect client. It reads JSON with the protocol's strict parser.
         .target(
             name: "KioskAuthIdentity",
             dependencies: [
+                "KioskAuthProtocol",
                 .product(name: "Crypto", package: "swift-crypto"),
                 .product(name: "_CryptoExtras", package: "swift-crypto"),
                 .product(name: "Logging", package: "swift-log"),
@@ -112,7 +113,7 @@ let package = Package(
         .testTarget(
             name: "KioskAuthIdentityTests",
             dependencies: [
-                "KioskAuthIdentity",
+                "KioskAuthIdentity", "KioskAuthProtocol",
                 .product(name: "Crypto", package: "swift-crypto"),
                 .product(name: "_CryptoExtras", package: "swift-crypto"),
                 .product(name: "Logging", package: "swift-log"),
