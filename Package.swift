@@ -44,7 +44,10 @@ let package = Package(
             swiftSettings: strictSettings),
 
         // Varlink framing, the interface description and typed errors; shared by daemon and CLI.
-        .target(name: "KioskAuthProtocol", exclude: ["io.kioskauth.varlink"], swiftSettings: strictSettings),
+        // The interface description is embedded in the code, so the installed binary needs no bundle.
+        .target(
+            name: "KioskAuthProtocol", resources: [.embedInCode("io.kioskauth.varlink")],
+            swiftSettings: strictSettings),
 
         // The only code that touches libfprint.
         .target(
@@ -55,10 +58,11 @@ let package = Package(
             ],
             swiftSettings: strictSettings),
 
-        // OAuth 2.0 / OpenID Connect client.
+        // OAuth 2.0 / OpenID Connect client. It reads JSON with the protocol's strict parser.
         .target(
             name: "KioskAuthIdentity",
             dependencies: [
+                "KioskAuthProtocol",
                 .product(name: "Crypto", package: "swift-crypto"),
                 .product(name: "_CryptoExtras", package: "swift-crypto"),
                 .product(name: "Logging", package: "swift-log"),
@@ -109,7 +113,7 @@ let package = Package(
         .testTarget(
             name: "KioskAuthIdentityTests",
             dependencies: [
-                "KioskAuthIdentity",
+                "KioskAuthIdentity", "KioskAuthProtocol",
                 .product(name: "Crypto", package: "swift-crypto"),
                 .product(name: "_CryptoExtras", package: "swift-crypto"),
                 .product(name: "Logging", package: "swift-log"),

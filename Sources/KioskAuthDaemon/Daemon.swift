@@ -68,6 +68,33 @@ public enum Daemon {
     public static func run(
         paths: DaemonPaths, developmentKeyFile: Bool, acceptStoreRollback: Bool = false, logger baseLogger: Logger
     ) async throws {
+        let loaded = try loadConfiguration(paths: paths, logger: baseLogger)
+        let logger = loaded.logger
+        let clock = DaemonClock.system()
+        if clock.isTestClock {
+            logger.warning(
+                "TEST CLOCK ACTIVE: readings are shifted by KIOSKAUTH_TEST_CLOCK_FILE (debug build, tests only)")
+        }
+        let notifier = SystemdNotifier()
+        let (store, source) = try openStore(
+            paths: paths, configuration: loaded.configuration, developmentKeyFile: developmentKeyFile,
+            acceptStoreRollback: acceptStoreRollback, logger: logger)
+        defer { store.close() }
+        try await serve(
+            paths: paths, loaded: loaded, store: store, keySource: source, clock: clock, notifier: notifier)
+    }
+
+    /// What start-up reads before touching the store: the configuration, the logger at its
+    /// configured level, and the identity-provider and audit-endpoint settings.
+    struct LoadedConfiguration {
+        var configuration: DaemonConfiguration
+        var logger: Logger
+        var identityProvider: IdentityProviderConfiguration?
+        var auditEndpoint: AuditEndpointClient?
+    }
+
+    /// Loads and checks the configuration and the credentials it names.
+    static func loadConfiguration(paths: DaemonPaths, logger baseLogger: Logger) throws -> LoadedConfiguration {
         var logger = baseLogger
         let configuration: DaemonConfiguration
         do {
@@ -102,14 +129,16 @@ public enum Daemon {
                     exitCode: StartupError.configurationExitCode)
             }
         }
-        let clock = DaemonClock.system()
-        if clock.isTestClock {
-            logger.warning(
-                "TEST CLOCK ACTIVE: readings are shifted by KIOSKAUTH_TEST_CLOCK_FILE (debug build, tests only)")
-        }
-        let notifier = SystemdNotifier()
-        let readyLogger = logger
+        return LoadedConfiguration(
+            configuration: configuration, logger: logger, identityProvider: identityProviderConfiguration,
+            auditEndpoint: auditEndpoint)
+    }
 
+    /// Loads the store key and opens the store, checking it before anything is served.
+    static func openStore(
+        paths: DaemonPaths, configuration: DaemonConfiguration, developmentKeyFile: Bool, acceptStoreRollback: Bool,
+        logger: Logger
+    ) throws -> (Store, StoreKeySource) {
         try createDirectory(paths.stateDirectory, mode: 0o700)
         let storeExists = FileManager.default.fileExists(atPath: paths.database)
         let key: StoreKey
@@ -129,7 +158,6 @@ public enum Daemon {
         } catch {
             throw startupError(error, database: paths.database)
         }
-        defer { store.close() }
         #if DEBUG
             // Test-only: audit appends of these actions fail (debug builds; see Store.failingAuditActions).
             if let actions = ProcessInfo.processInfo.environment["KIOSKAUTH_TEST_FAILING_AUDIT"], !actions.isEmpty {
@@ -145,9 +173,24 @@ public enum Daemon {
             logger.info(
                 "store checked", metadata: ["audit_seq": "\(check.events)", "checked_from": "\(check.checkedFrom)"])
         } catch {
+            store.close()  // the caller closes it only once it is returned
             throw startupError(error, database: paths.database)
         }
 
+        return (store, source)
+    }
+
+    /// Starts the reader, the identity provider, the authority and the long-lived services, serves
+    /// the socket until SIGTERM/SIGINT, and shuts down.
+    static func serve(
+        paths: DaemonPaths, loaded: LoadedConfiguration, store: Store, keySource source: StoreKeySource,
+        clock: DaemonClock, notifier: SystemdNotifier
+    ) async throws {
+        let configuration = loaded.configuration
+        let logger = loaded.logger
+        let readyLogger = logger
+        let identityProviderConfiguration = loaded.identityProvider
+        let auditEndpoint = loaded.auditEndpoint
         let listenFD = SystemdNotifier.listenedSocket()
         SystemdNotifier.unsetListenEnvironment()
         if listenFD == nil {

@@ -75,84 +75,95 @@ public struct Dispatcher: Sendable {
             default: throw APIError.interfaceNotFound(input.interface)
             }
         }
-        let prefix = KioskAuthInterface.name + "."
-        register(prefix + "GetStatus") { (_: Message.Empty, caller, _) in
+        register(KioskAuthMethod.getStatus) { (_, caller, _) in
             try await authority.status(caller)
         }
-        register(prefix + "AddPerson") { (input: Message.AddPerson, caller, _) in
+        register(KioskAuthMethod.addPerson) { (input, caller, _) in
             try await authority.addPerson(caller, input)
         }
-        register(prefix + "IssueActivationCode") { (input: Message.Name, caller, _) in
+        register(KioskAuthMethod.issueActivationCode) { (input, caller, _) in
             try await authority.issueActivationCode(caller, input.name)
         }
-        register(prefix + "RevokeActivationCode") { (input: Message.Name, caller, _) in
+        register(KioskAuthMethod.revokeActivationCode) { (input, caller, _) in
             Message.Revoked(revoked: try await authority.revokeActivationCode(caller, input.name))
         }
-        register(prefix + "CheckActivationCode") { (input: Message.CheckActivationCode, caller, _) in
+        register(KioskAuthMethod.checkActivationCode) { (input, caller, _) in
             try await authority.checkActivationCode(caller, input)
         }
-        register(prefix + "CompleteActivation") { (input: Message.CompleteActivation, caller, _) in
+        register(KioskAuthMethod.completeActivation) { (input, caller, _) in
             try await authority.completeActivation(caller, input)
         }
-        register(prefix + "CheckAccount") { (input: Message.CheckAccount, caller, _) in
+        register(KioskAuthMethod.checkAccount) { (input, caller, _) in
             try await authority.checkAccount(caller, input)
         }
-        register(prefix + "ExportPerson") { (input: Message.Name, caller, _) in
+        register(KioskAuthMethod.exportPerson) { (input, caller, _) in
             try await authority.exportPerson(caller, input.name)
         }
-        register(prefix + "ListPeople") { (_: Message.Empty, caller, _) in
+        register(KioskAuthMethod.listPeople) { (_, caller, _) in
             Message.People(people: try await authority.listPeople(caller))
         }
-        register(prefix + "GetPerson") { (input: Message.Name, caller, _) in
+        register(KioskAuthMethod.getPerson) { (input, caller, _) in
             Message.PersonReply(person: try await authority.getPerson(caller, input.name))
         }
-        register(prefix + "RemovePerson") { (input: Message.Name, caller, _) in
+        register(KioskAuthMethod.removePerson) { (input, caller, _) in
             try await authority.removePerson(caller, input.name)
             return Message.Empty()
         }
-        register(prefix + "SetPasscode") { (input: Message.SetPasscode, caller, _) in
+        register(KioskAuthMethod.setPasscode) { (input, caller, _) in
             Message.PersonReply(person: try await authority.setPasscode(caller, input))
         }
-        register(prefix + "VerifyPasscode") { (input: Message.VerifyPasscode, caller, _) in
+        register(KioskAuthMethod.verifyPasscode) { (input, caller, _) in
             try await authority.verifyPasscode(caller, input)
         }
-        register(prefix + "SuspendPerson") { (input: Message.SuspendPerson, caller, _) in
+        register(KioskAuthMethod.suspendPerson) { (input, caller, _) in
             Message.PersonReply(person: try await authority.suspendPerson(caller, input))
         }
-        register(prefix + "ResumePerson") { (input: Message.Name, caller, _) in
+        register(KioskAuthMethod.resumePerson) { (input, caller, _) in
             Message.PersonReply(person: try await authority.resumePerson(caller, input.name))
         }
-        register(prefix + "BindAccount") { (input: Message.BindAccount, caller, _) in
+        register(KioskAuthMethod.bindAccount) { (input, caller, _) in
             Message.PersonReply(person: try await authority.bindAccount(caller, input))
         }
-        register(prefix + "ResetLockout") { (input: Message.Name, caller, _) in
+        register(KioskAuthMethod.resetLockout) { (input, caller, _) in
             Message.PersonReply(person: try await authority.resetLockout(caller, input.name))
         }
-        register(prefix + "GetReaders") { (_: Message.Empty, caller, _) in
+        register(KioskAuthMethod.getReaders) { (_, caller, _) in
             Message.Readers(readers: await authority.readers(caller))
         }
-        register(prefix + "EnrollFinger") { (input: Message.EnrollFinger, caller, sink) in
+        register(KioskAuthMethod.enrollFinger) { (input, caller, sink) in
             try await authority.enrollFinger(caller, input, sink: sink)
         }
-        register(prefix + "ListFingers") { (input: Message.Name, caller, _) in
+        register(KioskAuthMethod.listFingers) { (input, caller, _) in
             try await authority.listFingers(caller, input.name)
         }
-        register(prefix + "RemoveFinger") { (input: Message.RemoveFinger, caller, _) in
+        register(KioskAuthMethod.removeFinger) { (input, caller, _) in
             Message.Removed(removed: try await authority.removeFinger(caller, input))
         }
-        register(prefix + "VerifyFinger") { (input: Message.VerifyFinger, caller, sink) in
+        register(KioskAuthMethod.verifyFinger) { (input, caller, sink) in
             try await authority.verifyFinger(caller, input, sink: sink)
         }
-        register(prefix + "Identify") { (input: Message.Identify, caller, sink) in
+        register(KioskAuthMethod.identify) { (input, caller, sink) in
             try await authority.identify(caller, input, sink: sink)
         }
-        register(prefix + "GetAudit") { (input: Message.GetAudit, caller, _) in
+        register(KioskAuthMethod.getAudit) { (input, caller, _) in
             Message.AuditEvents(events: try await authority.auditEvents(caller, input))
         }
-        register(prefix + "VerifyAudit") { (input: Message.VerifyAudit, caller, _) in
+        register(KioskAuthMethod.verifyAudit) { (input, caller, _) in
             try await authority.verifyAudit(caller, input)
         }
         registerOnlineMethods(authority: authority)
+        assert(
+            KioskAuthMethod.all.allSatisfy { methods[KioskAuthInterface.name + "." + $0.name] != nil },
+            "a method of the interface has no handler")
+    }
+
+    /// Registers the handler of one of the interface's methods; its input and output are the
+    /// method's declared types.
+    mutating func register<Input, Output>(
+        _ method: VarlinkMethod<Input, Output>,
+        _ body: @escaping @Sendable (Input, Caller, ReplySink) async throws -> Output
+    ) {
+        register(method.qualifiedName, body)
     }
 
     /// Registers a typed handler; input that does not decode is `InvalidParameter` naming the
@@ -172,7 +183,7 @@ public struct Dispatcher: Sendable {
             }
             let output = try await body(input, caller, sink)
             do { return try VarlinkCoding.encode(output) } catch {
-                throw APIError.own("InternalError", ["reason": .string("reply did not encode")])
+                throw APIError.internalError("reply did not encode")
             }
         }
     }
@@ -213,7 +224,7 @@ public struct Dispatcher: Sendable {
         } catch let error as APIError {
             throw error
         } catch {
-            throw APIError.own("InternalError", ["reason": .string("the call failed: \(type(of: error))")])
+            throw APIError.internalError("the call failed: \(type(of: error))")
         }
     }
 }

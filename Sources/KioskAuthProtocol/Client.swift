@@ -96,6 +96,13 @@ public final class VarlinkClient {
         }
     }
 
+    /// Calls one of the interface's methods with its declared input, returning its declared output.
+    public func call<Input, Output>(
+        _ method: VarlinkMethod<Input, Output>, _ input: Input
+    ) throws(VarlinkClientError) -> Output {
+        try call(method.qualifiedName, input, as: Output.self)
+    }
+
     /// Calls `method` with `more: true`, handing each reply to `body` until the last one.
     public func callMore(
         _ method: String, parameters: JSONValue?, _ body: (JSONValue) throws -> Void
