@@ -68,6 +68,7 @@ public enum Daemon {
     public static func run(
         paths: DaemonPaths, developmentKeyFile: Bool, acceptStoreRollback: Bool = false, logger baseLogger: Logger
     ) async throws {
+        MemoryBounds.boundAllocator()
         var logger = baseLogger
         let configuration: DaemonConfiguration
         do {
