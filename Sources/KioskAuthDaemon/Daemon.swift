@@ -68,6 +68,7 @@ public enum Daemon {
     public static func run(
         paths: DaemonPaths, developmentKeyFile: Bool, acceptStoreRollback: Bool = false, logger baseLogger: Logger
     ) async throws {
+        MemoryBounds.boundAllocator()
         let loaded = try loadConfiguration(paths: paths, logger: baseLogger)
         let logger = loaded.logger
         let clock = DaemonClock.system()

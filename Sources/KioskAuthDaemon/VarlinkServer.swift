@@ -103,6 +103,8 @@ public final class VarlinkServer: Service, Sendable {
     /// Calls per second per unprivileged uid.
     private let rateLimit: Mutex<RequestRateLimit>
     private let onListening: @Sendable () -> Void
+    /// Returns the memory a burst of calls freed once the socket is quiet again.
+    private let memory = MemoryBounds.ReleaseAfterBurst()
 
     /// How long calls in progress may run after shutdown begins before they are cancelled.
     public static let drainTimeout: Duration = .seconds(10)
@@ -260,6 +262,7 @@ public final class VarlinkServer: Service, Sendable {
         }
         defer {
             registry.release(id: connectionID, uid: caller.uid)
+            memory.connectionClosed(on: channel.channel.eventLoop)
         }
         var logger = self.logger
         logger[metadataKey: "peer_uid"] = "\(caller.uid)"

@@ -1,4 +1,4 @@
-public import Foundation
+public import FoundationEssentials
 
 /// Limits of the socket API, shared by the daemon (which enforces them) and clients.
 public enum VarlinkLimits {

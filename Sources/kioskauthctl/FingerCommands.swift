@@ -1,5 +1,5 @@
 import ArgumentParser
-import Foundation
+import FoundationEssentials
 import KioskAuthCore
 import KioskAuthProtocol
 
@@ -35,12 +35,12 @@ func scan<Input>(
             line = progress.hint ?? progress.state
         }
         if interactive {
-            FileHandle.standardError.write(Data(("\r\u{1B}[K" + line).utf8))
+            writeStandardError("\r\u{1B}[K" + line)
         } else {
-            FileHandle.standardError.write(Data((line + "\n").utf8))
+            writeStandardError(line + "\n")
         }
     }
-    if interactive { FileHandle.standardError.write(Data("\n".utf8)) }
+    if interactive { writeStandardError("\n") }
     guard let final else { throw ValidationError("the daemon sent no result") }
     return final
 }

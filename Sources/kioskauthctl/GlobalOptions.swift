@@ -1,5 +1,5 @@
 import ArgumentParser
-import Foundation
+import FoundationEssentials
 import KioskAuthCore
 import KioskAuthProtocol
 
@@ -47,7 +47,7 @@ func printJSON(_ value: some Encodable) {
         var text = ""
         for scalar in String(decoding: data, as: UTF8.self).unicodeScalars {
             if scalar.value >= 0x7F, SafeText.isForbidden(scalar) {
-                text += String(format: "\\u%04x", scalar.value)
+                text += "\\u" + hex4(scalar.value)
             } else {
                 text.unicodeScalars.append(scalar)
             }
@@ -76,7 +76,7 @@ func print(_ items: Any..., separator: String = " ", terminator: String = "\n") 
 /// Reads one secret line: without echo from a terminal, else a plain line from stdin.
 func readSecret(prompt: String) throws -> String {
     if isatty(STDIN_FILENO) != 0 {
-        FileHandle.standardError.write(Data(prompt.utf8))
+        writeStandardError(prompt)
         var saved = termios()
         tcgetattr(STDIN_FILENO, &saved)
         var silent = saved
@@ -84,7 +84,7 @@ func readSecret(prompt: String) throws -> String {
         tcsetattr(STDIN_FILENO, TCSAFLUSH, &silent)
         defer {
             tcsetattr(STDIN_FILENO, TCSAFLUSH, &saved)
-            FileHandle.standardError.write(Data("\n".utf8))
+            writeStandardError("\n")
         }
         guard let line = Swift.readLine(strippingNewline: true) else { throw CleanExit.message("no input") }
         return line
@@ -96,3 +96,31 @@ func readSecret(prompt: String) throws -> String {
 }
 
 func iso(_ text: String?) -> String { text ?? "-" }
+
+/// Writes to standard error, unbuffered (the tool uses no Foundation file handles).
+func writeStandardError(_ text: String) {
+    var bytes = Array(text.utf8)[...]
+    while !bytes.isEmpty {
+        let written = bytes.withUnsafeBytes { write(STDERR_FILENO, $0.baseAddress, $0.count) }
+        if written < 0 && errno == EINTR { continue }
+        if written <= 0 { return }
+        bytes = bytes.dropFirst(written)
+    }
+}
+
+/// Four lowercase hex digits (a `\u` escape's).
+func hex4(_ value: UInt32) -> String {
+    let digits = String(value, radix: 16)
+    return String(repeating: "0", count: max(0, 4 - digits.count)) + digits
+}
+
+/// `seconds` rounded to one decimal, as "1.5".
+func oneDecimal(_ seconds: Double) -> String {
+    let tenths = Int((max(0, seconds) * 10).rounded())
+    return "\(tenths / 10).\(tenths % 10)"
+}
+
+/// `text` padded with spaces to `width` characters (never cut: widths are the column's longest).
+func padded(_ text: String, to width: Int) -> String {
+    text + String(repeating: " ", count: max(0, width - text.count))
+}

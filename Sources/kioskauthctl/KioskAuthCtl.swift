@@ -1,5 +1,5 @@
 import ArgumentParser
-import Foundation
+import FoundationEssentials
 import KioskAuthCore
 import KioskAuthProtocol
 
@@ -27,13 +27,13 @@ struct KioskAuthCtl: ParsableCommand {
             var command = try parseAsRoot(globalOptionsLast(Array(CommandLine.arguments.dropFirst())))
             try command.run()
         } catch let error as VarlinkClientError {
-            FileHandle.standardError.write(Data("kioskauthctl: \(safe(describe(error)))\n".utf8))
-            Foundation.exit(1)
+            writeStandardError("kioskauthctl: \(safe(describe(error)))\n")
+            Glibc.exit(1)
         } catch {
             let code = exitCode(for: error)
             if code == .validationFailure {
-                FileHandle.standardError.write(Data((fullMessage(for: error) + "\n").utf8))
-                Foundation.exit(2)
+                writeStandardError(fullMessage(for: error) + "\n")
+                Glibc.exit(2)
             }
             exit(withError: error)
         }
@@ -107,7 +107,7 @@ struct KioskAuthCtl: ParsableCommand {
         case "RateLimited":
             let retry: String
             if case .number(let seconds)? = p?["retryAfter"] {
-                retry = String(format: "%.1f", seconds)
+                retry = oneDecimal(seconds)
             } else {
                 retry = "1"
             }

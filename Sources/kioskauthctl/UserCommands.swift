@@ -1,5 +1,5 @@
 import ArgumentParser
-import Foundation
+import FoundationEssentials
 import KioskAuthCore
 import KioskAuthProtocol
 
@@ -130,7 +130,7 @@ struct User: ParsableCommand {
             let widths = (0..<rows[0].count).map { column in rows.map { $0[column].count }.max() ?? 0 }
             for row in rows {
                 print(
-                    zip(row, widths).map { $0.padding(toLength: $1, withPad: " ", startingAt: 0) }.joined(
+                    zip(row, widths).map { padded($0, to: $1) }.joined(
                         separator: "  "))
             }
         }
