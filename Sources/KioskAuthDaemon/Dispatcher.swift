@@ -153,6 +153,7 @@ public struct Dispatcher: Sendable {
             try await authority.verifyAudit(caller, input)
         }
         registerOnlineMethods(authority: authority)
+        registerMetricsMethods(authority: authority)
     }
 
     /// Registers a typed handler; input that does not decode is `InvalidParameter` naming the

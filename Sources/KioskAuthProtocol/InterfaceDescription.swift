@@ -184,7 +184,26 @@ type AuditDeliveryStatus (
   nextAttemptAt: ?string
 )
 
-# Daemon and store status.
+# A person whose passcode is locked now (GetStatus, admins only).
+type LockedOutPerson (
+  # Login name.
+  name: string,
+  # Passcode attempts are refused until this time (RFC 3339); absent when hard-locked.
+  until: ?string,
+  # The passcode is hard-locked until an admin reset or an online login.
+  hardLocked: bool
+)
+
+# A recent unlock of this terminal (GetStatus, admins only).
+type RecentUnlock (
+  # Login name.
+  name: string,
+  # When the person last unlocked (RFC 3339).
+  at: string
+)
+
+# Daemon and store status. Everyone may ask; lockedOut and lastUnlocks name people and are
+# present for root and the kioskauth-admin group only.
 method GetStatus() -> (
   # Daemon version.
   version: string,
@@ -203,7 +222,21 @@ method GetStatus() -> (
   # MAC at the head of the audit chain (hex).
   auditHead: string,
   # Delivery of the audit trail to an HTTP endpoint.
-  auditDelivery: AuditDeliveryStatus
+  auditDelivery: AuditDeliveryStatus,
+  # Admins: people whose passcode is locked now (delayed or hard-locked).
+  lockedOut: ?[]LockedOutPerson,
+  # Admins: the most recent unlocks, newest first (at most 5).
+  lastUnlocks: ?[]RecentUnlock
+)
+
+# The daemon's metrics in the Prometheus text exposition format (version 0.0.4): counters and
+# histograms of unlocks by method and result, identify and verify durations, passcode lockouts,
+# token refreshes, reader errors, socket connections and refusals; gauges of people, readers,
+# connectivity, offline windows and audit delivery. Labels come from fixed sets: never a
+# person's name, uid or id. Root and the kioskauth-admin group only (PermissionDenied otherwise).
+method GetMetrics() -> (
+  # The exposition, one sample per line with its # TYPE lines, ending in a newline.
+  text: string
 )
 
 # Create a local person pending activation (admin). The reply carries their one-time

@@ -108,7 +108,7 @@ struct KioskAuthCtl: ParsableCommand {
         subcommands: [
             Status.self, User.self, Passcode.self, FingerCommand.self, VerifyCommand.self, IdentifyCommand.self,
             ReaderCommand.self,
-            Activation.self, Lockout.self, Audit.self, SessionCommand.self, Login.self,
+            Activation.self, Lockout.self, Audit.self, SessionCommand.self, Login.self, MetricsCommand.self,
         ])
 
     /// Runs the command; usage errors exit 2, failures print one line and exit 1.
@@ -263,48 +263,6 @@ struct KioskAuthCtl: ParsableCommand {
         case "NoAccessToken": return "no access token: \(string("reason") ?? "")"
         default: return error.description
         }
-    }
-}
-
-struct Status: ParsableCommand {
-    static let configuration = CommandConfiguration(abstract: "Show the daemon's status.")
-    @OptionGroup var global: GlobalOptions
-
-    func run() throws {
-        let status = try global.call("GetStatus", Message.Empty(), as: Message.Status.self)
-        guard !global.json else { return }
-        print("kioskauthd \(status.version), store schema \(status.schemaVersion)")
-        print("people:       \(status.people)")
-        print("socket:       \(global.socketPath)\(status.socketActivated ? " (socket-activated)" : "")")
-        print(
-            "store key:    \(status.developmentKey ? "DEVELOPMENT KEY FILE (not for production)" : "systemd credential")"
-        )
-        print("uptime:       \(status.uptimeSeconds) s")
-        print("audit:        \(status.auditEvents) events, head \(status.auditHead.prefix(16))…")
-        if let delivery = status.auditDelivery { printAuditDelivery(delivery) }
-        guard
-            let connectivity = try? global.call(
-                "GetConnectivity", Message.GetConnectivity(people: true), as: Message.Connectivity.self)
-        else {
-            return
-        }
-        guard connectivity.identityProvider else {
-            print("identity provider: none configured (local people only)")
-            return
-        }
-        var line = "identity provider: \(connectivity.state)"
-        if let since = connectivity.since { line += " since \(since)" }
-        if connectivity.circuit != "closed" { line += ", refresh paused (circuit \(connectivity.circuit))" }
-        print(line)
-        for person in connectivity.people {
-            var window = "  \(person.name): offline window \(person.window)"
-            if let left = person.windowSecondsLeft { window += ", \(left / 3600) h \(left % 3600 / 60) min left" }
-            if let reason = person.suspendedReason { window += " (\(reason))" }
-            print(window)
-        }
-        print(
-            "revocation queue: \(connectivity.outboxPending) pending\(connectivity.lastDeliveryAt.map { ", last delivery \($0)" } ?? "")\(connectivity.lastDeliveryError.map { ", last error: \($0)" } ?? "")"
-        )
     }
 }
 
