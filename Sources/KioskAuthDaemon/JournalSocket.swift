@@ -1,5 +1,5 @@
 import CKioskAuthSystem
-public import Logging
+import Logging
 
 #if canImport(Glibc)
     import Glibc
