@@ -2,6 +2,7 @@
 and a well-behaved client is served throughout."""
 
 import json
+import re
 import socket
 import threading
 import time
@@ -198,9 +199,13 @@ def test_unprivileged_user_cannot_call_admin_methods(served):
     time.sleep(2)
     events = json.loads(served.ctl("audit", "--json").stdout)["events"]
     summaries = [e for e in events if e["action"] == "access.refused.summary" and e.get("callerUid") == 65534]
-    assert len(summaries) == 1, summaries
-    assert summaries[0]["result"] == "refused" and summaries[0]["detail"].startswith("6 refused calls")
-    assert "person.add×1" in summaries[0]["detail"]
+    # The interval is 1 s: on a loaded machine the six calls may straddle two intervals, so the
+    # summaries are added up; every refusal is counted exactly once.
+    assert summaries and all(e["result"] == "refused" for e in summaries), summaries
+    counted = [re.match(r"(\d+) refused calls?", e["detail"]) for e in summaries]
+    assert all(counted), summaries
+    assert sum(int(m.group(1)) for m in counted) == 6, summaries
+    assert sum("person.add×1" in e["detail"] for e in summaries) == 1, summaries
     assert not any(e.get("callerUid") == 65534 and e["action"] == "person.add" for e in events)
 
 

@@ -237,6 +237,7 @@ extension Authority {
             }
             return
         }
+        countRefresh(result)
         let reading = services.clock.reading()
         let now = reading.wall
         var random = SystemRandomNumberGenerator()

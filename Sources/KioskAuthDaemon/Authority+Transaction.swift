@@ -34,15 +34,7 @@ extension Authority {
             entries = tx.appendedAudit
             return result
         }
-        for entry in entries {
-            logger.info(
-                "audit",
-                metadata: [
-                    "action": "\(entry.record.action)", "result": "\(entry.record.result)",
-                    "person": "\(entry.record.person ?? "-")", "audit_seq": "\(entry.sequence)",
-                    "audit_head": "\(entry.macHex)",
-                ])
-        }
+        for entry in entries { journalAudit(entry) }
         if !entries.isEmpty { services.auditDelivery?.entryAppended() }
         return result
     }

@@ -219,6 +219,7 @@ public actor Authority {
     ) {
         if result == "refused", let caller, !isPrivileged(caller) {
             logger.debug("refused", metadata: ["action": "\(action)", "uid": "\(caller.uid)"])
+            services.metrics.observeAudit(action: action, result: result, method: method)
             tallyRefusal(caller, action: action, rateLimited: false)
             return
         }
@@ -237,12 +238,7 @@ public actor Authority {
         do {
             let entry = try store.appendAudit(record, now: now())
             services.auditDelivery?.entryAppended()
-            logger.info(
-                "audit",
-                metadata: [
-                    "action": "\(action)", "result": "\(result)", "person": "\(person ?? "-")",
-                    "audit_seq": "\(entry.sequence)", "audit_head": "\(entry.macHex)",
-                ])
+            journalAudit(entry)
         } catch {
             logger.critical(
                 "cannot append to the audit trail", metadata: ["action": "\(action)", "error": "\(error.message)"])
@@ -267,12 +263,7 @@ public actor Authority {
                 of: person, failures: failures, unlockedAt: unlocked ? at : nil, audit: record, now: at)
         }
         services.auditDelivery?.entryAppended()
-        logger.info(
-            "audit",
-            metadata: [
-                "action": "\(action)", "result": "\(result)", "person": "\(person.name.rawValue)",
-                "audit_seq": "\(entry.sequence)", "audit_head": "\(entry.macHex)",
-            ])
+        journalAudit(entry)
         var updated = person
         updated.failures = failures
         if unlocked { updated.lastUnlockAt = at }
@@ -358,11 +349,12 @@ public actor Authority {
     func status(_ caller: Caller) throws(APIError) -> Message.Status {
         let count = try withStore(caller, action: "status") { () throws(StoreError) in try store.peopleCount() }
         let head = try withStore(caller, action: "status") { () throws(StoreError) in try store.auditHead() }
-        return Message.Status(
+        let status = Message.Status(
             version: KioskAuthVersion.string, schemaVersion: Store.schemaVersion, people: count,
             socketActivated: isSocketActivated, developmentKey: usesDevelopmentKey,
             uptimeSeconds: Int(now().timeIntervalSince(startedAt)), auditEvents: head.events, auditHead: head.headHex,
             auditDelivery: auditDeliveryStatus(caller, head: head.events))
+        return try withAdminSummary(status, for: caller)
     }
 
     /// Audit delivery as `caller` may see it: the state, the queue and the last delivery for
@@ -704,6 +696,7 @@ public actor Authority {
         audit(
             caller, action: "passcode.verify", result: "failure", person: name.rawValue, method: "passcode",
             service: service, detail: "failures=\(pessimistic.passcodeFailures)")
+        countLockout(from: before, to: pessimistic)
         var parameters: [String: JSONValue] = ["failures": .number(Double(pessimistic.passcodeFailures))]
         switch outcome {
         case .rejected(next: .delayed(let until)):

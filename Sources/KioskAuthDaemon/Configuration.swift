@@ -138,6 +138,8 @@ public struct DaemonConfiguration: Sendable {
     public var session = Session()
     /// Audit delivery (off unless `[AuditDelivery] Endpoint` is set).
     public var auditDelivery = AuditDelivery()
+    /// The metrics textfile (off unless `[Metrics] TextfilePath` is set).
+    public var metrics = Metrics()
     /// Log level: trace, debug, info, notice, warning, error, critical.
     public var logLevel = "info"
 
@@ -284,6 +286,7 @@ public struct DaemonConfiguration: Sendable {
         case ("Roles", "Family"): activation.roleDescriptions["family"] = value
         case ("IdentityProvider", _), ("Session", _): return try setOnlineKey(section: section, key: key, value: value)
         case ("AuditDelivery", _): return try setAuditDeliveryKey(key: key, value: value)
+        case ("Metrics", _): return try setMetricsKey(key: key, value: value)
         default: return false
         }
         return true

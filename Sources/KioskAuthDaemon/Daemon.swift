@@ -280,6 +280,13 @@ public enum Daemon {
             .init(
                 service: TimekeepingService(
                     authority: authority, wakeup: onlineServices.sessionWakeup, events: onlineServices.events)))
+        if configuration.metrics.writesTextfile {
+            services.append(
+                .init(
+                    service: MetricsTextfileService(
+                        authority: authority, path: configuration.metrics.textfilePath,
+                        interval: .milliseconds(Int64(configuration.metrics.textfileInterval * 1000)), logger: logger)))
+        }
         if let interval = SystemdNotifier.watchdogInterval() {
             services.append(
                 .init(

@@ -152,6 +152,7 @@ public struct Dispatcher: Sendable {
             try await authority.verifyAudit(caller, input)
         }
         registerOnlineMethods(authority: authority)
+        registerMetricsMethods(authority: authority)
         assert(
             KioskAuthMethod.all.allSatisfy { methods[KioskAuthInterface.name + "." + $0.name] != nil },
             "a method of the interface has no handler")

@@ -105,6 +105,7 @@ public final class VarlinkServer: Service, Sendable {
     private let onListening: @Sendable () -> Void
     /// Returns the memory a burst of calls freed once the socket is quiet again.
     private let memory = MemoryBounds.ReleaseAfterBurst()
+    private let metrics: DaemonMetrics
 
     /// How long calls in progress may run after shutdown begins before they are cancelled.
     public static let drainTimeout: Duration = .seconds(10)
@@ -116,6 +117,7 @@ public final class VarlinkServer: Service, Sendable {
         self.target = target
         self.authority = authority
         self.dispatcher = Dispatcher(authority: authority)
+        self.metrics = authority.services.metrics
         self.configuration = configuration
         self.group = eventLoopGroup
         self.logger = logger
@@ -255,6 +257,7 @@ public final class VarlinkServer: Service, Sendable {
             case .admitted: error = .permissionDenied("peer credentials unavailable")
             }
             logger.notice("connection refused", metadata: ["error": "\(error.name)"])
+            metrics.refused(error: error.name)
             try? await channel.executeThenClose { _, outbound in
                 try await outbound.write(ByteBuffer(bytes: Self.encode(error)))
             }
@@ -264,6 +267,7 @@ public final class VarlinkServer: Service, Sendable {
             registry.release(id: connectionID, uid: caller.uid)
             memory.connectionClosed(on: channel.channel.eventLoop)
         }
+        metrics.connectionAccepted()
         var logger = self.logger
         logger[metadataKey: "peer_uid"] = "\(caller.uid)"
         logger[metadataKey: "peer_pid"] = "\(caller.pid)"
@@ -280,6 +284,7 @@ public final class VarlinkServer: Service, Sendable {
                         }
                     } catch is NULFrameDecoder.MessageTooLarge {
                         logger.notice("message too large; disconnecting")
+                        metrics.refused(error: APIError.tooLarge(configuration.maxMessageSize).name)
                         try? await outbound.write(
                             ByteBuffer(bytes: Self.encode(.tooLarge(configuration.maxMessageSize))))
                     }
@@ -313,6 +318,7 @@ public final class VarlinkServer: Service, Sendable {
             call = try VarlinkCoding.message(VarlinkCall.self, from: frame.readableBytesView)
         } catch {
             logger.notice("malformed message; disconnecting")
+            metrics.refused(error: APIError.malformed("").name)
             try? await outbound.write(
                 ByteBuffer(
                     bytes: Self.encode(
@@ -325,6 +331,8 @@ public final class VarlinkServer: Service, Sendable {
         }
         if !authority.isPrivileged(caller), let retryAfter = takeToken(caller) {
             authority.tallyRefusal(caller, action: "rate-limited", rateLimited: true)
+            metrics.refused(
+                error: APIError.rateLimited(configuration.requestsPerSecondPerUID, retryAfter: retryAfter).name)
             if call.oneway != true {
                 let error = APIError.rateLimited(configuration.requestsPerSecondPerUID, retryAfter: retryAfter)
                 try? await outbound.write(ByteBuffer(bytes: Self.encode(error)))
@@ -340,11 +348,14 @@ public final class VarlinkServer: Service, Sendable {
             }, wantsMore: wantsMore)
         let reply: VarlinkReply
         var keepOpen = true
+        let started = ContinuousClock.now
         do {
             let parameters = try await dispatcher.call(
                 call.method, caller: caller, parameters: call.parameters, sink: sink)
             reply = VarlinkReply(parameters: parameters)
+            metrics.callFinished(method: call.method, duration: ContinuousClock.now - started, error: nil)
         } catch {
+            metrics.callFinished(method: call.method, duration: ContinuousClock.now - started, error: error.name)
             reply = VarlinkReply(parameters: error.parameters, error: error.name)
             keepOpen = !error.closesConnection
             logger.debug("call failed", metadata: ["method": "\(call.method)", "error": "\(error.name)"])

@@ -42,6 +42,8 @@ public enum KioskAuthMethod {
     // The daemon and people.
     public static let getStatus = VarlinkMethod<Message.Empty, Message.Status>(
         "GetStatus", errors: [E.storeIntegrity])
+    public static let getMetrics = VarlinkMethod<Message.Empty, Message.Metrics>(
+        "GetMetrics", errors: [E.permissionDenied])
     public static let addPerson = VarlinkMethod<Message.AddPerson, Message.PersonAdded>(
         "AddPerson", errors: [E.permissionDenied, E.personExists, E.bindingRefused, E.storeIntegrity])
     public static let listPeople = VarlinkMethod<Message.Empty, Message.People>(
@@ -195,7 +197,8 @@ public enum KioskAuthMethod {
 
     /// Every method, in the order of `io.kioskauth.varlink`.
     public static let all: [AnyVarlinkMethod] = [
-        getStatus.erased, addPerson.erased, listPeople.erased, bindAccount.erased, suspendPerson.erased,
+        getStatus.erased, getMetrics.erased, addPerson.erased, listPeople.erased, bindAccount.erased,
+        suspendPerson.erased,
         resumePerson.erased, getPerson.erased, removePerson.erased, setPasscode.erased, verifyPasscode.erased,
         resetLockout.erased, getAudit.erased, verifyAudit.erased, getReaders.erased, enrollFinger.erased,
         listFingers.erased, removeFinger.erased, verifyFinger.erased, identify.erased, issueActivationCode.erased,

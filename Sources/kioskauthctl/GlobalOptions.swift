@@ -98,10 +98,16 @@ func readSecret(prompt: String) throws -> String {
 func iso(_ text: String?) -> String { text ?? "-" }
 
 /// Writes to standard error, unbuffered (the tool uses no Foundation file handles).
-func writeStandardError(_ text: String) {
+func writeStandardError(_ text: String) { writeAll(STDERR_FILENO, text) }
+
+/// Writes to standard output byte for byte (no escaping: for the metrics exposition).
+func writeStandardOutput(_ text: String) { writeAll(STDOUT_FILENO, text) }
+
+/// Writes all of `text` to `fd`, retrying on EINTR; stops quietly on any other error.
+func writeAll(_ fd: Int32, _ text: String) {
     var bytes = Array(text.utf8)[...]
     while !bytes.isEmpty {
-        let written = bytes.withUnsafeBytes { write(STDERR_FILENO, $0.baseAddress, $0.count) }
+        let written = bytes.withUnsafeBytes { write(fd, $0.baseAddress, $0.count) }
         if written < 0 && errno == EINTR { continue }
         if written <= 0 { return }
         bytes = bytes.dropFirst(written)

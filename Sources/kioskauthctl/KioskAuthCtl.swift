@@ -18,7 +18,7 @@ struct KioskAuthCtl: ParsableCommand {
         subcommands: [
             Status.self, User.self, Passcode.self, FingerCommand.self, VerifyCommand.self, IdentifyCommand.self,
             ReaderCommand.self,
-            Activation.self, Lockout.self, Audit.self, SessionCommand.self, Login.self,
+            Activation.self, Lockout.self, Audit.self, SessionCommand.self, Login.self, MetricsCommand.self,
         ])
 
     /// Runs the command; usage errors exit 2, failures print one line and exit 1.

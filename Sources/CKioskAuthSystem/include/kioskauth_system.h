@@ -19,8 +19,12 @@ struct kioskauth_peer_groups {
     gid_t gids[KIOSKAUTH_MAX_PEER_GROUPS];
 };
 
-static inline int kioskauth_so_peercred(void) { return SO_PEERCRED; }
-static inline int kioskauth_so_peergroups(void) { return SO_PEERGROUPS; }
+static inline int kioskauth_so_peercred(void) {
+    return SO_PEERCRED;
+}
+static inline int kioskauth_so_peergroups(void) {
+    return SO_PEERGROUPS;
+}
 
 /// Bounds what glibc's allocator keeps after a burst, before any thread allocates: at most
 /// `arenas` arenas (glibc's default is 8 per core, each keeping its own free memory), and a fixed
