@@ -361,7 +361,8 @@ public actor Authority {
         return Message.Status(
             version: KioskAuthVersion.string, schemaVersion: Store.schemaVersion, people: count,
             socketActivated: isSocketActivated, developmentKey: usesDevelopmentKey,
-            uptimeSeconds: Int(now().timeIntervalSince(startedAt)), auditEvents: head.events, auditHead: head.headHex,
+            uptimeSeconds: Int(now().timeIntervalSince(startedAt)), auditEvents: head.events,
+            auditHead: Hex.encode(head.mac),
             auditDelivery: auditDeliveryStatus(caller, head: head.events))
     }
 

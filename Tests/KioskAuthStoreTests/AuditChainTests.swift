@@ -51,7 +51,7 @@ struct AuditChainTests {
             #expect(verification.reason == nil)
             let head = try store.auditHead()
             #expect(head.events == 5)
-            #expect(head.headHex == entries.last?.macHex)
+            #expect(Hex.encode(head.mac) == entries.last?.macHex)
             #expect(try store.auditEntries() == entries)
             #expect(try store.auditEntries(after: 2, limit: 2).map(\.sequence) == [3, 4])
             #expect(try store.auditEntries().map(\.record) == sampleRecords)
