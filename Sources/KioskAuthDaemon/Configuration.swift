@@ -66,6 +66,10 @@ public struct DaemonConfiguration: Sendable {
         public var passcodeHashIterations = 3
         /// Argon2id lanes for new passcodes.
         public var passcodeHashParallelism = 1
+        /// Seconds between full verifications of the audit chain while running (0: never). The
+        /// check before serving covers only the entries after the sealed checkpoint (the anchored
+        /// head); this one, like `audit verify`, recomputes the whole chain.
+        public var auditVerifyInterval: TimeInterval = 86400
     }
 
     /// Passcode rules and lockout.
@@ -255,6 +259,7 @@ public struct DaemonConfiguration: Sendable {
         case ("Store", "PasscodeHashMemoryKiB"): store.passcodeHashMemoryKiB = try int(value, 8...(4 * 1024 * 1024))
         case ("Store", "PasscodeHashIterations"): store.passcodeHashIterations = try int(value, 1...100)
         case ("Store", "PasscodeHashParallelism"): store.passcodeHashParallelism = try int(value, 1...16)
+        case ("Store", "AuditVerifyInterval"): store.auditVerifyInterval = try seconds(value)
         case ("Passcode", "MinimumLength"): passcode.minimumLength = try int(value, 4...64)
         case ("Passcode", "MaximumLength"): passcode.maximumLength = try int(value, 4...64)
         case ("Passcode", "LockoutDelaysSec"): passcode.lockoutDelays = try words(value).map(seconds)

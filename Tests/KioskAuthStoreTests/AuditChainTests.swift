@@ -58,6 +58,36 @@ struct AuditChainTests {
         }
     }
 
+    @Test func chunkedVerification_joinsUpAndFindsAnEditBeforeTheCheckpoint() throws {
+        let fixture = try StoreFixture()
+        let entries = try fixture.withStore { store throws in
+            try (0..<11).map { index in
+                try store.appendAudit(
+                    sampleRecords[index % sampleRecords.count], now: testNow.addingTimeInterval(Double(index)))
+            }
+        }
+        try fixture.withStore { store throws in
+            for chunkSize in [1, 2, 3, 10, 11, 12, 2048] {
+                let verification = try store.verifyAudit(trustedHead: nil, chunkSize: chunkSize)
+                #expect(verification.isValid, "chunk \(chunkSize)")
+                #expect(verification.events == 11)
+                #expect(verification.head == entries.last?.mac)
+            }
+        }
+        // Entry 4 lies before the checkpoint (the anchor holds entry 11): the check before serving
+        // passes, the full verification finds it whatever the chunk size.
+        try fixture.raw().query("UPDATE audit SET detail = 'edited' WHERE seq = 4")
+        try fixture.withStore { store throws in
+            #expect(try store.verifyAtStart().checkedFrom == 11)
+            for chunkSize in [1, 3, 4, 2048] {
+                let verification = try store.verifyAudit(trustedHead: nil, chunkSize: chunkSize)
+                #expect(!verification.isValid)
+                #expect(verification.brokenAt == 4, "chunk \(chunkSize)")
+                #expect(verification.events == 3)
+            }
+        }
+    }
+
     @Test(
         "An edited field breaks the chain at that entry",
         arguments: [
