@@ -56,6 +56,9 @@ public struct APIError: Error, CustomStringConvertible, Sendable {
             ["limit": .number(Double(limit)), "retryAfter": .number((retryAfter * 1000).rounded(.up) / 1000)])
     }
     static let shuttingDown = own("ShuttingDown", closesConnection: true)
+    static func busy(pending: Int, retryAfter: Double) -> APIError {
+        own("Busy", ["pending": .number(Double(pending)), "retryAfter": .number(retryAfter)])
+    }
     static let ticketInvalid = own("TicketInvalid")
 
     /// The store's failures as API errors. Database failures say nothing about the data.

@@ -15,7 +15,7 @@ public actor Authority {
     let groups: AccessGroups
     let logger: Logger
     let now: @Sendable () -> Date
-    let hashingPool: NIOThreadPool
+    let hashingPool: HashingPool
     let passcodePolicy: PasscodePolicy
     let credentialGuard: CredentialGuard
     let hashParameters: PasscodeHashParameters
@@ -77,7 +77,7 @@ public actor Authority {
     let online: OnlineState
 
     public init(
-        store: Store, configuration: DaemonConfiguration, groups: AccessGroups, hashingPool: NIOThreadPool,
+        store: Store, configuration: DaemonConfiguration, groups: AccessGroups, hashingPool: HashingPool,
         isSocketActivated: Bool, usesDevelopmentKey: Bool, reader: FingerprintReader?, logger: Logger,
         services: OnlineServices = OnlineServices(), accounts: SystemAccounts = .system(),
         now: @escaping @Sendable () -> Date = { Date() }
@@ -487,10 +487,28 @@ public actor Authority {
 
     // MARK: Passcodes
 
-    /// Hashes off the actor and off the event loops: Argon2id takes a tenth of a second.
-    func hash<T: Sendable>(_ body: @escaping @Sendable () throws(StoreError) -> T) async throws(APIError) -> T {
+    /// A place in the hashing pool, or `Busy` when its workers and queue are full (tallied in the
+    /// caller's refusal summary). Taken before anything that only the hash's outcome would undo.
+    func reserveHash(_ caller: Caller) throws(APIError) -> HashingPool.Permit {
         do {
-            return try await hashingPool.runIfActive { () throws -> T in try body() }
+            return try hashingPool.reserve()
+        } catch {
+            tallyRefusal(caller, action: "passcode.busy", rateLimited: false)
+            throw APIError.busy(pending: error.pending, retryAfter: error.retryAfter)
+        }
+    }
+
+    /// Hashes off the actor and off the event loops, on the bounded pool: Argon2id takes a tenth
+    /// of a second.
+    func hash<T: Sendable>(
+        _ caller: Caller, permit: HashingPool.Permit? = nil, _ body: @escaping @Sendable () throws(StoreError) -> T
+    ) async throws(APIError) -> T {
+        let taken: HashingPool.Permit
+        if let permit { taken = permit } else { taken = try reserveHash(caller) }
+        do {
+            return try await hashingPool.run(taken) { () throws -> T in try body() }
+        } catch is CancellationError {
+            throw APIError.own("InternalError", ["reason": .string("hashing cancelled")])
         } catch let error as StoreError {
             throw APIError.store(error)
         } catch {
@@ -524,7 +542,7 @@ public actor Authority {
         }
         let passcode = input.passcode
         let parameters = hashParameters
-        let verifier = try await hash { () throws(StoreError) in
+        let verifier = try await hash(caller) { () throws(StoreError) in
             try PasscodeVerifier.make(passcode: passcode, parameters: parameters)
         }
         if !groups.isAdmin(caller), let ticket = input.ticket, !consumeTicket(ticket, person: person, caller: caller) {
@@ -668,6 +686,8 @@ public actor Authority {
                 service: service, detail: "no passcode set")
             throw APIError.own("NoPasscode", ["name": .string(name.rawValue)])
         }
+        // A full hashing queue refuses the attempt before it counts as one.
+        let permit = try reserveHash(caller)
         // Count the attempt as failed, durably, before checking it: a daemon killed mid-check
         // (or a flood of concurrent attempts) never yields a free try. Success undoes it below.
         let before = person.failures
@@ -677,7 +697,7 @@ public actor Authority {
             try store.saveFailures(pessimistic, for: person, now: started)
         }
         let passcode = input.passcode
-        let matched = try await hash { () throws(StoreError) in try verifier.matches(passcode) }
+        let matched = try await hash(caller, permit: permit) { () throws(StoreError) in try verifier.matches(passcode) }
         if matched {
             var cleared = before
             _ = credentialGuard.recordPasscode(matched: true, in: &cleared, now: started)

@@ -155,7 +155,10 @@ public enum Daemon {
         }
 
         let eventLoops = MultiThreadedEventLoopGroup(numberOfThreads: 1)
-        let hashingPool = NIOThreadPool(numberOfThreads: 2)
+        let hashingPool = HashingPool(
+            workers: configuration.store.passcodeHashWorkers > 0
+                ? configuration.store.passcodeHashWorkers : HashingPool.defaultWorkers,
+            queueLimit: configuration.store.passcodeHashQueue)
         hashingPool.start()
         let groups = AccessGroups.resolve(
             admin: configuration.access.adminGroup, authenticator: configuration.access.authenticatorGroup)
@@ -266,7 +269,7 @@ public enum Daemon {
             logger.error("stopped with an error", metadata: ["error": "\(error)"])
             await authority.flushRefusalSummaries()
             await authority.audit(nil, action: "daemon.stop", result: "failure", detail: "\(error)")
-            try? await hashingPool.shutdownGracefully()
+            hashingPool.shutdown()
             try? await eventLoops.shutdownGracefully()
             // A refusal found while running (the scheduled chain check) keeps its exit status.
             if let refusal = error as? StartupError { throw refusal }
@@ -275,7 +278,7 @@ public enum Daemon {
         notifier.notify("STOPPING=1\nSTATUS=Stopped")
         await authority.flushRefusalSummaries()
         await authority.audit(nil, action: "daemon.stop", result: "success")
-        try? await hashingPool.shutdownGracefully()
+        hashingPool.shutdown()
         try? await eventLoops.shutdownGracefully()
         logger.info("stopped")
     }

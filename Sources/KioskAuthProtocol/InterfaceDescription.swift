@@ -561,6 +561,11 @@ error TooManyConnections (limit: int)
 # connection stays open.
 error RateLimited (limit: int, retryAfter: float)
 
+# Every passcode-hashing worker is busy and the queue behind them is full (`pending` hashes
+# running and waiting): the call was refused before the passcode was checked, and it does not
+# count as a failed attempt. Retry after about `retryAfter` seconds. The connection stays open.
+error Busy (pending: int, retryAfter: float)
+
 # The connection sent nothing for too long; it is closed.
 error IdleTimeout (seconds: int)
 
