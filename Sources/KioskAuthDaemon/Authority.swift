@@ -356,20 +356,31 @@ public actor Authority {
     // MARK: Status
 
     func status(_ caller: Caller) throws(APIError) -> Message.Status {
-        let count = try withStore(caller, action: "status") { () throws(StoreError) in try store.peopleCount() }
-        let head = try withStore(caller, action: "status") { () throws(StoreError) in try store.auditHead() }
-        return Message.Status(
-            version: KioskAuthVersion.string, schemaVersion: Store.schemaVersion, people: count,
+        let figures = try withStore(caller, action: "status") { () throws(StoreError) in try store.statusFigures() }
+        return status(caller, figures)
+    }
+
+    /// `GetStatus` answered on the connection's event loop, without a hop to the actor: it reads
+    /// only constants, the audit delivery monitor and the store (under the store's own lock).
+    /// nil when the store fails, so that the call goes through `status(_:)`, which audits it.
+    nonisolated func immediateStatus(_ caller: Caller) -> Message.Status? {
+        guard let figures = try? store.statusFigures() else { return nil }
+        return status(caller, figures)
+    }
+
+    nonisolated private func status(_ caller: Caller, _ figures: StoreStatusFigures) -> Message.Status {
+        Message.Status(
+            version: KioskAuthVersion.string, schemaVersion: Store.schemaVersion, people: figures.people,
             socketActivated: isSocketActivated, developmentKey: usesDevelopmentKey,
-            uptimeSeconds: Int(now().timeIntervalSince(startedAt)), auditEvents: head.events,
-            auditHead: Hex.encode(head.mac),
-            auditDelivery: auditDeliveryStatus(caller, head: head.events))
+            uptimeSeconds: Int(now().timeIntervalSince(startedAt)), auditEvents: figures.auditEvents,
+            auditHead: Hex.encode(figures.auditHead),
+            auditDelivery: auditDeliveryStatus(caller, head: figures.auditEvents))
     }
 
     /// Audit delivery as `caller` may see it: the state, the queue and the last delivery for
     /// everyone (the trail's length is public in `GetStatus` anyway); the endpoint and why it
     /// fails for admins only, since error text and host names describe the organisation's network.
-    func auditDeliveryStatus(_ caller: Caller, head: Int) -> AuditDeliveryStatus {
+    nonisolated func auditDeliveryStatus(_ caller: Caller, head: Int) -> AuditDeliveryStatus {
         guard let monitor = services.auditDelivery else {
             return AuditDeliveryStatus(configured: false, state: "off", queued: 0, lastDeliveryAt: nil)
         }
