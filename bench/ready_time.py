@@ -15,7 +15,10 @@ set to its cheapest so that filling 100,000 events takes a minute, not an hour; 
 contents are the same as with real costs.
 
     KIOSKAUTH_BIN_DIR=.build/release python3 bench/ready_time.py \\
-        [--sizes 0,1000,10000,100000] [--people 0,1000] [--runs 5]
+        [--sizes 0,1000,10000,100000] [--people 0,1000] [--runs 5] [--bin-dirs A,B]
+
+With --bin-dirs, every cell is timed with each build in turn on the same store (the first one
+fills it), so two builds compare in one run.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
+import kioskauth_testing  # noqa: E402
 from kioskauth_testing import Daemon, connect, read_message, send_message  # noqa: E402
 
 CHEAP_HASH_CONFIG = """
@@ -83,6 +87,10 @@ def grow(daemon: Daemon, target: int) -> int:
     return audit_events(daemon)
 
 
+def use(bin_dir: Path) -> None:
+    kioskauth_testing.KIOSKAUTHD = bin_dir / "kioskauthd"
+
+
 def time_to_ready(daemon: Daemon) -> float:
     started = time.monotonic()
     daemon.start(timeout=300)
@@ -96,8 +104,11 @@ def main() -> None:
     parser.add_argument("--sizes", default="0,1000,10000,100000")
     parser.add_argument("--people", default="0,1000")
     parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument("--bin-dirs", default=str(kioskauth_testing.BIN_DIR))
     args = parser.parse_args()
-    print(f"{'people':>7} {'events':>8} {'median ms':>10} {'min ms':>8}", flush=True)
+    bin_dirs = [Path(x).resolve() for x in args.bin_dirs.split(",")]
+    use(bin_dirs[0])
+    print(f"{'build':<40} {'people':>7} {'events':>8} {'median ms':>10} {'min ms':>8}", flush=True)
     for people in (int(x) for x in args.people.split(",")):
         daemon = Daemon(config=CHEAP_HASH_CONFIG).start(timeout=120)
         try:
@@ -114,8 +125,16 @@ def main() -> None:
                     continue
                 events = grow(daemon, size)
                 daemon.stop()
-                times = [time_to_ready(daemon) * 1000 for _ in range(args.runs)]
-                print(f"{people:>7} {events:>8} {statistics.median(times):>10.1f} {min(times):>8.1f}", flush=True)
+                times: dict[Path, list[float]] = {b: [] for b in bin_dirs}
+                for _ in range(args.runs):
+                    for bin_dir in bin_dirs:
+                        use(bin_dir)
+                        times[bin_dir].append(time_to_ready(daemon) * 1000)
+                use(bin_dirs[0])
+                for bin_dir in bin_dirs:
+                    label = str(bin_dir)[-40:]
+                    print(f"{label:<40} {people:>7} {events:>8} {statistics.median(times[bin_dir]):>10.1f} "
+                          f"{min(times[bin_dir]):>8.1f}", flush=True)
         finally:
             daemon.close()
 
