@@ -51,6 +51,12 @@ static int passcode_refused(const struct login *l, const struct reply *reply, bo
         complain(l, "No passcode is set for you.");
         return PAM_AUTHINFO_UNAVAIL;
     }
+    if (is_error(reply, "Busy")) {
+        /* Not checked and not counted: the person may simply type it again. */
+        complain(l, "The terminal is busy. Please try again.");
+        *retry = true;
+        return PAM_AUTH_ERR;
+    }
     if (is_error(reply, "NoSuchPerson"))
         return PAM_USER_UNKNOWN;
     if (is_error(reply, "PersonNotActive")) {

@@ -117,6 +117,54 @@ def test_pipelined_calls_are_answered_in_order(served):
     assert read_message(s)["parameters"]["person"]["name"] == "omar"
 
 
+def test_pipelined_immediate_and_ordinary_calls_keep_their_order_and_see_earlier_effects(served):
+    """GetStatus and the org.varlink.service methods are answered on the event loop, the others
+    through the actor: mixed in one pipelined burst, the replies still come in call order, a
+    GetStatus after a call sees that call's audit entry, and oneway and bad calls behave."""
+    s = connect(served.socket)
+    calls = [
+        ("io.kioskauth.GetStatus", None, False),
+        ("io.kioskauth.VerifyPasscode", {"name": "omar", "passcode": "111111"}, False),
+        ("io.kioskauth.GetStatus", {}, False),
+        ("org.varlink.service.GetInfo", None, False),
+        ("io.kioskauth.GetStatus", None, True),
+        ("io.kioskauth.GetPerson", {"name": "omar"}, False),
+        ("io.kioskauth.GetStatus", "seven", False),
+        ("org.varlink.service.GetInterfaceDescription", {"interface": "nope"}, False),
+        ("io.kioskauth.GetStatus", None, False),
+    ]
+    frames = []
+    for method, parameters, oneway in calls:
+        message = {"method": method}
+        if parameters is not None:
+            message["parameters"] = parameters
+        if oneway:
+            message["oneway"] = True
+        frames.append(json.dumps(message).encode() + b"\0")
+    for _ in range(3):
+        s.sendall(b"".join(frames))
+        first = read_message(s)["parameters"]
+        assert read_message(s)["error"] == "io.kioskauth.WrongPasscode"
+        after = read_message(s)["parameters"]
+        assert after["auditEvents"] == first["auditEvents"] + 1, (first, after)
+        assert read_message(s)["parameters"]["vendor"] == "kioskauth"
+        assert read_message(s)["parameters"]["person"]["name"] == "omar"
+        assert read_message(s)["error"] == "org.varlink.service.InvalidParameter"
+        assert read_message(s)["error"] == "org.varlink.service.InterfaceNotFound"
+        assert read_message(s)["parameters"]["auditEvents"] == after["auditEvents"]
+    assert served.ctl("lockout", "reset", "omar").returncode == 0
+    # A person added on another connection shows in the next status.
+    people = read_message_after(s, "io.kioskauth.GetStatus")["parameters"]["people"]
+    assert served.ctl("user", "add", "lena").returncode == 0
+    assert read_message_after(s, "io.kioskauth.GetStatus")["parameters"]["people"] == people + 1
+    s.close()
+
+
+def read_message_after(s, method):
+    send_message(s, {"method": method})
+    return read_message(s)
+
+
 def test_silent_client_is_told_idle_timeout_and_disconnected(served):
     s = connect(served.socket)
     started = time.monotonic()

@@ -80,6 +80,9 @@ public struct APIError: Error, CustomStringConvertible, Sendable {
     static let shuttingDown = APIError(KioskAuthError.shuttingDown, closesConnection: true)
     static let ticketInvalid = APIError(KioskAuthError.ticketInvalid)
     static let expectedMore = APIError(VarlinkServiceError.expectedMore)
+    static func busy(pending: Int, retryAfter: Double) -> APIError {
+        APIError(KioskAuthError.busy, ["pending": .number(Double(pending)), "retryAfter": .number(retryAfter)])
+    }
 
     /// The store's failures as API errors. Database failures say nothing about the data.
     static func store(_ error: StoreError) -> APIError {

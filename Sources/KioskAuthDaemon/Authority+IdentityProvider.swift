@@ -305,7 +305,7 @@ extension Authority {
     static func candidateNames(email: String?, subject: String) -> [LoginName] {
         let digest = SHA256.hash(data: Data("kioskauth-login-name\0\(subject)".utf8))
         return IdentityProviderLoginName.candidates(
-            email: email, digestHex: digest.map { String(format: "%02x", $0) }.joined())
+            email: email, digestHex: Hex.encode(Array(digest)))
     }
 
     /// "sarah.jones@clinic.example" → "Sarah Jones".

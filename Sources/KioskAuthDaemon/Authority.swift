@@ -15,7 +15,7 @@ public actor Authority {
     let groups: AccessGroups
     let logger: Logger
     let now: @Sendable () -> Date
-    let hashingPool: NIOThreadPool
+    let hashingPool: HashingPool
     let passcodePolicy: PasscodePolicy
     let credentialGuard: CredentialGuard
     let hashParameters: PasscodeHashParameters
@@ -77,7 +77,7 @@ public actor Authority {
     let online: OnlineState
 
     public init(
-        store: Store, configuration: DaemonConfiguration, groups: AccessGroups, hashingPool: NIOThreadPool,
+        store: Store, configuration: DaemonConfiguration, groups: AccessGroups, hashingPool: HashingPool,
         isSocketActivated: Bool, usesDevelopmentKey: Bool, reader: FingerprintReader?, logger: Logger,
         services: OnlineServices = OnlineServices(), accounts: SystemAccounts = .system(),
         now: @escaping @Sendable () -> Date = { Date() }
@@ -347,20 +347,32 @@ public actor Authority {
     // MARK: Status
 
     func status(_ caller: Caller) throws(APIError) -> Message.Status {
-        let count = try withStore(caller, action: "status") { () throws(StoreError) in try store.peopleCount() }
-        let head = try withStore(caller, action: "status") { () throws(StoreError) in try store.auditHead() }
-        let status = Message.Status(
-            version: KioskAuthVersion.string, schemaVersion: Store.schemaVersion, people: count,
+        let figures = try withStore(caller, action: "status") { () throws(StoreError) in try store.statusFigures() }
+        return try withAdminSummary(status(caller, figures), for: caller)
+    }
+
+    /// `GetStatus` answered on the connection's event loop, without a hop to the actor: it reads
+    /// only constants, the audit delivery monitor and the store (under the store's own lock).
+    /// nil when the store fails, so that the call goes through `status(_:)`, which audits it, and
+    /// for admins, whose answer carries the lockout and unlock summary read on the actor.
+    nonisolated func immediateStatus(_ caller: Caller) -> Message.Status? {
+        guard !groups.isAdmin(caller), let figures = try? store.statusFigures() else { return nil }
+        return status(caller, figures)
+    }
+
+    nonisolated private func status(_ caller: Caller, _ figures: StoreStatusFigures) -> Message.Status {
+        Message.Status(
+            version: KioskAuthVersion.string, schemaVersion: Store.schemaVersion, people: figures.people,
             socketActivated: isSocketActivated, developmentKey: usesDevelopmentKey,
-            uptimeSeconds: Int(now().timeIntervalSince(startedAt)), auditEvents: head.events, auditHead: head.headHex,
-            auditDelivery: auditDeliveryStatus(caller, head: head.events))
-        return try withAdminSummary(status, for: caller)
+            uptimeSeconds: Int(now().timeIntervalSince(startedAt)), auditEvents: figures.auditEvents,
+            auditHead: Hex.encode(figures.auditHead),
+            auditDelivery: auditDeliveryStatus(caller, head: figures.auditEvents))
     }
 
     /// Audit delivery as `caller` may see it: the state, the queue and the last delivery for
     /// everyone (the trail's length is public in `GetStatus` anyway); the endpoint and why it
     /// fails for admins only, since error text and host names describe the organisation's network.
-    func auditDeliveryStatus(_ caller: Caller, head: Int) -> AuditDeliveryStatus {
+    nonisolated func auditDeliveryStatus(_ caller: Caller, head: Int) -> AuditDeliveryStatus {
         guard let monitor = services.auditDelivery else {
             return AuditDeliveryStatus(configured: false, state: "off", queued: 0, lastDeliveryAt: nil)
         }
@@ -478,10 +490,28 @@ public actor Authority {
 
     // MARK: Passcodes
 
-    /// Hashes off the actor and off the event loops: Argon2id takes a tenth of a second.
-    func hash<T: Sendable>(_ body: @escaping @Sendable () throws(StoreError) -> T) async throws(APIError) -> T {
+    /// A place in the hashing pool, or `Busy` when its workers and queue are full (tallied in the
+    /// caller's refusal summary). Taken before anything that only the hash's outcome would undo.
+    func reserveHash(_ caller: Caller) throws(APIError) -> HashingPool.Permit {
         do {
-            return try await hashingPool.runIfActive { () throws -> T in try body() }
+            return try hashingPool.reserve()
+        } catch {
+            tallyRefusal(caller, action: "passcode.busy", rateLimited: false)
+            throw APIError.busy(pending: error.pending, retryAfter: error.retryAfter)
+        }
+    }
+
+    /// Hashes off the actor and off the event loops, on the bounded pool: Argon2id takes a tenth
+    /// of a second.
+    func hash<T: Sendable>(
+        _ caller: Caller, permit: HashingPool.Permit? = nil, _ body: @escaping @Sendable () throws(StoreError) -> T
+    ) async throws(APIError) -> T {
+        let taken: HashingPool.Permit
+        if let permit { taken = permit } else { taken = try reserveHash(caller) }
+        do {
+            return try await hashingPool.run(taken) { () throws -> T in try body() }
+        } catch is CancellationError {
+            throw APIError.own("InternalError", ["reason": .string("hashing cancelled")])
         } catch let error as StoreError {
             throw APIError.store(error)
         } catch {
@@ -515,7 +545,7 @@ public actor Authority {
         }
         let passcode = input.passcode
         let parameters = hashParameters
-        let verifier = try await hash { () throws(StoreError) in
+        let verifier = try await hash(caller) { () throws(StoreError) in
             try PasscodeVerifier.make(passcode: passcode, parameters: parameters)
         }
         if !groups.isAdmin(caller), let ticket = input.ticket, !consumeTicket(ticket, person: person, caller: caller) {
@@ -659,6 +689,8 @@ public actor Authority {
                 service: service, detail: "no passcode set")
             throw APIError.own("NoPasscode", ["name": .string(name.rawValue)])
         }
+        // A full hashing queue refuses the attempt before it counts as one.
+        let permit = try reserveHash(caller)
         // Count the attempt as failed, durably, before checking it: a daemon killed mid-check
         // (or a flood of concurrent attempts) never yields a free try. Success undoes it below.
         let before = person.failures
@@ -668,7 +700,7 @@ public actor Authority {
             try store.saveFailures(pessimistic, for: person, now: started)
         }
         let passcode = input.passcode
-        let matched = try await hash { () throws(StoreError) in try verifier.matches(passcode) }
+        let matched = try await hash(caller, permit: permit) { () throws(StoreError) in try verifier.matches(passcode) }
         if matched {
             var cleared = before
             _ = credentialGuard.recordPasscode(matched: true, in: &cleared, now: started)

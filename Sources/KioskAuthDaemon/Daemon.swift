@@ -199,7 +199,10 @@ public enum Daemon {
         }
 
         let eventLoops = MultiThreadedEventLoopGroup(numberOfThreads: 1)
-        let hashingPool = NIOThreadPool(numberOfThreads: 2)
+        let hashingPool = HashingPool(
+            workers: configuration.store.passcodeHashWorkers > 0
+                ? configuration.store.passcodeHashWorkers : HashingPool.defaultWorkers,
+            queueLimit: configuration.store.passcodeHashQueue)
         hashingPool.start()
         let groups = AccessGroups.resolve(
             admin: configuration.access.adminGroup, authenticator: configuration.access.authenticatorGroup)
@@ -287,6 +290,15 @@ public enum Daemon {
                         authority: authority, path: configuration.metrics.textfilePath,
                         interval: .milliseconds(Int64(configuration.metrics.textfileInterval * 1000)), logger: logger)))
         }
+        if configuration.store.auditVerifyInterval > 0 {
+            services.append(
+                .init(
+                    service: AuditVerificationService(
+                        store: store, database: paths.database,
+                        interval: .milliseconds(Int64(configuration.store.auditVerifyInterval * 1000)), logger: logger
+                    ),
+                    failureTerminationBehavior: .gracefullyShutdownGroup))
+        }
         if let interval = SystemdNotifier.watchdogInterval() {
             services.append(
                 .init(
@@ -308,14 +320,16 @@ public enum Daemon {
             logger.error("stopped with an error", metadata: ["error": "\(error)"])
             await authority.flushRefusalSummaries()
             await authority.audit(nil, action: "daemon.stop", result: "failure", detail: "\(error)")
-            try? await hashingPool.shutdownGracefully()
+            hashingPool.shutdown()
             try? await eventLoops.shutdownGracefully()
+            // A refusal found while running (the scheduled chain check) keeps its exit status.
+            if let refusal = error as? StartupError { throw refusal }
             throw StartupError(message: "\(error)")
         }
         notifier.notify("STOPPING=1\nSTATUS=Stopped")
         await authority.flushRefusalSummaries()
         await authority.audit(nil, action: "daemon.stop", result: "success")
-        try? await hashingPool.shutdownGracefully()
+        hashingPool.shutdown()
         try? await eventLoops.shutdownGracefully()
         logger.info("stopped")
     }
@@ -360,6 +374,63 @@ struct WatchdogService: Service {
             } catch {
                 return
             }
+        }
+    }
+}
+
+/// Recomputes the whole audit chain every `interval` while serving (the first time after at most
+/// five minutes): the check before serving covers only the entries after the sealed checkpoint,
+/// so an entry edited before it is found here (and by `audit verify`). A broken chain is
+/// reported as start-up reports it, one line naming the database and what is wrong, and stops
+/// the daemon with exit status 78: a daemon must not keep recording on top of an untrusted trail.
+struct AuditVerificationService: Service {
+    let store: Store
+    let database: String
+    let interval: Duration
+    let logger: Logger
+
+    func run() async throws {
+        var wait = min(interval, .seconds(300))
+        while !Task.isCancelled && !Task.isShuttingDownGracefully {
+            let delay = wait
+            do {
+                try await cancelWhenGracefulShutdown { try await Task.sleep(for: delay) }
+            } catch {
+                return
+            }
+            wait = interval
+            let started = ContinuousClock.now
+            let result = await Self.verify(store)
+            switch result {
+            case .success(let verification) where verification.isValid:
+                logger.info(
+                    "audit chain verified",
+                    metadata: [
+                        "audit_seq": "\(verification.events)", "elapsed": "\(ContinuousClock.now - started)",
+                    ])
+            case .success(let verification):
+                let refusal = StartupError(
+                    message: "\(database): audit \(verification.reason ?? "chain is broken")",
+                    exitCode: StartupError.configurationExitCode)
+                logger.critical("\(refusal.message)")
+                throw refusal
+            case .failure(let error):
+                // The store could not be read (busy, I/O): said, and tried again next time.
+                logger.error("audit chain verification failed", metadata: ["error": "\(error.message)"])
+            }
+        }
+    }
+
+    /// Runs the verification on a thread of its own: it is long, synchronous work that must not
+    /// hold a thread of the cooperative pool (the store lock is taken one chunk at a time).
+    static func verify(_ store: Store) async -> Result<AuditChainVerification, StoreError> {
+        await withCheckedContinuation { continuation in
+            let thread = Thread {
+                continuation.resume(
+                    returning: Result { () throws(StoreError) in try store.verifyAudit(trustedHead: nil) })
+            }
+            thread.name = "audit-verify"
+            thread.start()
         }
     }
 }

@@ -18,9 +18,14 @@ public struct ReplySink: Sendable {
 /// A method's implementation: decode input, call the authority, encode the output.
 typealias MethodHandler = @Sendable (Caller, JSONValue?, ReplySink) async throws -> JSONValue
 
+/// A method that does no I/O and needs no actor, answered where the call is read; nil when it
+/// cannot answer this call (then it takes the ordinary path, which reports why).
+typealias ImmediateHandler = @Sendable (Caller, JSONValue?) -> JSONValue?
+
 /// Routes calls to methods: `org.varlink.service` for introspection, `io.kioskauth` for the rest.
 public struct Dispatcher: Sendable {
     private var methods: [String: MethodHandler] = [:]
+    private var immediateMethods: [String: ImmediateHandler] = [:]
 
     static let serviceInterfaceDescription = """
         # The Varlink Service Interface is provided by every varlink service. It
@@ -152,6 +157,21 @@ public struct Dispatcher: Sendable {
             try await authority.verifyAudit(caller, input)
         }
         registerOnlineMethods(authority: authority)
+        // The same methods, answered without a hop to the actor when nothing can fail.
+        registerImmediate("org.varlink.service.GetInfo") { (_: Message.Empty, _) in
+            ServiceInfo(
+                vendor: "kioskauth", product: "kioskauthd", version: KioskAuthVersion.string,
+                url: "https://github.com/kioskauth/kioskauth",
+                interfaces: ["org.varlink.service", KioskAuthInterface.name])
+        }
+        registerImmediate("org.varlink.service.GetInterfaceDescription") { (input: InterfaceRequest, _) in
+            switch input.interface {
+            case "org.varlink.service": InterfaceDescriptionReply(description: Self.serviceInterfaceDescription)
+            case KioskAuthInterface.name: InterfaceDescriptionReply(description: KioskAuthInterface.description)
+            default: nil
+            }
+        }
+        registerImmediate(KioskAuthMethod.getStatus.qualifiedName) { (_: Message.Empty, caller) in authority.immediateStatus(caller) }
         registerMetricsMethods(authority: authority)
         assert(
             KioskAuthMethod.all.allSatisfy { methods[KioskAuthInterface.name + "." + $0.name] != nil },
@@ -166,6 +186,29 @@ public struct Dispatcher: Sendable {
     ) {
         register(method.qualifiedName, body)
     }
+
+    /// Registers a method that may be answered immediately. Anything unusual about the call
+    /// (parameters that are not an object, forbidden text, input that does not decode, an answer
+    /// that does not encode) leaves it to the ordinary path, which says what is wrong.
+    mutating func registerImmediate<Input: Decodable & SendableMetatype, Output: Encodable & SendableMetatype>(
+        _ method: String, _ body: @escaping @Sendable (Input, Caller) -> Output?
+    ) {
+        immediateMethods[method] = { (caller: Caller, parameters: JSONValue?) -> JSONValue? in
+            switch parameters {
+            case nil, .null?: break
+            case .object(let members)?:
+                guard (try? Self.checkText(.object(members), path: "")) != nil else { return nil }
+            default: return nil
+            }
+            guard let input = try? VarlinkCoding.decode(Input.self, from: parameters == .null ? nil : parameters),
+                let output = body(input, caller)
+            else { return nil }
+            return try? VarlinkCoding.encode(output)
+        }
+    }
+
+    /// The immediate form of `method`, if it has one.
+    func immediate(_ method: String) -> ImmediateHandler? { immediateMethods[method] }
 
     /// Registers a typed handler; input that does not decode is `InvalidParameter` naming the
     /// first offending field.

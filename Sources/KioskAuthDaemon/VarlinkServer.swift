@@ -166,9 +166,14 @@ public final class VarlinkServer: Service, Sendable {
                 try channel.pipeline.syncOperations.addHandler(
                     IdleGuard(
                         timeout: idleTimeout, writeTimeout: writeTimeout, timeoutReply: ByteBuffer(bytes: idleReply)))
-                let asyncChannel = try NIOAsyncChannel<ByteBuffer, ByteBuffer>(wrappingChannelSynchronously: channel)
                 var identified = caller
-                if case .admitted(let id) = admission { identified?.connectionID = id }
+                if case .admitted(let id) = admission, let caller {
+                    identified?.connectionID = id
+                    let admitted = identified ?? caller
+                    try channel.pipeline.syncOperations.addHandler(
+                        ImmediateCalls { frame in self.immediateAnswer(frame, caller: admitted) })
+                }
+                let asyncChannel = try NIOAsyncChannel<ByteBuffer, ByteBuffer>(wrappingChannelSynchronously: channel)
                 return Connection(channel: asyncChannel, caller: identified, admission: admission)
             }
         }
@@ -307,6 +312,21 @@ public final class VarlinkServer: Service, Sendable {
     private func takeToken(_ caller: Caller) -> Double? {
         let now = Double(DispatchTime.now().uptimeNanoseconds) / 1e9
         return rateLimit.withLock { $0.take(uid: caller.uid, now: now) }
+    }
+
+    /// Answers a call on the event loop when its method has an immediate form and the caller
+    /// may call now; anything else (malformed, `more`, rate-limited, a method that does I/O, an
+    /// answer that needs the actor after all) goes the ordinary way through `handle`.
+    private func immediateAnswer(_ frame: ByteBuffer, caller: Caller) -> ImmediateCalls.Answer {
+        guard let call = try? VarlinkCoding.message(VarlinkCall.self, from: frame.readableBytesView),
+            call.upgrade != true, call.more != true, let method = dispatcher.immediate(call.method)
+        else { return .forward }
+        // A refused token is not taken: the ordinary path asks again and says RateLimited.
+        if !authority.isPrivileged(caller), takeToken(caller) != nil { return .forward }
+        guard let parameters = method(caller, call.parameters) else { return .forward }
+        if call.oneway == true { return .noReply }
+        guard let reply = try? VarlinkCoding.frame(VarlinkReply(parameters: parameters)) else { return .forward }
+        return .reply(reply)
     }
 
     /// Handles one message; returns false when the connection must close.

@@ -66,6 +66,7 @@ public enum KioskAuthError {
     public static let malformedMessage = VarlinkErrorDescriptor(own: "MalformedMessage", ["reason"])
     public static let tooManyConnections = VarlinkErrorDescriptor(own: "TooManyConnections", ["limit"])
     public static let rateLimited = VarlinkErrorDescriptor(own: "RateLimited", ["limit", "retryAfter"])
+    public static let busy = VarlinkErrorDescriptor(own: "Busy", ["pending", "retryAfter"])
     public static let idleTimeout = VarlinkErrorDescriptor(own: "IdleTimeout", ["seconds"])
 
     // Fingerprints.
@@ -131,7 +132,7 @@ public enum KioskAuthError {
     public static let all: [VarlinkErrorDescriptor] = [
         noSuchPerson, personExists, bindingRefused, accountNotAllowed, permissionDenied, invalidInput, weakPasscode,
         wrongPasscode, passcodeLocked, noPasscode, personNotActive, passcodeNotAllowed, ticketInvalid, storeIntegrity,
-        messageTooLarge, malformedMessage, tooManyConnections, rateLimited, idleTimeout,
+        messageTooLarge, malformedMessage, tooManyConnections, rateLimited, busy, idleTimeout,
         noReader, fingerprintNotRecognized, fallbackRequired, notIdentified, identifyPaused, fingerprintPaused,
         noFingers, fingerAlreadyEnrolled, tooManyFingers, scanRetry, scanTimeout, readerRemoved, readerUnavailable,
         readerFull, scanCancelled, fingerprintNotAllowed,

@@ -63,12 +63,14 @@ public enum KioskAuthMethod {
     public static let setPasscode = VarlinkMethod<Message.SetPasscode, Message.PersonReply>(
         "SetPasscode",
         errors: [
+            E.busy,
             E.permissionDenied, E.noSuchPerson, E.ticketInvalid, E.weakPasscode, E.passcodeNotAllowed,
             E.storeIntegrity,
         ])
     public static let verifyPasscode = VarlinkMethod<Message.VerifyPasscode, Message.Verified>(
         "VerifyPasscode",
         errors: [
+            E.busy,
             E.permissionDenied, E.noSuchPerson, E.accountNotAllowed, E.wrongPasscode, E.passcodeLocked,
             E.noPasscode, E.personNotActive, E.passcodeNotAllowed, E.offlineWindowExpired, E.onlineLoginRequired,
             E.storeIntegrity,
@@ -128,6 +130,7 @@ public enum KioskAuthMethod {
     public static let completeActivation = VarlinkMethod<Message.CompleteActivation, Message.Activated>(
         "CompleteActivation",
         errors: [
+            E.busy,
             E.permissionDenied, E.ticketInvalid, E.weakPasscode, E.activationCodeExpired, E.activationCodeUsed,
             E.activationCodeRevoked, E.alreadyActive, E.storeIntegrity,
         ])

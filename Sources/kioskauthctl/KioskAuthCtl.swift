@@ -112,6 +112,9 @@ struct KioskAuthCtl: ParsableCommand {
                 retry = "1"
             }
             return "too many calls from this user (at most \(number("limit") ?? 0) a second); try again in \(retry) s"
+        case "Busy":
+            return
+                "kioskauthd is busy checking other passcodes (\(number("pending") ?? 0) in hand); try again in a moment"
         case "ActivationCodeWrong", "ActivationCodeExpired", "ActivationCodeUsed", "ActivationCodeRevoked",
             "ActivationPaused":
             return string("message") ?? error.description
