@@ -171,7 +171,9 @@ public struct Dispatcher: Sendable {
             default: nil
             }
         }
-        registerImmediate(KioskAuthMethod.getStatus.qualifiedName) { (_: Message.Empty, caller) in authority.immediateStatus(caller) }
+        registerImmediate(KioskAuthMethod.getStatus.qualifiedName) { (_: Message.Empty, caller) in
+            authority.immediateStatus(caller)
+        }
         registerMetricsMethods(authority: authority)
         assert(
             KioskAuthMethod.all.allSatisfy { methods[KioskAuthInterface.name + "." + $0.name] != nil },
