@@ -31,6 +31,8 @@ endif
 SYSTEMDSYSTEMUNITDIR ?= $(shell $(SYSTEMD_PC) --variable=systemdsystemunitdir)
 SYSUSERSDIR ?= $(shell $(SYSTEMD_PC) --variable=sysusersdir)
 TMPFILESDIR ?= $(shell $(SYSTEMD_PC) --variable=tmpfilesdir)
+# journalctl reads message catalogs from /usr/lib and /usr/local/lib (systemd/catalog).
+CATALOGDIR ?= $(shell $(SYSTEMD_PC) --variable=catalogdir)
 # udev.pc ships with udev; without it, udev's directory sits beside systemd's utility directory.
 UDEVDIR ?= $(or $(if $(filter /usr,$(PREFIX)),$(shell $(PKG_CONFIG) --variable=udevdir udev 2>/dev/null)),$(patsubst %/systemd,%/udev,$(shell $(SYSTEMD_PC) --variable=systemdutildir)))
 # libpam loads modules from one directory, whatever the prefix (newer pam.pc names it securedir).
@@ -139,6 +141,7 @@ install-files: support $(BIN_DIR)/kioskauthd $(BIN_DIR)/kioskauthctl
 	$(INSTALL) -m 0644 $(UNITS) $(DESTDIR)$(SYSTEMDSYSTEMUNITDIR)/
 	$(INSTALL) -D -m 0644 systemd/sysusers.d/kioskauth.conf $(DESTDIR)$(SYSUSERSDIR)/kioskauth.conf
 	$(INSTALL) -D -m 0644 systemd/tmpfiles.d/kioskauth.conf $(DESTDIR)$(TMPFILESDIR)/kioskauth.conf
+	$(INSTALL) -D -m 0644 systemd/kioskauth.catalog $(DESTDIR)$(CATALOGDIR)/kioskauth.catalog
 	$(INSTALL) -D -m 0644 $(UDEV_RULES) $(DESTDIR)$(UDEVDIR)/rules.d/70-kioskauth.rules
 	$(INSTALL) -D -m 0644 systemd/examples/idp-network.conf \
 		$(DESTDIR)$(docdir)/examples/idp-network.conf
@@ -179,6 +182,7 @@ endif
 post-install:
 	systemd-sysusers $(SYSUSERSDIR)/kioskauth.conf
 	systemd-tmpfiles --create $(TMPFILESDIR)/kioskauth.conf
+	-journalctl --update-catalog
 	-systemctl daemon-reload
 	-udevadm control --reload
 	-udevadm trigger --action=add --subsystem-match=usb --subsystem-match=spidev \
@@ -191,6 +195,7 @@ uninstall:
 	-rmdir $(DESTDIR)$(libexecdir)/kioskauth
 	rm -f $(addprefix $(DESTDIR)$(SYSTEMDSYSTEMUNITDIR)/,kioskauthd.socket $(UNITS_IN))
 	rm -f $(DESTDIR)$(SYSUSERSDIR)/kioskauth.conf $(DESTDIR)$(TMPFILESDIR)/kioskauth.conf
+	rm -f $(DESTDIR)$(CATALOGDIR)/kioskauth.catalog
 	rm -f $(DESTDIR)$(UDEVDIR)/rules.d/70-kioskauth.rules
 	rm -f $(DESTDIR)$(mandir)/man1/kioskauthctl.1 $(DESTDIR)$(mandir)/man5/kioskauthd.conf.5 \
 		$(DESTDIR)$(mandir)/man8/kioskauthd.8 $(DESTDIR)$(mandir)/man8/pam_kioskauth.8

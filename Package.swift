@@ -20,6 +20,8 @@ let package = Package(
         .package(url: "https://github.com/apple/swift-argument-parser", from: "1.8.2"),
         .package(url: "https://github.com/apple/swift-crypto", from: "4.5.2"),
         .package(url: "https://github.com/swift-server/swift-service-lifecycle", from: "2.13.0"),
+        .package(url: "https://github.com/apple/swift-metrics", from: "2.13.0"),
+        .package(url: "https://github.com/swift-server/swift-prometheus", from: "2.4.1"),
     ],
     targets: [
         // C interop, each behind exactly one module.
@@ -44,7 +46,10 @@ let package = Package(
             swiftSettings: strictSettings),
 
         // Varlink framing, the interface description and typed errors; shared by daemon and CLI.
-        .target(name: "KioskAuthProtocol", exclude: ["io.kioskauth.varlink"], swiftSettings: strictSettings),
+        // The interface description is embedded in the code, so the installed binary needs no bundle.
+        .target(
+            name: "KioskAuthProtocol", resources: [.embedInCode("io.kioskauth.varlink")],
+            swiftSettings: strictSettings),
 
         // The only code that touches libfprint.
         .target(
@@ -55,10 +60,11 @@ let package = Package(
             ],
             swiftSettings: strictSettings),
 
-        // OAuth 2.0 / OpenID Connect client.
+        // OAuth 2.0 / OpenID Connect client. It reads JSON with the protocol's strict parser.
         .target(
             name: "KioskAuthIdentity",
             dependencies: [
+                "KioskAuthProtocol",
                 .product(name: "Crypto", package: "swift-crypto"),
                 .product(name: "_CryptoExtras", package: "swift-crypto"),
                 .product(name: "Logging", package: "swift-log"),
@@ -76,6 +82,8 @@ let package = Package(
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
                 .product(name: "Crypto", package: "swift-crypto"),
+                .product(name: "CoreMetrics", package: "swift-metrics"),
+                .product(name: "Prometheus", package: "swift-prometheus"),
             ],
             swiftSettings: strictSettings),
 
@@ -116,7 +124,7 @@ let package = Package(
         .testTarget(
             name: "KioskAuthIdentityTests",
             dependencies: [
-                "KioskAuthIdentity",
+                "KioskAuthIdentity", "KioskAuthProtocol",
                 .product(name: "Crypto", package: "swift-crypto"),
                 .product(name: "_CryptoExtras", package: "swift-crypto"),
                 .product(name: "Logging", package: "swift-log"),

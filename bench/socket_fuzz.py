@@ -2,8 +2,10 @@
 """The live-socket fuzzer's long run: --frames (100,000) mutated varlink calls, after --warmup
 (20,000), against a debug kioskauthd (.build/debug, or $KIOSKAUTH_BIN_DIR) with two people,
 the per-uid rate limit raised so the unprivileged worker's frames are parsed. Prints frames,
-crashes, hangs, the slowest GetStatus probe, and RSS after the warm-up and at the end; repeats
-the fuzzing phase --rounds times on the same daemon, printing RSS after each.
+crashes, hangs, the slowest GetStatus probe, and RSS (VmRSS and its anonymous part, RssAnon)
+after the warm-up and at the end, each after 3 s of quiet; each round ends with a burst of 100
+connections holding an unfinished 60,000-byte call. Repeats the fuzzing phase --rounds times on
+the same daemon, printing RSS after each.
 
     python3 bench/socket_fuzz.py [--frames 100000] [--warmup 20000] [--rounds 1]
 """

@@ -1,6 +1,6 @@
 /*
- * Checks the module's hand-written JSON writer and reader, built with the module's own source
- * (its functions are static) under AddressSanitizer and UBSan: `make json-check`.
+ * Checks the module's hand-written JSON writer and reader, linked with the ASan/UBSan build of
+ * the module's internal library (asan/libkioskauth-pam.a): `make json-check`.
  *
  * - replies shaped like the daemon's parse, and their fields read back;
  * - every string the writer produces (all bytes 1-255, escapes, invalid UTF-8) parses back to
@@ -10,7 +10,18 @@
  * - display names cleaned for the environment: no control characters, whole characters only.
  */
 
-#include "pam_kioskauth.c"
+#define _GNU_SOURCE
+
+#include <limits.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "conversation.h"
+#include "json.h"
+#include "login.h"
+#include "person.h"
 
 #define CHECK(condition)                                                                           \
     do {                                                                                           \

@@ -7,11 +7,14 @@ them, mutated: bytes flipped, inserted, deleted or repeated, the message cut sho
 inside, a field's value swapped for another type, deep nesting, long strings, unknown methods,
 `more`/`oneway` set at random. Workers send them over many connections (a few frames pipelined
 on each, replies read but not waited for long) as root and, under setpriv, as an unprivileged uid.
+After the frames, a burst of connections (100) each holds an unfinished call of 60,000 bytes, all
+buffered by the daemon at once, and closes.
 
 Meanwhile the driver counts
   crashes  the daemon process exited;
   hangs    a GetStatus on a fresh connection, sent every half second, did not answer within 2 s;
-  RSS      VmRSS of the daemon from /proc/PID/status, after the warm-up and at the end.
+  RSS      VmRSS and RssAnon of the daemon from /proc/PID/status, after the warm-up and at the end
+           (each after a quiet 3 s).
 
 `run(daemon, frames=..., ...)` is what tests/test_socket_fuzz.py and bench/socket_fuzz.py call;
 `python3 socket_fuzz.py worker SOCKET INTERFACE-FILE SEED FRAMES ROLE` is one worker (so that it
@@ -190,9 +193,11 @@ def worker(socket_path: str, interface_file: str, seed: int, frames: int, role: 
     return 0
 
 
-def rss_kib(pid: int) -> int:
+def rss_kib(pid: int, field: str = "VmRSS") -> int:
+    """A figure from /proc/PID/status in KiB: VmRSS, or RssAnon (the heap, arenas and stacks:
+    what the daemon's own allocations can grow; the rest is its mapped binary and libraries)."""
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
+        if line.startswith(field + ":"):
             return int(line.split()[1])
     return 0
 
@@ -220,10 +225,35 @@ def probe(socket_path: str, deadline: float = 2.0) -> float | None:
         return None
 
 
+def large_frames(socket_path: str, connections: int, size: int, hold: float = 1.0) -> int:
+    """Opens `connections` connections at once, each sending `size` bytes of one call that never
+    ends (no NUL), holds them for `hold` seconds and closes them: the daemon buffers every one of
+    them at the same time. Returns the connections that got their bytes in."""
+    socks = []
+    payload = b'{"method":"io.kioskauth.GetStatus","parameters":{"x":"' + b"a" * size
+    try:
+        for _ in range(connections):
+            s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            s.settimeout(2)
+            try:
+                s.connect(socket_path)
+                s.sendall(payload)
+            except OSError:
+                s.close()
+                continue
+            socks.append(s)
+        time.sleep(hold)
+        return len(socks)
+    finally:
+        for s in socks:
+            s.close()
+
+
 def run(daemon, frames: int, warmup: int, workers_root: int = 2, workers_user: int = 2, user: str = "nobody",
-        seed: int = 1, log=lambda *a: None) -> dict:
+        seed: int = 1, large_connections: int = 100, large_size: int = 60_000, log=lambda *a: None) -> dict:
     """Fuzzes `daemon` (a tests/kioskauth_testing.Daemon, running) with `warmup` frames, takes
-    its RSS, then `frames` more; returns the counts and RSS figures."""
+    its RSS, then `frames` more and a burst of `large_connections` connections each holding
+    `large_size` bytes of an unfinished call; returns the counts and RSS figures."""
     sys.path.insert(0, str(HERE.parent))
     from kioskauth_testing import as_user, raw_call
 
@@ -276,14 +306,22 @@ def run(daemon, frames: int, warmup: int, workers_root: int = 2, workers_user: i
 
     start = time.monotonic()
     result["frames"] += phase(warmup, seed)
-    time.sleep(1.0)
+    # Quiet for a moment first: the daemon returns freed memory half a second after connections
+    # close (once it has processed the closes: seconds on a loaded machine with a debug build).
+    time.sleep(3.0)
     result["rss_warm_kib"] = rss_kib(pid) if daemon.proc.poll() is None else 0
-    log(f"warm-up: {result['frames']} frames, RSS {result['rss_warm_kib']} KiB")
+    result["anon_warm_kib"] = rss_kib(pid, "RssAnon") if daemon.proc.poll() is None else 0
+    log(f"warm-up: {result['frames']} frames, RSS {result['rss_warm_kib']} KiB, anonymous {result['anon_warm_kib']} KiB")
     if not result["crashes"]:
         result["frames"] += phase(frames, seed + 1)
+    if not result["crashes"] and large_connections:
+        result["large_frames"] = large_frames(daemon.socket, large_connections, large_size)
+        if daemon.proc.poll() is not None:
+            result["crashes"] += 1
     result["seconds"] = round(time.monotonic() - start, 1)
-    time.sleep(1.0)
+    time.sleep(3.0)
     result["rss_end_kib"] = rss_kib(pid) if daemon.proc.poll() is None else 0
+    result["anon_end_kib"] = rss_kib(pid, "RssAnon") if daemon.proc.poll() is None else 0
     if daemon.proc.poll() is not None and not result["crashes"]:
         result["crashes"] = 1
     result["exit_status"] = daemon.proc.poll()

@@ -108,3 +108,23 @@ def test_concurrent_wrong_activation_codes_check_exactly_the_terminal_limit(make
     assert sorted(results) == ["ActivationCodeWrong"] * 5 + ["ActivationPaused"] * 7, results
     checked = [e for e in audit_events(d) if e["action"] == "activation.check" and e["result"] == "failure"]
     assert len(checked) == 5
+
+
+def test_a_passcode_storm_beyond_the_hashing_queue_is_refused_busy_and_not_counted(make_daemon):
+    """Argon2id runs on a bounded pool: with one worker and no queue, of 8 concurrent passcodes
+    one is checked and the rest are refused at once with Busy, before they count as attempts."""
+    d = make_daemon(config="[Store]\nPasscodeHashMemoryKiB=65536\nPasscodeHashIterations=3\n"
+                    "PasscodeHashWorkers=1\nPasscodeHashQueue=0\n[Passcode]\nLockoutDelaysSec=0\n"
+                    "[Fingerprint]\nEnabled=no\n")
+    d.start()
+    assert d.ctl("user", "add", "sarah").returncode == 0
+    assert d.ctl("passcode", "set", "sarah", input="482913\n482913\n").returncode == 0
+    results = concurrently(8, lambda: Connection(d.socket),
+                           lambda c: c.call("VerifyPasscode", {"name": "sarah", "passcode": "111111"}))
+    checked = results.count("WrongPasscode")
+    assert checked >= 1 and results.count("Busy") >= 1, results
+    assert checked + results.count("Busy") == 8, results
+    person = d.call("io.kioskauth.GetPerson", {"name": "sarah"})["parameters"]["person"]
+    assert person["passcodeFailures"] == checked, (person, results)
+    # A Busy reply leaves the connection usable, and the pool free again takes the next call.
+    assert "error" not in d.call("io.kioskauth.VerifyPasscode", {"name": "sarah", "passcode": "482913"})

@@ -136,7 +136,8 @@ def test_packages_shipTheirFiles(packages):
     for path in ("/usr/sbin/kioskauthd", "/usr/bin/kioskauthctl", "/usr/libexec/kioskauth/kioskauth-store-key",
                  "/lib/systemd/system/kioskauthd.socket", "/lib/systemd/system/kioskauthd.service",
                  "/lib/systemd/system/kioskauthd-store-key.service", "/usr/lib/sysusers.d/kioskauth.conf",
-                 "/usr/lib/tmpfiles.d/kioskauth.conf", "/lib/udev/rules.d/70-kioskauth.rules",
+                 "/usr/lib/tmpfiles.d/kioskauth.conf", "/usr/lib/systemd/catalog/kioskauth.catalog",
+                 "/lib/udev/rules.d/70-kioskauth.rules",
                  "/usr/share/man/man8/kioskauthd.8.gz", "/usr/share/man/man1/kioskauthctl.1.gz",
                  "/usr/share/bash-completion/completions/kioskauthctl", "/etc/kioskauth/kioskauthd.conf.d/"):
         assert path in daemon, f"kioskauth lacks {path}"

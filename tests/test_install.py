@@ -39,6 +39,7 @@ def expected_files(install) -> dict[str, int]:
         f"{unit_dir}/kioskauthd-store-key.service": 0o644,
         install.make_variable("SYSUSERSDIR") + "/kioskauth.conf": 0o644,
         install.make_variable("TMPFILESDIR") + "/kioskauth.conf": 0o644,
+        install.make_variable("CATALOGDIR") + "/kioskauth.catalog": 0o644,
         install.make_variable("UDEVDIR") + "/rules.d/70-kioskauth.rules": 0o644,
         "/usr/share/doc/kioskauth/examples/idp-network.conf": 0o644,
         "/usr/share/doc/kioskauth/examples/audit-delivery.conf": 0o644,
@@ -87,6 +88,7 @@ def test_install_underPrefixUsrLocal_followsThePrefix(tmp_path):
     assert service["Service"]["ExecStart"] == ["/usr/local/sbin/kioskauthd"]
     assert (install.root / "usr/local/sbin/kioskauthd").is_file()
     assert (install.root / "usr/local/lib/sysusers.d/kioskauth.conf").is_file()
+    assert (install.root / "usr/local/lib/systemd/catalog/kioskauth.catalog").is_file()
     assert (install.root / "usr/local/lib/udev/rules.d/70-kioskauth.rules").is_file()
     assert (install.root / "usr/local/share/man/man8/kioskauthd.8").is_file()
     # The daemon's configuration stays in /etc whatever the prefix.

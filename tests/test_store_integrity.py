@@ -3,6 +3,9 @@ unnoticed (issue #11 items 3, 8 and 13)."""
 
 import json
 import sqlite3
+import time
+
+from kioskauth_testing import FAST_HASH_CONFIG
 
 from test_core_e2e import add, set_passcode
 
@@ -137,3 +140,76 @@ def test_a_sealed_passcode_rewritten_as_text_is_store_integrity_not_no_passcode(
     r = daemon.call("io.kioskauth.VerifyPasscode", {"name": "sarah", "passcode": "482913"})
     assert r.get("error") == "io.kioskauth.StoreIntegrity", r
     assert any(e["action"] == "store.integrity" and e.get("person") == "sarah" for e in audit_events(daemon))
+
+
+def test_an_entry_edited_before_the_checkpoint_is_found_by_audit_verify_and_the_scheduled_check(make_daemon):
+    """Start-up checks the chain only from the sealed checkpoint (the anchored head) on, so it
+    starts; `audit verify` and the scheduled full check still find the edit, and the scheduled
+    check reports it as start-up would (one line naming the database, exit status 78)."""
+    daemon = make_daemon(config=FAST_HASH_CONFIG + "AuditVerifyInterval=3600\n").start()
+    for name in ("sarah", "omar", "lena"):
+        add(daemon, name)
+    daemon.stop()
+    database = daemon.state / "kioskauth.sqlite"
+    with sqlite3.connect(database) as conn:
+        (anchored,) = conn.execute("SELECT MAX(seq) FROM audit").fetchone()
+        conn.execute("UPDATE audit SET detail = 'nothing to see' WHERE seq = 2")
+    assert anchored > 2
+    daemon.start()
+    r = daemon.ctl("audit", "verify")
+    assert r.returncode == 1 and "entry 2 does not match its MAC" in r.stdout, r.stdout
+    daemon.stop()
+    # The scheduled check, every second here: the daemon stops with the start-up refusal's line.
+    daemon.config_path.write_text(FAST_HASH_CONFIG + "AuditVerifyInterval=1\n")
+    before = daemon.log_text()
+    daemon.start()
+    assert daemon.wait_exit(timeout=30) == 78
+    said = daemon.log_text()[len(before):]
+    assert f"{database}: audit entry 2 does not match its MAC" in said, said
+
+
+def test_the_scheduled_check_passes_an_intact_chain_and_keeps_serving(make_daemon):
+    daemon = make_daemon(config=FAST_HASH_CONFIG + "AuditVerifyInterval=0.5\n").start()
+    for name in ("sarah", "omar"):
+        add(daemon, name)
+    deadline = time.monotonic() + 20
+    while "audit chain verified" not in daemon.log_text() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert "audit chain verified" in daemon.log_text()
+    assert daemon.proc.poll() is None
+    assert daemon.ctl("status").returncode == 0
+
+
+def test_a_tampered_checkpoint_is_refused_at_start(daemon):
+    """The checkpoint is sealed: moving it (another entry's sequence and MAC under the old seal)
+    or editing its seal is refused before serving, so start-up cannot be talked into skipping
+    the entries after the real one."""
+    for name in ("sarah", "omar"):
+        add(daemon, name)
+    daemon.stop()
+    anchor = daemon.state / "audit-head"
+    original = anchor.read_bytes()
+    # Claim a later checkpoint than the real one, keeping the seal: it no longer checks out.
+    def forge(edit):
+        slots = []
+        for index in range(2):
+            fields = original[index * 256:(index + 1) * 256].decode().split("\n")[0].split(" ")
+            edit(fields)
+            slots.append((" ".join(fields) + "\n").ljust(256).encode())
+        return b"".join(slots)
+
+    def later(fields):
+        fields[2] = str(int(fields[2]) + 2)
+
+    def reseal(fields):
+        fields[4] = fields[4][:-1] + ("0" if fields[4][-1] != "0" else "1")
+
+    for forged in (forge(later), forge(reseal)):
+        anchor.write_bytes(forged)
+        before = daemon.log_text()
+        daemon.start(expect_ready=False)
+        assert daemon.wait_exit() == 78
+        assert "does not check out" in daemon.log_text()[len(before):]
+    anchor.write_bytes(original)
+    daemon.start()
+    assert daemon.ctl("audit", "verify").returncode == 0

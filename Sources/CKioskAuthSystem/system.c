@@ -1,1 +1,36 @@
+#include "kioskauth_datagram.h"
 #include "kioskauth_system.h"
+
+#include <errno.h>
+#include <malloc.h>
+#include <stddef.h>
+#include <string.h>
+#include <sys/un.h>
+
+int kioskauth_send_datagram(int fd, const char *path, const void *data, size_t length) {
+    struct sockaddr_un address = {.sun_family = AF_UNIX};
+    size_t path_length = strlen(path);
+    if (path_length == 0 || path_length >= sizeof(address.sun_path))
+        return -ENAMETOOLONG;
+    memcpy(address.sun_path, path, path_length);
+    socklen_t address_length =
+        (socklen_t)(offsetof(struct sockaddr_un, sun_path) + path_length + 1);
+    for (;;) {
+        ssize_t sent = sendto(fd, data, length, MSG_NOSIGNAL, (const struct sockaddr *)&address,
+                              address_length);
+        if (sent >= 0)
+            return 0;
+        if (errno != EINTR)
+            return -errno;
+    }
+}
+
+void kioskauth_bound_allocator(int arenas, int threshold) {
+    mallopt(M_ARENA_MAX, arenas);
+    mallopt(M_TRIM_THRESHOLD, threshold);
+    mallopt(M_MMAP_THRESHOLD, threshold);
+}
+
+void kioskauth_release_free_memory(void) {
+    malloc_trim(0);
+}

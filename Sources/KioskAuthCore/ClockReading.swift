@@ -11,7 +11,7 @@
 // Nothing in this module reads a clock: the daemon takes readings and passes them in, and tests
 // construct them, so every rule can be exercised at an exact second.
 
-public import Foundation
+public import FoundationEssentials
 
 /// One observation of the terminal's clocks, taken by the daemon at a single moment.
 ///

@@ -27,7 +27,7 @@
 // backwards step is reported once rather than on every reading until the wall clock catches up.
 // Local people have no window.
 
-public import Foundation
+public import FoundationEssentials
 
 /// Decides whether an IdP person may still unlock offline, in a way that setting the clock back
 /// can never extend.

@@ -37,7 +37,7 @@
 //   Moving the clock only moves when refreshes happen; it cannot let anybody unlock for longer,
 //   because the offline window (OfflineWindow.swift) is measured separately.
 
-public import Foundation
+public import FoundationEssentials
 
 /// When a person's current access token was obtained and when it expires.
 public struct AccessTokenLifetime: Sendable, Hashable, Codable {

@@ -21,7 +21,7 @@
 // started in: a scan that began before a lock never unlocks after it, and step-up never accepts an
 // authentication from before the last lock, however recent.
 
-public import Foundation
+public import FoundationEssentials
 
 /// The lifecycle of one session: idle timeout, overnight cut-off, maximum age, lock epoch and
 /// step-up, decided from clock readings alone.

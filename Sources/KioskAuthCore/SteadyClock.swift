@@ -1,4 +1,4 @@
-public import Foundation
+public import FoundationEssentials
 
 /// Terminal steady time: the clock every lockout delay, pause, limiter window and ticket lifetime
 /// runs on.

@@ -18,54 +18,80 @@ public struct APIError: Error, CustomStringConvertible, Sendable {
 
     public var description: String { "\(name) \(parameters)" }
 
-    static func own(_ name: String, _ parameters: [String: JSONValue] = [:], closesConnection: Bool = false) -> APIError
-    {
-        APIError(VarlinkErrorName.own(name), parameters, closesConnection: closesConnection)
+    /// An error the interface declares, with parameters among those it declares.
+    init(
+        _ error: VarlinkErrorDescriptor, _ parameters: [String: JSONValue] = [:], closesConnection: Bool = false
+    ) {
+        assert(parameters.keys.allSatisfy(error.fields.contains), "\(error) declares no such parameter")
+        self.init(error.qualifiedName, parameters, closesConnection: closesConnection)
     }
 
-    static func noSuchPerson(_ name: String) -> APIError { own("NoSuchPerson", ["name": .string(name)]) }
-    static func personExists(_ name: String) -> APIError { own("PersonExists", ["name": .string(name)]) }
-    static func permissionDenied(_ reason: String) -> APIError { own("PermissionDenied", ["reason": .string(reason)]) }
+    /// An error of io.kioskauth by its name, which the interface must declare.
+    static func own(_ name: String, _ parameters: [String: JSONValue] = [:], closesConnection: Bool = false) -> APIError
+    {
+        guard let error = KioskAuthError.named[name] else {
+            assertionFailure("io.kioskauth declares no error \(name)")
+            return APIError(VarlinkErrorName.own(name), parameters, closesConnection: closesConnection)
+        }
+        return APIError(error, parameters, closesConnection: closesConnection)
+    }
+
+    static func noSuchPerson(_ name: String) -> APIError {
+        APIError(KioskAuthError.noSuchPerson, ["name": .string(name)])
+    }
+    static func personExists(_ name: String) -> APIError {
+        APIError(KioskAuthError.personExists, ["name": .string(name)])
+    }
+    static func permissionDenied(_ reason: String) -> APIError {
+        APIError(KioskAuthError.permissionDenied, ["reason": .string(reason)])
+    }
     static func invalidInput(_ field: String, _ message: String) -> APIError {
-        own("InvalidInput", ["field": .string(field), "message": .string(message)])
+        APIError(KioskAuthError.invalidInput, ["field": .string(field), "message": .string(message)])
     }
     static func invalidParameter(_ parameter: String) -> APIError {
-        APIError(VarlinkErrorName.invalidParameter, ["parameter": .string(parameter)])
+        APIError(VarlinkServiceError.invalidParameter, ["parameter": .string(parameter)])
     }
     static func methodNotFound(_ method: String) -> APIError {
-        APIError(VarlinkErrorName.methodNotFound, ["method": .string(method)])
+        APIError(VarlinkServiceError.methodNotFound, ["method": .string(method)])
     }
     static func interfaceNotFound(_ interface: String) -> APIError {
-        APIError(VarlinkErrorName.interfaceNotFound, ["interface": .string(interface)])
+        APIError(VarlinkServiceError.interfaceNotFound, ["interface": .string(interface)])
     }
     static func malformed(_ reason: String) -> APIError {
-        own("MalformedMessage", ["reason": .string(reason)], closesConnection: true)
+        APIError(KioskAuthError.malformedMessage, ["reason": .string(reason)], closesConnection: true)
     }
     static func tooLarge(_ limit: Int) -> APIError {
-        own("MessageTooLarge", ["limit": .number(Double(limit))], closesConnection: true)
+        APIError(KioskAuthError.messageTooLarge, ["limit": .number(Double(limit))], closesConnection: true)
     }
     static func tooManyConnections(_ limit: Int) -> APIError {
-        own("TooManyConnections", ["limit": .number(Double(limit))], closesConnection: true)
+        APIError(KioskAuthError.tooManyConnections, ["limit": .number(Double(limit))], closesConnection: true)
     }
     static func idleTimeout(_ seconds: Int) -> APIError {
-        own("IdleTimeout", ["seconds": .number(Double(seconds))], closesConnection: true)
+        APIError(KioskAuthError.idleTimeout, ["seconds": .number(Double(seconds))], closesConnection: true)
     }
     static func rateLimited(_ limit: Int, retryAfter: Double) -> APIError {
-        own(
-            "RateLimited",
+        APIError(
+            KioskAuthError.rateLimited,
             ["limit": .number(Double(limit)), "retryAfter": .number((retryAfter * 1000).rounded(.up) / 1000)])
     }
-    static let shuttingDown = own("ShuttingDown", closesConnection: true)
-    static let ticketInvalid = own("TicketInvalid")
+    static func internalError(_ reason: String) -> APIError {
+        APIError(KioskAuthError.internalError, ["reason": .string(reason)])
+    }
+    static let shuttingDown = APIError(KioskAuthError.shuttingDown, closesConnection: true)
+    static let ticketInvalid = APIError(KioskAuthError.ticketInvalid)
+    static let expectedMore = APIError(VarlinkServiceError.expectedMore)
+    static func busy(pending: Int, retryAfter: Double) -> APIError {
+        APIError(KioskAuthError.busy, ["pending": .number(Double(pending)), "retryAfter": .number(retryAfter)])
+    }
 
     /// The store's failures as API errors. Database failures say nothing about the data.
     static func store(_ error: StoreError) -> APIError {
         switch error.code {
-        case .noSuchPerson: own("NoSuchPerson", ["name": .string("")])
-        case .personExists: own("PersonExists", ["name": .string("")])
-        case .integrity, .wrongKey, .rollback: own("StoreIntegrity", ["reason": .string(error.message)])
-        case .keyUnavailable, .futureSchema, .database, .readOnly:
-            own("InternalError", ["reason": .string("the store failed; see the journal")])
+        case .noSuchPerson: noSuchPerson("")
+        case .personExists: personExists("")
+        case .integrity, .wrongKey, .rollback:
+            APIError(KioskAuthError.storeIntegrity, ["reason": .string(error.message)])
+        case .keyUnavailable, .futureSchema, .database, .readOnly: internalError("the store failed; see the journal")
         }
     }
 }

@@ -44,6 +44,9 @@ public struct AuditAction: Sendable, Hashable, CustomStringConvertible {
 
     static let lockoutReset = AuditAction("lockout.reset")
 
+    static let metrics = AuditAction("metrics")
+
+    static let passcodeBusy = AuditAction("passcode.busy")
     static let passcodeSet = AuditAction("passcode.set")
     static let passcodeVerify = AuditAction("passcode.verify")
 

@@ -31,19 +31,21 @@ final class AuditTrail {
     let now: @Sendable () -> Date
     let access: AccessControl
     let auditDelivery: AuditDeliveryMonitor?
+    let metrics: DaemonMetrics
     nonisolated let refusalSummaryInterval: TimeInterval
     /// Refusals of unprivileged callers awaiting their summary audit entry.
     nonisolated let refusals = RefusalSummaries()
 
     nonisolated init(
         store: Store, logger: Logger, now: @escaping @Sendable () -> Date, access: AccessControl,
-        auditDelivery: AuditDeliveryMonitor?, refusalSummaryInterval: TimeInterval
+        auditDelivery: AuditDeliveryMonitor?, metrics: DaemonMetrics, refusalSummaryInterval: TimeInterval
     ) {
         self.store = store
         self.logger = logger
         self.now = now
         self.access = access
         self.auditDelivery = auditDelivery
+        self.metrics = metrics
         self.refusalSummaryInterval = refusalSummaryInterval
     }
 
@@ -104,6 +106,7 @@ final class AuditTrail {
     ) {
         if result == .refused, let caller, !access.isPrivileged(caller) {
             logger.debug("refused", metadata: ["action": "\(action)", "uid": "\(caller.uid)"])
+            metrics.observeAudit(action: action.rawValue, result: result.rawValue, method: method)
             tallyRefusal(caller, action: action, rateLimited: false)
             return
         }
@@ -130,13 +133,28 @@ final class AuditTrail {
     /// Writes an appended entry's journal line and nudges audit delivery.
     private func journal(_ entry: AuditEntry) {
         auditDelivery?.entryAppended()
-        logger.info(
-            "audit",
-            metadata: [
-                "action": "\(entry.record.action)", "result": "\(entry.record.result)",
-                "person": "\(entry.record.person ?? "-")", "audit_seq": "\(entry.sequence)",
-                "audit_head": "\(entry.macHex)",
-            ])
+        journalLine(entry)
+    }
+
+    /// Writes the journal message of an appended audit entry and counts it in the metrics.
+    ///
+    /// The message carries the entry's `MESSAGE_ID` (one per kind of event, explained in the
+    /// journal catalog) and the fields admins filter on: `KIOSKAUTH_ACTION`, `KIOSKAUTH_RESULT`,
+    /// `KIOSKAUTH_METHOD` (when the event is an authentication) and `KIOSKAUTH_PERSON_ID` (the
+    /// person's login name, the identifier every kioskauthctl command and the audit trail use),
+    /// besides `audit_seq` and `audit_head`, which anchor the trail outside its table.
+    private func journalLine(_ entry: AuditEntry) {
+        let record = entry.record
+        var metadata: Logger.Metadata = [
+            "action": "\(record.action)", "result": "\(record.result)", "person": "\(record.person ?? "-")",
+            "audit_seq": "\(entry.sequence)", "audit_head": "\(entry.macHex)",
+            "MESSAGE_ID": "\(AuditMessageID.of(record.action))",
+            "KIOSKAUTH_ACTION": "\(record.action)", "KIOSKAUTH_RESULT": "\(record.result)",
+        ]
+        if let person = record.person { metadata["KIOSKAUTH_PERSON_ID"] = "\(person)" }
+        if let method = record.method { metadata["KIOSKAUTH_METHOD"] = "\(method)" }
+        logger.info("audit", metadata: metadata)
+        metrics.observeAudit(action: record.action, result: record.result, method: record.method)
     }
 
     /// Records an authentication's outcome (counters, unlock time, audit) in one durable commit,
@@ -176,15 +194,7 @@ final class AuditTrail {
             entries = tx.appendedAudit
             return result
         }
-        for entry in entries {
-            logger.info(
-                "audit",
-                metadata: [
-                    "action": "\(entry.record.action)", "result": "\(entry.record.result)",
-                    "person": "\(entry.record.person ?? "-")", "audit_seq": "\(entry.sequence)",
-                    "audit_head": "\(entry.macHex)",
-                ])
-        }
+        for entry in entries { journalLine(entry) }
         if !entries.isEmpty { auditDelivery?.entryAppended() }
         return result
     }

@@ -22,7 +22,7 @@ public final class Authority {
     let context: AuthorityContext
 
     public nonisolated init(
-        store: Store, configuration: DaemonConfiguration, groups: AccessGroups, hashingPool: NIOThreadPool,
+        store: Store, configuration: DaemonConfiguration, groups: AccessGroups, hashingPool: HashingPool,
         isSocketActivated: Bool, usesDevelopmentKey: Bool, reader: FingerprintReader?, logger: Logger,
         services: OnlineServices = OnlineServices(), accounts: SystemAccounts = .system(),
         now: @escaping @Sendable () -> Date = { Date() }
@@ -69,6 +69,9 @@ public final class Authority {
         trail.audit(
             caller, action: action, result: result, person: person, method: method, service: service, detail: detail)
     }
+
+    /// `GetStatus` on the connection's event loop (see `TerminalAuthority.immediateStatus`).
+    nonisolated func immediateStatus(_ caller: Caller) -> Message.Status? { terminal.immediateStatus(caller) }
 
     /// Loads the online state (see `OnlineAuthority.startOnline`).
     public func startOnline() { online.startOnline() }

@@ -16,7 +16,7 @@ final class AuthorityContext {
     let configuration: DaemonConfiguration
     let logger: Logger
     let now: @Sendable () -> Date
-    let hashingPool: NIOThreadPool
+    let hashingPool: HashingPool
     let startedAt: Date
     let isSocketActivated: Bool
     let usesDevelopmentKey: Bool
@@ -35,7 +35,7 @@ final class AuthorityContext {
     var fingersMissingFromSensor: [Int64: Set<String>] = [:]
 
     nonisolated init(
-        store: Store, configuration: DaemonConfiguration, access: AccessControl, hashingPool: NIOThreadPool,
+        store: Store, configuration: DaemonConfiguration, access: AccessControl, hashingPool: HashingPool,
         isSocketActivated: Bool, usesDevelopmentKey: Bool, reader: FingerprintReader?, logger: Logger,
         services: OnlineServices, now: @escaping @Sendable () -> Date
     ) {
@@ -52,6 +52,7 @@ final class AuthorityContext {
         self.startedAt = now()
         self.trail = AuditTrail(
             store: store, logger: logger, now: now, access: access, auditDelivery: services.auditDelivery,
+            metrics: services.metrics,
             refusalSummaryInterval: configuration.access.refusalSummaryInterval)
     }
 

@@ -66,6 +66,14 @@ public struct DaemonConfiguration: Sendable {
         public var passcodeHashIterations = 3
         /// Argon2id lanes for new passcodes.
         public var passcodeHashParallelism = 1
+        /// Seconds between full verifications of the audit chain while running (0: never). The
+        /// check before serving covers only the entries after the sealed checkpoint (the anchored
+        /// head); this one, like `audit verify`, recomputes the whole chain.
+        public var auditVerifyInterval: TimeInterval = 86400
+        /// Threads that run Argon2id (0: one fewer than the processors, at least one).
+        public var passcodeHashWorkers = 0
+        /// Hashes that may wait for a worker; beyond that a passcode call is refused (`Busy`).
+        public var passcodeHashQueue = 16
     }
 
     /// Passcode rules and lockout.
@@ -138,6 +146,8 @@ public struct DaemonConfiguration: Sendable {
     public var session = Session()
     /// Audit delivery (off unless `[AuditDelivery] Endpoint` is set).
     public var auditDelivery = AuditDelivery()
+    /// The metrics textfile (off unless `[Metrics] TextfilePath` is set).
+    public var metrics = Metrics()
     /// Log level: trace, debug, info, notice, warning, error, critical.
     public var logLevel = "info"
 
@@ -255,6 +265,9 @@ public struct DaemonConfiguration: Sendable {
         case ("Store", "PasscodeHashMemoryKiB"): store.passcodeHashMemoryKiB = try int(value, 8...(4 * 1024 * 1024))
         case ("Store", "PasscodeHashIterations"): store.passcodeHashIterations = try int(value, 1...100)
         case ("Store", "PasscodeHashParallelism"): store.passcodeHashParallelism = try int(value, 1...16)
+        case ("Store", "AuditVerifyInterval"): store.auditVerifyInterval = try seconds(value)
+        case ("Store", "PasscodeHashWorkers"): store.passcodeHashWorkers = try int(value, 0...64)
+        case ("Store", "PasscodeHashQueue"): store.passcodeHashQueue = try int(value, 0...4096)
         case ("Passcode", "MinimumLength"): passcode.minimumLength = try int(value, 4...64)
         case ("Passcode", "MaximumLength"): passcode.maximumLength = try int(value, 4...64)
         case ("Passcode", "LockoutDelaysSec"): passcode.lockoutDelays = try words(value).map(seconds)
@@ -284,6 +297,7 @@ public struct DaemonConfiguration: Sendable {
         case ("Roles", "Family"): activation.roleDescriptions["family"] = value
         case ("IdentityProvider", _), ("Session", _): return try setOnlineKey(section: section, key: key, value: value)
         case ("AuditDelivery", _): return try setAuditDeliveryKey(key: key, value: value)
+        case ("Metrics", _): return try setMetricsKey(key: key, value: value)
         default: return false
         }
         return true

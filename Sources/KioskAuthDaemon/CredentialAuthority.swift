@@ -150,10 +150,28 @@ final class CredentialAuthority: AuthorityPart {
 
     // MARK: Passcodes
 
-    /// Hashes off the actor and off the event loops: Argon2id takes a tenth of a second.
-    func hash<T: Sendable>(_ body: @escaping @Sendable () throws(StoreError) -> T) async throws(APIError) -> T {
+    /// A place in the hashing pool, or `Busy` when its workers and queue are full (tallied in the
+    /// caller's refusal summary). Taken before anything that only the hash's outcome would undo.
+    func reserveHash(_ caller: Caller) throws(APIError) -> HashingPool.Permit {
         do {
-            return try await context.hashingPool.runIfActive { () throws -> T in try body() }
+            return try context.hashingPool.reserve()
+        } catch {
+            context.trail.tallyRefusal(caller, action: .passcodeBusy, rateLimited: false)
+            throw APIError.busy(pending: error.pending, retryAfter: error.retryAfter)
+        }
+    }
+
+    /// Hashes off the actor and off the event loops, on the bounded pool: Argon2id takes a tenth
+    /// of a second.
+    func hash<T: Sendable>(
+        _ caller: Caller, permit: HashingPool.Permit? = nil, _ body: @escaping @Sendable () throws(StoreError) -> T
+    ) async throws(APIError) -> T {
+        let taken: HashingPool.Permit
+        if let permit { taken = permit } else { taken = try reserveHash(caller) }
+        do {
+            return try await context.hashingPool.run(taken) { () throws -> T in try body() }
+        } catch is CancellationError {
+            throw APIError.own("InternalError", ["reason": .string("hashing cancelled")])
         } catch let error as StoreError {
             throw APIError.store(error)
         } catch {
@@ -187,7 +205,7 @@ final class CredentialAuthority: AuthorityPart {
         }
         let passcode = input.passcode
         let parameters = hashParameters
-        let verifier = try await hash { () throws(StoreError) in
+        let verifier = try await hash(caller) { () throws(StoreError) in
             try PasscodeVerifier.make(passcode: passcode, parameters: parameters)
         }
         if !groups.isAdmin(caller), let ticket = input.ticket, !consumeTicket(ticket, person: person, caller: caller) {
@@ -318,6 +336,8 @@ final class CredentialAuthority: AuthorityPart {
                 service: service, detail: "no passcode set")
             throw APIError.own("NoPasscode", ["name": .string(name.rawValue)])
         }
+        // A full hashing queue refuses the attempt before it counts as one.
+        let permit = try reserveHash(caller)
         // Count the attempt as failed, durably, before checking it: a daemon killed mid-check
         // (or a flood of concurrent attempts) never yields a free try. Success undoes it below.
         let before = person.failures
@@ -327,7 +347,7 @@ final class CredentialAuthority: AuthorityPart {
             try store.saveFailures(pessimistic, for: person, now: started)
         }
         let passcode = input.passcode
-        let matched = try await hash { () throws(StoreError) in try verifier.matches(passcode) }
+        let matched = try await hash(caller, permit: permit) { () throws(StoreError) in try verifier.matches(passcode) }
         if matched {
             var cleared = before
             _ = credentialGuard.recordPasscode(matched: true, in: &cleared, now: started)
@@ -355,6 +375,7 @@ final class CredentialAuthority: AuthorityPart {
         audit(
             caller, action: .passcodeVerify, result: .failure, person: name.rawValue, method: "passcode",
             service: service, detail: "failures=\(pessimistic.passcodeFailures)")
+        countLockout(from: before, to: pessimistic)
         var parameters: [String: JSONValue] = ["failures": .number(Double(pessimistic.passcodeFailures))]
         switch outcome {
         case .rejected(next: .delayed(let until)):

@@ -217,7 +217,7 @@ extension CredentialAuthority {
         }
         let passcode = input.passcode
         let parameters = hashParameters
-        let verifier = try await hash { () throws(StoreError) in
+        let verifier = try await hash(caller) { () throws(StoreError) in
             try PasscodeVerifier.make(passcode: passcode, parameters: parameters)
         }
         guard consumeActivationTicket(input.ticket, caller: caller) != nil,

@@ -68,6 +68,34 @@ public enum Daemon {
     public static func run(
         paths: DaemonPaths, developmentKeyFile: Bool, acceptStoreRollback: Bool = false, logger baseLogger: Logger
     ) async throws {
+        MemoryBounds.boundAllocator()
+        let loaded = try loadConfiguration(paths: paths, logger: baseLogger)
+        let logger = loaded.logger
+        let clock = DaemonClock.system()
+        if clock.isTestClock {
+            logger.warning(
+                "TEST CLOCK ACTIVE: readings are shifted by KIOSKAUTH_TEST_CLOCK_FILE (debug build, tests only)")
+        }
+        let notifier = SystemdNotifier()
+        let (store, source) = try openStore(
+            paths: paths, configuration: loaded.configuration, developmentKeyFile: developmentKeyFile,
+            acceptStoreRollback: acceptStoreRollback, logger: logger)
+        defer { store.close() }
+        try await serve(
+            paths: paths, loaded: loaded, store: store, keySource: source, clock: clock, notifier: notifier)
+    }
+
+    /// What start-up reads before touching the store: the configuration, the logger at its
+    /// configured level, and the identity-provider and audit-endpoint settings.
+    struct LoadedConfiguration {
+        var configuration: DaemonConfiguration
+        var logger: Logger
+        var identityProvider: IdentityProviderConfiguration?
+        var auditEndpoint: AuditEndpointClient?
+    }
+
+    /// Loads and checks the configuration and the credentials it names.
+    static func loadConfiguration(paths: DaemonPaths, logger baseLogger: Logger) throws -> LoadedConfiguration {
         var logger = baseLogger
         let configuration: DaemonConfiguration
         do {
@@ -102,14 +130,16 @@ public enum Daemon {
                     exitCode: StartupError.configurationExitCode)
             }
         }
-        let clock = DaemonClock.system()
-        if clock.isTestClock {
-            logger.warning(
-                "TEST CLOCK ACTIVE: readings are shifted by KIOSKAUTH_TEST_CLOCK_FILE (debug build, tests only)")
-        }
-        let notifier = SystemdNotifier()
-        let readyLogger = logger
+        return LoadedConfiguration(
+            configuration: configuration, logger: logger, identityProvider: identityProviderConfiguration,
+            auditEndpoint: auditEndpoint)
+    }
 
+    /// Loads the store key and opens the store, checking it before anything is served.
+    static func openStore(
+        paths: DaemonPaths, configuration: DaemonConfiguration, developmentKeyFile: Bool, acceptStoreRollback: Bool,
+        logger: Logger
+    ) throws -> (Store, StoreKeySource) {
         try createDirectory(paths.stateDirectory, mode: 0o700)
         let storeExists = FileManager.default.fileExists(atPath: paths.database)
         let key: StoreKey
@@ -129,7 +159,6 @@ public enum Daemon {
         } catch {
             throw startupError(error, database: paths.database)
         }
-        defer { store.close() }
         #if DEBUG
             // Test-only: audit appends of these actions fail (debug builds; see Store.failingAuditActions).
             if let actions = ProcessInfo.processInfo.environment["KIOSKAUTH_TEST_FAILING_AUDIT"], !actions.isEmpty {
@@ -145,9 +174,24 @@ public enum Daemon {
             logger.info(
                 "store checked", metadata: ["audit_seq": "\(check.events)", "checked_from": "\(check.checkedFrom)"])
         } catch {
+            store.close()  // the caller closes it only once it is returned
             throw startupError(error, database: paths.database)
         }
 
+        return (store, source)
+    }
+
+    /// Starts the reader, the identity provider, the authority and the long-lived services, serves
+    /// the socket until SIGTERM/SIGINT, and shuts down.
+    static func serve(
+        paths: DaemonPaths, loaded: LoadedConfiguration, store: Store, keySource source: StoreKeySource,
+        clock: DaemonClock, notifier: SystemdNotifier
+    ) async throws {
+        let configuration = loaded.configuration
+        let logger = loaded.logger
+        let readyLogger = logger
+        let identityProviderConfiguration = loaded.identityProvider
+        let auditEndpoint = loaded.auditEndpoint
         let listenFD = SystemdNotifier.listenedSocket()
         SystemdNotifier.unsetListenEnvironment()
         if listenFD == nil {
@@ -155,7 +199,10 @@ public enum Daemon {
         }
 
         let eventLoops = MultiThreadedEventLoopGroup(numberOfThreads: 1)
-        let hashingPool = NIOThreadPool(numberOfThreads: 2)
+        let hashingPool = HashingPool(
+            workers: configuration.store.passcodeHashWorkers > 0
+                ? configuration.store.passcodeHashWorkers : HashingPool.defaultWorkers,
+            queueLimit: configuration.store.passcodeHashQueue)
         hashingPool.start()
         let groups = AccessGroups.resolve(
             admin: configuration.access.adminGroup, authenticator: configuration.access.authenticatorGroup)
@@ -236,6 +283,22 @@ public enum Daemon {
             .init(
                 service: TimekeepingService(
                     authority: authority, wakeup: onlineServices.sessionWakeup, events: onlineServices.events)))
+        if configuration.metrics.writesTextfile {
+            services.append(
+                .init(
+                    service: MetricsTextfileService(
+                        authority: authority, path: configuration.metrics.textfilePath,
+                        interval: .milliseconds(Int64(configuration.metrics.textfileInterval * 1000)), logger: logger)))
+        }
+        if configuration.store.auditVerifyInterval > 0 {
+            services.append(
+                .init(
+                    service: AuditVerificationService(
+                        store: store, database: paths.database,
+                        interval: .milliseconds(Int64(configuration.store.auditVerifyInterval * 1000)), logger: logger
+                    ),
+                    failureTerminationBehavior: .gracefullyShutdownGroup))
+        }
         if let interval = SystemdNotifier.watchdogInterval() {
             services.append(
                 .init(
@@ -257,14 +320,16 @@ public enum Daemon {
             logger.error("stopped with an error", metadata: ["error": "\(error)"])
             await authority.flushRefusalSummaries()
             await authority.audit(nil, action: .daemonStop, result: .failure, detail: "\(error)")
-            try? await hashingPool.shutdownGracefully()
+            hashingPool.shutdown()
             try? await eventLoops.shutdownGracefully()
+            // A refusal found while running (the scheduled chain check) keeps its exit status.
+            if let refusal = error as? StartupError { throw refusal }
             throw StartupError(message: "\(error)")
         }
         notifier.notify("STOPPING=1\nSTATUS=Stopped")
         await authority.flushRefusalSummaries()
         await authority.audit(nil, action: .daemonStop, result: .success)
-        try? await hashingPool.shutdownGracefully()
+        hashingPool.shutdown()
         try? await eventLoops.shutdownGracefully()
         logger.info("stopped")
     }
@@ -309,6 +374,63 @@ struct WatchdogService: Service {
             } catch {
                 return
             }
+        }
+    }
+}
+
+/// Recomputes the whole audit chain every `interval` while serving (the first time after at most
+/// five minutes): the check before serving covers only the entries after the sealed checkpoint,
+/// so an entry edited before it is found here (and by `audit verify`). A broken chain is
+/// reported as start-up reports it, one line naming the database and what is wrong, and stops
+/// the daemon with exit status 78: a daemon must not keep recording on top of an untrusted trail.
+struct AuditVerificationService: Service {
+    let store: Store
+    let database: String
+    let interval: Duration
+    let logger: Logger
+
+    func run() async throws {
+        var wait = min(interval, .seconds(300))
+        while !Task.isCancelled && !Task.isShuttingDownGracefully {
+            let delay = wait
+            do {
+                try await cancelWhenGracefulShutdown { try await Task.sleep(for: delay) }
+            } catch {
+                return
+            }
+            wait = interval
+            let started = ContinuousClock.now
+            let result = await Self.verify(store)
+            switch result {
+            case .success(let verification) where verification.isValid:
+                logger.info(
+                    "audit chain verified",
+                    metadata: [
+                        "audit_seq": "\(verification.events)", "elapsed": "\(ContinuousClock.now - started)",
+                    ])
+            case .success(let verification):
+                let refusal = StartupError(
+                    message: "\(database): audit \(verification.reason ?? "chain is broken")",
+                    exitCode: StartupError.configurationExitCode)
+                logger.critical("\(refusal.message)")
+                throw refusal
+            case .failure(let error):
+                // The store could not be read (busy, I/O): said, and tried again next time.
+                logger.error("audit chain verification failed", metadata: ["error": "\(error.message)"])
+            }
+        }
+    }
+
+    /// Runs the verification on a thread of its own: it is long, synchronous work that must not
+    /// hold a thread of the cooperative pool (the store lock is taken one chunk at a time).
+    static func verify(_ store: Store) async -> Result<AuditChainVerification, StoreError> {
+        await withCheckedContinuation { continuation in
+            let thread = Thread {
+                continuation.resume(
+                    returning: Result { () throws(StoreError) in try store.verifyAudit(trustedHead: nil) })
+            }
+            thread.name = "audit-verify"
+            thread.start()
         }
     }
 }

@@ -4,52 +4,51 @@ import KioskAuthProtocol
 extension Dispatcher {
     /// Routes the identity-provider, connectivity and session methods.
     mutating func registerOnlineMethods(authority: Authority) {
-        let prefix = KioskAuthInterface.name + "."
-        register(prefix + "LoginWithPassword") { (input: Message.LoginWithPassword, caller, _) in
+        register(KioskAuthMethod.loginWithPassword) { (input, caller, _) in
             try await authority.online.loginWithPassword(caller, input)
         }
-        register(prefix + "CheckOnlineLogin") { (input: Message.CheckOnlineLogin, caller, _) in
+        register(KioskAuthMethod.checkOnlineLogin) { (input, caller, _) in
             try await authority.online.checkOnlineLogin(caller, input)
         }
-        register(prefix + "StartDeviceLogin") { (input: Message.StartDeviceLogin, caller, sink) in
+        register(KioskAuthMethod.startDeviceLogin) { (input, caller, sink) in
             try await authority.online.startDeviceLogin(caller, input, sink: sink)
         }
-        register(prefix + "SetBiometricOffer") { (input: Message.SetBiometricOffer, caller, _) in
+        register(KioskAuthMethod.setBiometricOffer) { (input, caller, _) in
             Message.PersonReply(person: try await authority.online.setBiometricOffer(caller, input))
         }
-        register(prefix + "GetConnectivity") { (input: Message.GetConnectivity, caller, _) in
+        register(KioskAuthMethod.getConnectivity) { (input, caller, _) in
             try await authority.online.connectivity(caller, people: input.people ?? false)
         }
-        register(prefix + "OpenSession") { (input: Message.OpenSession, caller, _) in
+        register(KioskAuthMethod.openSession) { (input, caller, _) in
             Message.SessionReply(session: try await authority.online.openSession(caller, input))
         }
-        register(prefix + "CloseSession") { (input: Message.SessionID, caller, _) in
+        register(KioskAuthMethod.closeSession) { (input, caller, _) in
             try await authority.online.closeSession(caller, input.id)
             return Message.Empty()
         }
-        register(prefix + "LockSession") { (input: Message.SessionID, caller, _) in
+        register(KioskAuthMethod.lockSession) { (input, caller, _) in
             Message.SessionReply(session: try await authority.online.lockSession(caller, input.id))
         }
-        register(prefix + "ReportActivity") { (input: Message.SessionID, caller, _) in
+        register(KioskAuthMethod.reportActivity) { (input, caller, _) in
             Message.SessionReply(session: try await authority.online.reportActivity(caller, input.id))
         }
-        register(prefix + "AuthenticateSession") { (input: Message.AuthenticateSession, caller, _) in
+        register(KioskAuthMethod.authenticateSession) { (input, caller, _) in
             Message.SessionReply(session: try await authority.online.authenticateSession(caller, input))
         }
-        register(prefix + "StepUp") { (input: Message.StepUp, caller, _) in
+        register(KioskAuthMethod.stepUp) { (input, caller, _) in
             try await authority.online.stepUp(caller, input)
         }
-        register(prefix + "ListSessions") { (input: Message.ListSessions, caller, _) in
+        register(KioskAuthMethod.listSessions) { (input, caller, _) in
             Message.Sessions(sessions: try await authority.online.listSessions(caller, input))
         }
-        register(prefix + "EndSessions") { (input: Message.Name, caller, _) in
+        register(KioskAuthMethod.endSessions) { (input, caller, _) in
             Message.EndedSessions(ended: try await authority.online.endSessions(caller, input.name))
         }
-        register(prefix + "GetSessionToken") { (input: Message.SessionID, caller, _) in
+        register(KioskAuthMethod.getSessionToken) { (input, caller, _) in
             try await authority.online.sessionToken(caller, input.id)
         }
-        register(prefix + "Subscribe") { (_: Message.Empty, caller, sink) in
-            guard sink.wantsMore else { throw APIError(VarlinkErrorName.expectedMore) }
+        register(KioskAuthMethod.subscribe) { (_, caller, sink) in
+            guard sink.wantsMore else { throw APIError.expectedMore }
             let hub = authority.services.events
             guard let (id, events) = hub.subscribe() else { throw APIError.shuttingDown }
             defer { hub.unsubscribe(id) }

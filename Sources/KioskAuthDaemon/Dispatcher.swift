@@ -18,9 +18,14 @@ public struct ReplySink: Sendable {
 /// A method's implementation: decode input, call the authority, encode the output.
 typealias MethodHandler = @Sendable (Caller, JSONValue?, ReplySink) async throws -> JSONValue
 
+/// A method that does no I/O and needs no actor, answered where the call is read; nil when it
+/// cannot answer this call (then it takes the ordinary path, which reports why).
+typealias ImmediateHandler = @Sendable (Caller, JSONValue?) -> JSONValue?
+
 /// Routes calls to methods: `org.varlink.service` for introspection, `io.kioskauth` for the rest.
 public struct Dispatcher: Sendable {
     private var methods: [String: MethodHandler] = [:]
+    private var immediateMethods: [String: ImmediateHandler] = [:]
 
     static let serviceInterfaceDescription = """
         # The Varlink Service Interface is provided by every varlink service. It
@@ -75,85 +80,137 @@ public struct Dispatcher: Sendable {
             default: throw APIError.interfaceNotFound(input.interface)
             }
         }
-        let prefix = KioskAuthInterface.name + "."
-        register(prefix + "GetStatus") { (_: Message.Empty, caller, _) in
+        register(KioskAuthMethod.getStatus) { (_, caller, _) in
             try await authority.terminal.status(caller)
         }
-        register(prefix + "AddPerson") { (input: Message.AddPerson, caller, _) in
+        register(KioskAuthMethod.addPerson) { (input, caller, _) in
             try await authority.credentials.addPerson(caller, input)
         }
-        register(prefix + "IssueActivationCode") { (input: Message.Name, caller, _) in
+        register(KioskAuthMethod.issueActivationCode) { (input, caller, _) in
             try await authority.credentials.issueActivationCode(caller, input.name)
         }
-        register(prefix + "RevokeActivationCode") { (input: Message.Name, caller, _) in
+        register(KioskAuthMethod.revokeActivationCode) { (input, caller, _) in
             Message.Revoked(revoked: try await authority.credentials.revokeActivationCode(caller, input.name))
         }
-        register(prefix + "CheckActivationCode") { (input: Message.CheckActivationCode, caller, _) in
+        register(KioskAuthMethod.checkActivationCode) { (input, caller, _) in
             try await authority.credentials.checkActivationCode(caller, input)
         }
-        register(prefix + "CompleteActivation") { (input: Message.CompleteActivation, caller, _) in
+        register(KioskAuthMethod.completeActivation) { (input, caller, _) in
             try await authority.credentials.completeActivation(caller, input)
         }
-        register(prefix + "CheckAccount") { (input: Message.CheckAccount, caller, _) in
+        register(KioskAuthMethod.checkAccount) { (input, caller, _) in
             try await authority.credentials.checkAccount(caller, input)
         }
-        register(prefix + "ExportPerson") { (input: Message.Name, caller, _) in
+        register(KioskAuthMethod.exportPerson) { (input, caller, _) in
             try await authority.credentials.exportPerson(caller, input.name)
         }
-        register(prefix + "ListPeople") { (_: Message.Empty, caller, _) in
+        register(KioskAuthMethod.listPeople) { (_, caller, _) in
             Message.People(people: try await authority.credentials.listPeople(caller))
         }
-        register(prefix + "GetPerson") { (input: Message.Name, caller, _) in
+        register(KioskAuthMethod.getPerson) { (input, caller, _) in
             Message.PersonReply(person: try await authority.credentials.getPerson(caller, input.name))
         }
-        register(prefix + "RemovePerson") { (input: Message.Name, caller, _) in
+        register(KioskAuthMethod.removePerson) { (input, caller, _) in
             try await authority.credentials.removePerson(caller, input.name)
             return Message.Empty()
         }
-        register(prefix + "SetPasscode") { (input: Message.SetPasscode, caller, _) in
+        register(KioskAuthMethod.setPasscode) { (input, caller, _) in
             Message.PersonReply(person: try await authority.credentials.setPasscode(caller, input))
         }
-        register(prefix + "VerifyPasscode") { (input: Message.VerifyPasscode, caller, _) in
+        register(KioskAuthMethod.verifyPasscode) { (input, caller, _) in
             try await authority.credentials.verifyPasscode(caller, input)
         }
-        register(prefix + "SuspendPerson") { (input: Message.SuspendPerson, caller, _) in
+        register(KioskAuthMethod.suspendPerson) { (input, caller, _) in
             Message.PersonReply(person: try await authority.credentials.suspendPerson(caller, input))
         }
-        register(prefix + "ResumePerson") { (input: Message.Name, caller, _) in
+        register(KioskAuthMethod.resumePerson) { (input, caller, _) in
             Message.PersonReply(person: try await authority.credentials.resumePerson(caller, input.name))
         }
-        register(prefix + "BindAccount") { (input: Message.BindAccount, caller, _) in
+        register(KioskAuthMethod.bindAccount) { (input, caller, _) in
             Message.PersonReply(person: try await authority.credentials.bindAccount(caller, input))
         }
-        register(prefix + "ResetLockout") { (input: Message.Name, caller, _) in
+        register(KioskAuthMethod.resetLockout) { (input, caller, _) in
             Message.PersonReply(person: try await authority.credentials.resetLockout(caller, input.name))
         }
-        register(prefix + "GetReaders") { (_: Message.Empty, caller, _) in
+        register(KioskAuthMethod.getReaders) { (_, caller, _) in
             Message.Readers(readers: await authority.credentials.readers(caller))
         }
-        register(prefix + "EnrollFinger") { (input: Message.EnrollFinger, caller, sink) in
+        register(KioskAuthMethod.enrollFinger) { (input, caller, sink) in
             try await authority.credentials.enrollFinger(caller, input, sink: sink)
         }
-        register(prefix + "ListFingers") { (input: Message.Name, caller, _) in
+        register(KioskAuthMethod.listFingers) { (input, caller, _) in
             try await authority.credentials.listFingers(caller, input.name)
         }
-        register(prefix + "RemoveFinger") { (input: Message.RemoveFinger, caller, _) in
+        register(KioskAuthMethod.removeFinger) { (input, caller, _) in
             Message.Removed(removed: try await authority.credentials.removeFinger(caller, input))
         }
-        register(prefix + "VerifyFinger") { (input: Message.VerifyFinger, caller, sink) in
+        register(KioskAuthMethod.verifyFinger) { (input, caller, sink) in
             try await authority.credentials.verifyFinger(caller, input, sink: sink)
         }
-        register(prefix + "Identify") { (input: Message.Identify, caller, sink) in
+        register(KioskAuthMethod.identify) { (input, caller, sink) in
             try await authority.credentials.identify(caller, input, sink: sink)
         }
-        register(prefix + "GetAudit") { (input: Message.GetAudit, caller, _) in
+        register(KioskAuthMethod.getAudit) { (input, caller, _) in
             Message.AuditEvents(events: try await authority.terminal.auditEvents(caller, input))
         }
-        register(prefix + "VerifyAudit") { (input: Message.VerifyAudit, caller, _) in
+        register(KioskAuthMethod.verifyAudit) { (input, caller, _) in
             try await authority.terminal.verifyAudit(caller, input)
         }
         registerOnlineMethods(authority: authority)
+        // The same methods, answered without a hop to the actor when nothing can fail.
+        registerImmediate("org.varlink.service.GetInfo") { (_: Message.Empty, _) in
+            ServiceInfo(
+                vendor: "kioskauth", product: "kioskauthd", version: KioskAuthVersion.string,
+                url: "https://github.com/kioskauth/kioskauth",
+                interfaces: ["org.varlink.service", KioskAuthInterface.name])
+        }
+        registerImmediate("org.varlink.service.GetInterfaceDescription") { (input: InterfaceRequest, _) in
+            switch input.interface {
+            case "org.varlink.service": InterfaceDescriptionReply(description: Self.serviceInterfaceDescription)
+            case KioskAuthInterface.name: InterfaceDescriptionReply(description: KioskAuthInterface.description)
+            default: nil
+            }
+        }
+        registerImmediate(KioskAuthMethod.getStatus.qualifiedName) { (_: Message.Empty, caller) in
+            authority.immediateStatus(caller)
+        }
+        registerMetricsMethods(authority: authority)
+        assert(
+            KioskAuthMethod.all.allSatisfy { methods[KioskAuthInterface.name + "." + $0.name] != nil },
+            "a method of the interface has no handler")
     }
+
+    /// Registers the handler of one of the interface's methods; its input and output are the
+    /// method's declared types.
+    mutating func register<Input, Output>(
+        _ method: VarlinkMethod<Input, Output>,
+        _ body: @escaping @Sendable (Input, Caller, ReplySink) async throws -> Output
+    ) {
+        register(method.qualifiedName, body)
+    }
+
+    /// Registers a method that may be answered immediately. Anything unusual about the call
+    /// (parameters that are not an object, forbidden text, input that does not decode, an answer
+    /// that does not encode) leaves it to the ordinary path, which says what is wrong.
+    mutating func registerImmediate<Input: Decodable & SendableMetatype, Output: Encodable & SendableMetatype>(
+        _ method: String, _ body: @escaping @Sendable (Input, Caller) -> Output?
+    ) {
+        immediateMethods[method] = { (caller: Caller, parameters: JSONValue?) -> JSONValue? in
+            switch parameters {
+            case nil, .null?: break
+            case .object(let members)?:
+                guard (try? Self.checkText(.object(members), path: "")) != nil else { return nil }
+            default: return nil
+            }
+            guard let input = try? VarlinkCoding.decode(Input.self, from: parameters == .null ? nil : parameters),
+                let output = body(input, caller)
+            else { return nil }
+            return try? VarlinkCoding.encode(output)
+        }
+    }
+
+    /// The immediate form of `method`, if it has one.
+    func immediate(_ method: String) -> ImmediateHandler? { immediateMethods[method] }
 
     /// Registers a typed handler; input that does not decode is `InvalidParameter` naming the
     /// first offending field.
@@ -172,7 +229,7 @@ public struct Dispatcher: Sendable {
             }
             let output = try await body(input, caller, sink)
             do { return try VarlinkCoding.encode(output) } catch {
-                throw APIError.own("InternalError", ["reason": .string("reply did not encode")])
+                throw APIError.internalError("reply did not encode")
             }
         }
     }
@@ -213,7 +270,7 @@ public struct Dispatcher: Sendable {
         } catch let error as APIError {
             throw error
         } catch {
-            throw APIError.own("InternalError", ["reason": .string("the call failed: \(type(of: error))")])
+            throw APIError.internalError("the call failed: \(type(of: error))")
         }
     }
 }

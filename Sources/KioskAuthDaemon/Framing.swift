@@ -136,3 +136,67 @@ final class IdleGuard: ChannelDuplexHandler, @unchecked Sendable {
 
 /// Asks a connection to close as soon as it has no call in progress (graceful shutdown).
 struct DrainRequest: Sendable {}
+
+/// Answers calls that do no I/O (`GetStatus`, the `org.varlink.service` methods) on the
+/// connection's event loop as they are read, without a hop to a task or the actor per call;
+/// the replies of a burst of pipelined calls go out in one flush. Only while no earlier call of
+/// the connection is still being served (counted until its `CallFinished`), so replies keep
+/// the calls' order; and only while the client reads its replies (the channel is writable), so
+/// a client that does not read gets the ordinary path's backpressure.
+final class ImmediateCalls: ChannelDuplexHandler, @unchecked Sendable {
+    typealias InboundIn = ByteBuffer
+    typealias InboundOut = ByteBuffer
+    typealias OutboundIn = ByteBuffer
+    typealias OutboundOut = ByteBuffer
+
+    /// What to do with one call.
+    enum Answer {
+        /// Pass it on to the ordinary path.
+        case forward
+        /// Answered: write this frame.
+        case reply([UInt8])
+        /// Answered, and `oneway`: nothing to write.
+        case noReply
+    }
+
+    private let answer: (ByteBuffer) -> Answer
+    /// Calls passed on whose `CallFinished` has not come back yet.
+    private var forwarded = 0
+    private var unflushed = false
+
+    init(answer: @escaping (ByteBuffer) -> Answer) {
+        self.answer = answer
+    }
+
+    func channelRead(context: ChannelHandlerContext, data: NIOAny) {
+        if forwarded == 0, context.channel.isWritable {
+            switch answer(unwrapInboundIn(data)) {
+            case .forward:
+                break
+            case .reply(let bytes):
+                context.write(wrapOutboundOut(ByteBuffer(bytes: bytes)), promise: nil)
+                unflushed = true
+                context.triggerUserOutboundEvent(CallFinished(), promise: nil)
+                return
+            case .noReply:
+                context.triggerUserOutboundEvent(CallFinished(), promise: nil)
+                return
+            }
+        }
+        forwarded += 1
+        context.fireChannelRead(data)
+    }
+
+    func channelReadComplete(context: ChannelHandlerContext) {
+        if unflushed {
+            unflushed = false
+            context.flush()
+        }
+        context.fireChannelReadComplete()
+    }
+
+    func triggerUserOutboundEvent(context: ChannelHandlerContext, event: Any, promise: EventLoopPromise<Void>?) {
+        if event is CallFinished { forwarded = max(0, forwarded - 1) }
+        context.triggerUserOutboundEvent(event, promise: promise)
+    }
+}

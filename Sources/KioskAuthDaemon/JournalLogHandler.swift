@@ -10,16 +10,25 @@ public import Logging
 /// Otherwise lines look like swift-log's stream handler: a timestamp, the level, the label.
 ///
 /// One `write(2)` per line, so lines from several threads never interleave.
+///
+/// With a `JournalSocket` (see `JournalSocket.fromEnvironment`), each event is instead one
+/// datagram in journald's native protocol, so its metadata become journal fields that admins
+/// filter on (`journalctl MESSAGE_ID=…`, `KIOSKAUTH_PERSON_ID=…`); if a datagram cannot be sent
+/// the line goes to standard error as above.
 public struct JournalLogHandler: LogHandler {
     public var metadata: Logger.Metadata = [:]
     public var logLevel: Logger.Level = .info
     public var metadataProvider: Logger.MetadataProvider?
     private let label: String
     private let toJournal: Bool
+    private let native: JournalSocket?
 
-    public init(label: String, toJournal: Bool = JournalLogHandler.standardErrorIsJournal()) {
+    public init(
+        label: String, toJournal: Bool = JournalLogHandler.standardErrorIsJournal(), native: JournalSocket? = nil
+    ) {
         self.label = label
         self.toJournal = toJournal
+        self.native = native
     }
 
     public subscript(metadataKey key: String) -> Logger.Metadata.Value? {
@@ -85,6 +94,13 @@ public struct JournalLogHandler: LogHandler {
         var merged = metadata
         if let provided = metadataProvider?.get() { merged.merge(provided) { $1 } }
         if let extra = event.metadata { merged.merge(extra) { $1 } }
+        if let native,
+            native.send(
+                JournalSocket.datagram(
+                    level: event.level, identifier: label, message: "\(event.message)", metadata: merged))
+        {
+            return
+        }
         let text = Self.line(
             level: event.level, label: label, message: "\(event.message)", metadata: merged, toJournal: toJournal,
             timestamp: Self.timestamp)

@@ -305,7 +305,7 @@ extension OnlineAuthority {
     static func candidateNames(email: String?, subject: String) -> [LoginName] {
         let digest = SHA256.hash(data: Data("kioskauth-login-name\0\(subject)".utf8))
         return IdentityProviderLoginName.candidates(
-            email: email, digestHex: digest.map { String(format: "%02x", $0) }.joined())
+            email: email, digestHex: Hex.encode(Array(digest)))
     }
 
     /// Offer fingerprint enrolment: policy allows, a reader is present, the person has no finger

@@ -237,6 +237,7 @@ extension OnlineAuthority {
             }
             return
         }
+        countRefresh(result)
         let reading = services.clock.reading()
         let now = reading.wall
         var random = SystemRandomNumberGenerator()

@@ -211,7 +211,7 @@ extension OnlineAuthority {
         var bytes = [UInt8](repeating: 0, count: 16)
         var generator = SystemRandomNumberGenerator()
         for index in bytes.indices { bytes[index] = generator.next() }
-        let id = bytes.map { String(format: "%02x", $0) }.joined()
+        let id = Hex.encode(bytes)
         let entry = SessionEntry(
             id: id, personID: person.id, name: person.name, service: service,
             tty: input.context?.tty.map { String($0.prefix(64)) },

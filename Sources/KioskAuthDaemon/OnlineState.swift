@@ -17,16 +17,22 @@ public struct OnlineServices: Sendable {
     let sessionWakeup = Wakeup()
     /// Audit delivery's status and wake-ups; nil when `[AuditDelivery] Endpoint` is empty.
     let auditDelivery: AuditDeliveryMonitor?
+    /// Counters and histograms (see Metrics.swift).
+    let metrics: DaemonMetrics
 
     /// Bundles the clock and the provider.
     public init(clock: DaemonClock = .system(), provider: (any IdentityProvider)? = nil) {
         self.init(clock: clock, provider: provider, auditDelivery: nil)
     }
 
-    init(clock: DaemonClock, provider: (any IdentityProvider)?, auditDelivery: AuditDeliveryMonitor?) {
+    init(
+        clock: DaemonClock, provider: (any IdentityProvider)?, auditDelivery: AuditDeliveryMonitor?,
+        metrics: DaemonMetrics = DaemonMetrics()
+    ) {
         self.clock = clock
         self.provider = provider
         self.auditDelivery = auditDelivery
+        self.metrics = metrics
     }
 }
 

@@ -1,3 +1,7 @@
+// For SOCK_DGRAM and SOCK_CLOEXEC, which the C helpers' module also sees (<sys/socket.h>): once
+// this module gained the metrics and journal files, a clean build no longer found them through
+// Glibc alone in this file ("cannot find 'SOCK_DGRAM' in scope"); why is not understood yet.
+import CKioskAuthSystem
 public import Foundation
 
 #if canImport(Glibc)

@@ -13,21 +13,33 @@ final class TerminalAuthority: AuthorityPart {
     // MARK: Status
 
     func status(_ caller: Caller) throws(APIError) -> Message.Status {
-        let count = try withStore(caller, action: .status) { () throws(StoreError) in try store.peopleCount() }
-        let head = try withStore(caller, action: .status) { () throws(StoreError) in try store.auditHead() }
-        return Message.Status(
-            version: KioskAuthVersion.string, schemaVersion: Store.schemaVersion, people: count,
+        let figures = try withStore(caller, action: .status) { () throws(StoreError) in try store.statusFigures() }
+        return try withAdminSummary(status(caller, figures), for: caller)
+    }
+
+    /// `GetStatus` answered on the connection's event loop, without a hop to the actor: it reads
+    /// only constants, the audit delivery monitor and the store (under the store's own lock).
+    /// nil when the store fails, so that the call goes through `status(_:)`, which audits it, and
+    /// for admins, whose answer carries the lockout and unlock summary read on the actor.
+    nonisolated func immediateStatus(_ caller: Caller) -> Message.Status? {
+        guard !context.access.isAdmin(caller), let figures = try? context.store.statusFigures() else { return nil }
+        return status(caller, figures)
+    }
+
+    nonisolated private func status(_ caller: Caller, _ figures: StoreStatusFigures) -> Message.Status {
+        Message.Status(
+            version: KioskAuthVersion.string, schemaVersion: Store.schemaVersion, people: figures.people,
             socketActivated: context.isSocketActivated, developmentKey: context.usesDevelopmentKey,
-            uptimeSeconds: Int(now().timeIntervalSince(context.startedAt)), auditEvents: head.events,
-            auditHead: head.headHex,
-            auditDelivery: auditDeliveryStatus(caller, head: head.events))
+            uptimeSeconds: Int(context.now().timeIntervalSince(context.startedAt)), auditEvents: figures.auditEvents,
+            auditHead: Hex.encode(figures.auditHead),
+            auditDelivery: auditDeliveryStatus(caller, head: figures.auditEvents))
     }
 
     /// Audit delivery as `caller` may see it: the state, the queue and the last delivery for
     /// everyone (the trail's length is public in `GetStatus` anyway); the endpoint and why it
     /// fails for admins only, since error text and host names describe the organisation's network.
-    func auditDeliveryStatus(_ caller: Caller, head: Int) -> AuditDeliveryStatus {
-        guard let monitor = services.auditDelivery else {
+    nonisolated func auditDeliveryStatus(_ caller: Caller, head: Int) -> AuditDeliveryStatus {
+        guard let monitor = context.services.auditDelivery else {
             return AuditDeliveryStatus(configured: false, state: "off", queued: 0, lastDeliveryAt: nil)
         }
         let snapshot = monitor.snapshot
@@ -36,7 +48,7 @@ final class TerminalAuthority: AuthorityPart {
             snapshot.consecutiveFailures > 0 ? "retrying" : queued > 0 || snapshot.isSending ? "delivering" : "idle"
         var status = AuditDeliveryStatus(
             configured: true, state: state, queued: queued, lastDeliveryAt: snapshot.lastDeliveryAt.map(Self.timestamp))
-        if groups.isAdmin(caller) {
+        if context.access.isAdmin(caller) {
             status.endpointHost = snapshot.endpointHost
             status.deliveredThrough = snapshot.deliveredThrough
             status.lastError = snapshot.lastError

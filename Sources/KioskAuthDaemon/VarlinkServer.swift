@@ -103,6 +103,9 @@ public final class VarlinkServer: Service, Sendable {
     /// Calls per second per unprivileged uid.
     private let rateLimit: Mutex<RequestRateLimit>
     private let onListening: @Sendable () -> Void
+    /// Returns the memory a burst of calls freed once the socket is quiet again.
+    private let memory = MemoryBounds.ReleaseAfterBurst()
+    private let metrics: DaemonMetrics
 
     /// How long calls in progress may run after shutdown begins before they are cancelled.
     public static let drainTimeout: Duration = .seconds(10)
@@ -114,6 +117,7 @@ public final class VarlinkServer: Service, Sendable {
         self.target = target
         self.authority = authority
         self.dispatcher = Dispatcher(authority: authority)
+        self.metrics = authority.services.metrics
         self.configuration = configuration
         self.group = eventLoopGroup
         self.logger = logger
@@ -162,9 +166,14 @@ public final class VarlinkServer: Service, Sendable {
                 try channel.pipeline.syncOperations.addHandler(
                     IdleGuard(
                         timeout: idleTimeout, writeTimeout: writeTimeout, timeoutReply: ByteBuffer(bytes: idleReply)))
-                let asyncChannel = try NIOAsyncChannel<ByteBuffer, ByteBuffer>(wrappingChannelSynchronously: channel)
                 var identified = caller
-                if case .admitted(let id) = admission { identified?.connectionID = id }
+                if case .admitted(let id) = admission, let caller {
+                    identified?.connectionID = id
+                    let admitted = identified ?? caller
+                    try channel.pipeline.syncOperations.addHandler(
+                        ImmediateCalls { frame in self.immediateAnswer(frame, caller: admitted) })
+                }
+                let asyncChannel = try NIOAsyncChannel<ByteBuffer, ByteBuffer>(wrappingChannelSynchronously: channel)
                 return Connection(channel: asyncChannel, caller: identified, admission: admission)
             }
         }
@@ -253,6 +262,7 @@ public final class VarlinkServer: Service, Sendable {
             case .admitted: error = .permissionDenied("peer credentials unavailable")
             }
             logger.notice("connection refused", metadata: ["error": "\(error.name)"])
+            metrics.refused(error: error.name)
             try? await channel.executeThenClose { _, outbound in
                 try await outbound.write(ByteBuffer(bytes: Self.encode(error)))
             }
@@ -260,7 +270,9 @@ public final class VarlinkServer: Service, Sendable {
         }
         defer {
             registry.release(id: connectionID, uid: caller.uid)
+            memory.connectionClosed(on: channel.channel.eventLoop)
         }
+        metrics.connectionAccepted()
         var logger = self.logger
         logger[metadataKey: "peer_uid"] = "\(caller.uid)"
         logger[metadataKey: "peer_pid"] = "\(caller.pid)"
@@ -277,6 +289,7 @@ public final class VarlinkServer: Service, Sendable {
                         }
                     } catch is NULFrameDecoder.MessageTooLarge {
                         logger.notice("message too large; disconnecting")
+                        metrics.refused(error: APIError.tooLarge(configuration.maxMessageSize).name)
                         try? await outbound.write(
                             ByteBuffer(bytes: Self.encode(.tooLarge(configuration.maxMessageSize))))
                     }
@@ -301,6 +314,21 @@ public final class VarlinkServer: Service, Sendable {
         return rateLimit.withLock { $0.take(uid: caller.uid, now: now) }
     }
 
+    /// Answers a call on the event loop when its method has an immediate form and the caller
+    /// may call now; anything else (malformed, `more`, rate-limited, a method that does I/O, an
+    /// answer that needs the actor after all) goes the ordinary way through `handle`.
+    private func immediateAnswer(_ frame: ByteBuffer, caller: Caller) -> ImmediateCalls.Answer {
+        guard let call = try? VarlinkCoding.message(VarlinkCall.self, from: frame.readableBytesView),
+            call.upgrade != true, call.more != true, let method = dispatcher.immediate(call.method)
+        else { return .forward }
+        // A refused token is not taken: the ordinary path asks again and says RateLimited.
+        if !authority.isPrivileged(caller), takeToken(caller) != nil { return .forward }
+        guard let parameters = method(caller, call.parameters) else { return .forward }
+        if call.oneway == true { return .noReply }
+        guard let reply = try? VarlinkCoding.frame(VarlinkReply(parameters: parameters)) else { return .forward }
+        return .reply(reply)
+    }
+
     /// Handles one message; returns false when the connection must close.
     private func handle(
         frame: ByteBuffer, caller: Caller, outbound: NIOAsyncChannelOutboundWriter<ByteBuffer>, logger: Logger
@@ -310,6 +338,7 @@ public final class VarlinkServer: Service, Sendable {
             call = try VarlinkCoding.message(VarlinkCall.self, from: frame.readableBytesView)
         } catch {
             logger.notice("malformed message; disconnecting")
+            metrics.refused(error: APIError.malformed("").name)
             try? await outbound.write(
                 ByteBuffer(
                     bytes: Self.encode(
@@ -322,6 +351,8 @@ public final class VarlinkServer: Service, Sendable {
         }
         if !authority.isPrivileged(caller), let retryAfter = takeToken(caller) {
             authority.tallyRefusal(caller, action: .rateLimited, rateLimited: true)
+            metrics.refused(
+                error: APIError.rateLimited(configuration.requestsPerSecondPerUID, retryAfter: retryAfter).name)
             if call.oneway != true {
                 let error = APIError.rateLimited(configuration.requestsPerSecondPerUID, retryAfter: retryAfter)
                 try? await outbound.write(ByteBuffer(bytes: Self.encode(error)))
@@ -337,11 +368,14 @@ public final class VarlinkServer: Service, Sendable {
             }, wantsMore: wantsMore)
         let reply: VarlinkReply
         var keepOpen = true
+        let started = ContinuousClock.now
         do {
             let parameters = try await dispatcher.call(
                 call.method, caller: caller, parameters: call.parameters, sink: sink)
             reply = VarlinkReply(parameters: parameters)
+            metrics.callFinished(method: call.method, duration: ContinuousClock.now - started, error: nil)
         } catch {
+            metrics.callFinished(method: call.method, duration: ContinuousClock.now - started, error: error.name)
             reply = VarlinkReply(parameters: error.parameters, error: error.name)
             keepOpen = !error.closesConnection
             logger.debug("call failed", metadata: ["method": "\(call.method)", "error": "\(error.name)"])

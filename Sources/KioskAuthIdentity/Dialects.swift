@@ -1,4 +1,5 @@
 import Foundation
+import KioskAuthProtocol
 
 /// The endpoints of a configured provider, after discovery.
 struct ResolvedEndpoints: Sendable, Equatable {

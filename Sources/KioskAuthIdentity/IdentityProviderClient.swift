@@ -1,5 +1,6 @@
 import Crypto
 public import Foundation
+import KioskAuthProtocol
 public import Logging
 
 /// The identity provider client: OAuth 2.0 / OpenID Connect or Supabase Auth over HTTPS.

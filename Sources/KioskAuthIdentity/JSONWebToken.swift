@@ -1,4 +1,5 @@
 import Foundation
+import KioskAuthProtocol
 
 /// A compact JWS (`header.payload.signature`) split and decoded, not yet trusted.
 struct JSONWebToken: Sendable {

@@ -1,4 +1,5 @@
 import Foundation
+import KioskAuthProtocol
 
 /// Which call an answer belongs to: the same provider error means different things in each
 /// (`invalid_grant` is wrong credentials on login but a dead refresh token on refresh).

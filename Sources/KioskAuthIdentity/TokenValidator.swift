@@ -1,4 +1,5 @@
 public import Foundation
+import KioskAuthProtocol
 
 /// What a token must say to be accepted.
 public struct TokenExpectations: Sendable {

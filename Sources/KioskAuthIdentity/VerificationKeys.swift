@@ -1,5 +1,6 @@
 import Crypto
 import Foundation
+import KioskAuthProtocol
 import _CryptoExtras
 
 /// Signature algorithms the validator accepts. `none` and everything else is refused.

@@ -1,4 +1,4 @@
-public import Foundation
+public import FoundationEssentials
 
 #if canImport(Glibc)
     import Glibc
@@ -94,6 +94,13 @@ public final class VarlinkClient {
         do { return try VarlinkCoding.decode(output, from: reply) } catch {
             throw VarlinkClientError(name: VarlinkClientError.protocolViolation, parameters: .string("\(error)"))
         }
+    }
+
+    /// Calls one of the interface's methods with its declared input, returning its declared output.
+    public func call<Input, Output>(
+        _ method: VarlinkMethod<Input, Output>, _ input: Input
+    ) throws(VarlinkClientError) -> Output {
+        try call(method.qualifiedName, input, as: Output.self)
     }
 
     /// Calls `method` with `more: true`, handing each reply to `body` until the last one.

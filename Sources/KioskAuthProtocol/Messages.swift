@@ -126,6 +126,10 @@ public enum Message {
         public var auditHead: String
         /// Absent only from daemons older than audit delivery.
         public var auditDelivery: AuditDeliveryStatus?
+        /// Admins only: people whose passcode is locked now.
+        public var lockedOut: [LockedOutPerson]?
+        /// Admins only: the most recent unlocks, newest first.
+        public var lastUnlocks: [RecentUnlock]?
         public init(
             version: String, schemaVersion: Int, people: Int, socketActivated: Bool, developmentKey: Bool,
             uptimeSeconds: Int, auditEvents: Int, auditHead: String, auditDelivery: AuditDeliveryStatus?

@@ -1,66 +1,10 @@
-public import Foundation
+public import FoundationEssentials
 
 /// Limits of the socket API, shared by the daemon (which enforces them) and clients.
 public enum VarlinkLimits {
     /// Largest message, in bytes, excluding the terminating NUL. Nothing on this API comes near
     /// it: templates and tokens never cross the socket.
     public static let maximumMessageSize = 64 * 1024
-}
-
-/// A JSON value, as carried in varlink parameters.
-public enum JSONValue: Sendable, Equatable, Codable {
-    case null
-    case bool(Bool)
-    case number(Double)
-    case string(String)
-    case array([JSONValue])
-    case object([String: JSONValue])
-
-    public init(from decoder: any Decoder) throws {
-        let container = try decoder.singleValueContainer()
-        if container.decodeNil() {
-            self = .null
-        } else if let value = try? container.decode(Bool.self) {
-            self = .bool(value)
-        } else if let value = try? container.decode(Double.self) {
-            self = .number(value)
-        } else if let value = try? container.decode(String.self) {
-            self = .string(value)
-        } else if let value = try? container.decode([JSONValue].self) {
-            self = .array(value)
-        } else {
-            self = .object(try container.decode([String: JSONValue].self))
-        }
-    }
-
-    public func encode(to encoder: any Encoder) throws {
-        var container = encoder.singleValueContainer()
-        switch self {
-        case .null: try container.encodeNil()
-        case .bool(let value): try container.encode(value)
-        case .number(let value):
-            if value.rounded() == value, abs(value) < 1e15 {
-                try container.encode(Int64(value))
-            } else {
-                try container.encode(value)
-            }
-        case .string(let value): try container.encode(value)
-        case .array(let value): try container.encode(value)
-        case .object(let value): try container.encode(value)
-        }
-    }
-
-    /// The value of `key` when this is an object.
-    public subscript(key: String) -> JSONValue? {
-        if case .object(let members) = self { return members[key] }
-        return nil
-    }
-
-    /// The string, when this is one.
-    public var stringValue: String? {
-        if case .string(let value) = self { return value }
-        return nil
-    }
 }
 
 /// A call as a client sends it.
@@ -142,12 +86,12 @@ public enum VarlinkCoding {
 
 /// Standard varlink error names and this interface's own.
 public enum VarlinkErrorName {
-    public static let interfaceNotFound = "org.varlink.service.InterfaceNotFound"
-    public static let methodNotFound = "org.varlink.service.MethodNotFound"
-    public static let methodNotImplemented = "org.varlink.service.MethodNotImplemented"
-    public static let invalidParameter = "org.varlink.service.InvalidParameter"
-    public static let permissionDenied = "org.varlink.service.PermissionDenied"
-    public static let expectedMore = "org.varlink.service.ExpectedMore"
+    public static let interfaceNotFound = VarlinkServiceError.interfaceNotFound.qualifiedName
+    public static let methodNotFound = VarlinkServiceError.methodNotFound.qualifiedName
+    public static let methodNotImplemented = VarlinkServiceError.methodNotImplemented.qualifiedName
+    public static let invalidParameter = VarlinkServiceError.invalidParameter.qualifiedName
+    public static let permissionDenied = VarlinkServiceError.permissionDenied.qualifiedName
+    public static let expectedMore = VarlinkServiceError.expectedMore.qualifiedName
 
     /// A name in the io.kioskauth interface, e.g. `own("NoSuchPerson")`.
     public static func own(_ name: String) -> String { "\(KioskAuthInterface.name).\(name)" }

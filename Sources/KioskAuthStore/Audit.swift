@@ -38,16 +38,20 @@ public struct AuditEntry: Sendable, Equatable {
     public var mac: [UInt8]
 
     public var time: Date { Date(timeIntervalSince1970: Double(timeMicroseconds) / 1_000_000) }
-    public var macHex: String { mac.map { String(format: "%02x", $0) }.joined() }
+    public var macHex: String { Hex.encode(mac) }
 }
 
 /// Outcome of checking the chain.
 public struct AuditChainVerification: Sendable, Equatable {
     public var isValid: Bool
     public var events: Int
-    public var headHex: String
+    /// The MAC of the last entry checked (empty for an empty chain).
+    public var head: [UInt8]
     public var brokenAt: Int?
     public var reason: String?
+
+    /// The head in hex, as the API shows it.
+    public var headHex: String { Hex.encode(head) }
 }
 
 extension Store {
@@ -194,12 +198,11 @@ extension Store {
         }
     }
 
-    /// Number of audit entries and the head MAC.
-    public func auditHead() throws(StoreError) -> (events: Int, headHex: String) {
+    /// Number of audit entries and the head MAC, as bytes (hex only where it is shown).
+    public func auditHead() throws(StoreError) -> (events: Int, mac: [UInt8]) {
         try locked {
             let row = try connection.query("SELECT seq, mac FROM audit ORDER BY seq DESC LIMIT 1").first
-            let mac = row?["mac"].bytes ?? []
-            return (row?["seq"].int ?? 0, mac.map { String(format: "%02x", $0) }.joined())
+            return (row?["seq"].int ?? 0, row?["mac"].bytes ?? [])
         }
     }
 
@@ -211,7 +214,7 @@ extension Store {
         expectedHead: (sequence: Int, macHex: String)? = nil
     ) throws(StoreError) -> AuditChainVerification {
         try verifyAudit(
-            trustedHead: expectedHead.map { AuditHeadMark(sequence: $0.sequence, mac: hexBytes($0.macHex) ?? []) })
+            trustedHead: expectedHead.map { AuditHeadMark(sequence: $0.sequence, mac: Hex.decode($0.macHex) ?? []) })
     }
 
     /// Recomputes the chain from its genesis and compares its end with the head anchor beside
@@ -219,29 +222,50 @@ extension Store {
     /// `audit_head`). Either may be behind the chain's end (the chain grew since), but the
     /// chain's entry at their sequence must carry their MAC; a head beyond the chain's end, or
     /// whose entry has another MAC, means the chain was truncated or rolled back.
-    public func verifyAudit(trustedHead: AuditHeadMark?) throws(StoreError) -> AuditChainVerification {
+    public func verifyAudit(
+        trustedHead: AuditHeadMark?, chunkSize: Int = 2048
+    ) throws(StoreError) -> AuditChainVerification {
         let genesis = self.genesis
         let anchorReading = anchor.read()
-        return try locked {
-            var anchored: AuditHeadMark?
-            var watched: [Int: [UInt8]] = [:]
-            switch anchorReading {
-            case .head(let head):
-                anchored = head
-                watched[head.sequence] = []
-            case .missing, .invalid:
-                break
+        var anchored: AuditHeadMark?
+        var watched: [Int: [UInt8]] = [:]
+        switch anchorReading {
+        case .head(let head):
+            anchored = head
+            watched[head.sequence] = []
+        case .missing, .invalid:
+            break
+        }
+        if let trustedHead { watched[trustedHead.sequence] = [] }
+        var previous = genesis
+        var expectedSequence = 1
+        var count = 0
+        var head: [UInt8] = []
+        var recorded: [UInt8]?
+        var lastSeen: Int64?
+        // One chunk of entries at a time under the store lock, so a long trail never holds up
+        // the calls being served. The chain only grows at its end, so the chunks join up; the
+        // last chunk and the head recorded in `meta` are read under one lock, so they agree.
+        while true {
+            let chunk = try locked { () throws -> (rows: [SQLRow], recorded: [UInt8]?, isLast: Bool) in
+                let rows =
+                    try lastSeen.map {
+                        try connection.query(
+                            "SELECT * FROM audit WHERE seq > ? ORDER BY seq LIMIT ?",
+                            [.integer($0), .integer(Int64(chunkSize))])
+                    }
+                    ?? connection.query("SELECT * FROM audit ORDER BY seq LIMIT ?", [.integer(Int64(chunkSize))])
+                guard rows.count < chunkSize else { return (rows, nil, false) }
+                let recorded = try connection.query("SELECT value FROM meta WHERE key = 'audit_head'").first?["value"]
+                    .bytes
+                return (rows, recorded, true)
             }
-            if let trustedHead { watched[trustedHead.sequence] = [] }
-            var previous = genesis
-            var expectedSequence = 1
-            var count = 0
-            var headHex = ""
-            for row in try connection.query("SELECT * FROM audit ORDER BY seq") {
+            for row in chunk.rows {
                 let entry = decodeAudit(row)
+                lastSeen = Int64(entry.sequence)
                 if entry.sequence != expectedSequence {
                     return AuditChainVerification(
-                        isValid: false, events: count, headHex: headHex, brokenAt: expectedSequence,
+                        isValid: false, events: count, head: head, brokenAt: expectedSequence,
                         reason: "entry \(expectedSequence) is missing")
                 }
                 let expected = mac(
@@ -249,71 +273,74 @@ extension Store {
                     record: entry.record)
                 guard expected == entry.mac else {
                     return AuditChainVerification(
-                        isValid: false, events: count, headHex: headHex, brokenAt: entry.sequence,
+                        isValid: false, events: count, head: head, brokenAt: entry.sequence,
                         reason:
                             "entry \(entry.sequence) does not match its MAC (edited, or the chain was recomputed without the key)"
                     )
                 }
                 previous = entry.mac
                 if watched[entry.sequence] != nil { watched[entry.sequence] = entry.mac }
-                headHex = entry.macHex
+                head = entry.mac
                 count += 1
                 expectedSequence += 1
             }
-            let recorded = try connection.query("SELECT value FROM meta WHERE key = 'audit_head'").first?["value"].bytes
-            if let recorded {
-                let parts = recorded.split(separator: 0, maxSplits: 1)
-                let recordedSequence = Int(String(decoding: parts.first ?? [], as: UTF8.self)) ?? -1
-                let recordedMac = parts.count > 1 ? Array(parts[1]) : []
-                if recordedSequence != count || (count > 0 && recordedMac != previous) {
-                    return AuditChainVerification(
-                        isValid: false, events: count, headHex: headHex, brokenAt: min(count + 1, recordedSequence),
-                        reason:
-                            "the chain ends at entry \(count) but its recorded head is entry \(recordedSequence): entries were deleted"
-                    )
-                }
-            } else if count > 0 {
+            if chunk.isLast {
+                recorded = chunk.recorded
+                break
+            }
+        }
+        if let recorded {
+            let parts = recorded.split(separator: 0, maxSplits: 1)
+            let recordedSequence = Int(String(decoding: parts.first ?? [], as: UTF8.self)) ?? -1
+            let recordedMac = parts.count > 1 ? Array(parts[1]) : []
+            if recordedSequence != count || (count > 0 && recordedMac != previous) {
                 return AuditChainVerification(
-                    isValid: false, events: count, headHex: headHex, brokenAt: 1, reason: "the recorded head is missing"
+                    isValid: false, events: count, head: head, brokenAt: min(count + 1, recordedSequence),
+                    reason:
+                        "the chain ends at entry \(count) but its recorded head is entry \(recordedSequence): entries were deleted"
                 )
             }
-            switch anchorReading {
-            case .missing:
-                return AuditChainVerification(
-                    isValid: false, events: count, headHex: headHex, brokenAt: count + 1,
-                    reason: "the head anchor (\(AuditAnchor.fileName)) is missing: the chain may have been truncated")
-            case .invalid:
-                return AuditChainVerification(
-                    isValid: false, events: count, headHex: headHex, brokenAt: count + 1,
-                    reason:
-                        "the head anchor (\(AuditAnchor.fileName)) does not check out (edited, or another store's)")
-            case .head: break
-            }
-            func check(_ head: AuditHeadMark, against what: String) -> AuditChainVerification? {
-                if head.sequence > count {
-                    return AuditChainVerification(
-                        isValid: false, events: count, headHex: headHex, brokenAt: count + 1,
-                        reason:
-                            "\(what) is entry \(head.sequence) but the chain ends at entry \(count): truncated or rolled back"
-                    )
-                }
-                if head.sequence > 0, watched[head.sequence] != head.mac {
-                    return AuditChainVerification(
-                        isValid: false, events: count, headHex: headHex, brokenAt: head.sequence,
-                        reason:
-                            "entry \(head.sequence) has another MAC than \(what) records: the chain was rolled back or replaced"
-                    )
-                }
-                return nil
-            }
-            if let anchored, let failure = check(anchored, against: "the head anchor (\(AuditAnchor.fileName))") {
-                return failure
-            }
-            if let trustedHead, let failure = check(trustedHead, against: "the trusted head") {
-                return failure
-            }
-            return AuditChainVerification(isValid: true, events: count, headHex: headHex, brokenAt: nil, reason: nil)
+        } else if count > 0 {
+            return AuditChainVerification(
+                isValid: false, events: count, head: head, brokenAt: 1, reason: "the recorded head is missing"
+            )
         }
+        switch anchorReading {
+        case .missing:
+            return AuditChainVerification(
+                isValid: false, events: count, head: head, brokenAt: count + 1,
+                reason: "the head anchor (\(AuditAnchor.fileName)) is missing: the chain may have been truncated")
+        case .invalid:
+            return AuditChainVerification(
+                isValid: false, events: count, head: head, brokenAt: count + 1,
+                reason:
+                    "the head anchor (\(AuditAnchor.fileName)) does not check out (edited, or another store's)")
+        case .head: break
+        }
+        func check(_ mark: AuditHeadMark, against what: String) -> AuditChainVerification? {
+            if mark.sequence > count {
+                return AuditChainVerification(
+                    isValid: false, events: count, head: head, brokenAt: count + 1,
+                    reason:
+                        "\(what) is entry \(mark.sequence) but the chain ends at entry \(count): truncated or rolled back"
+                )
+            }
+            if mark.sequence > 0, watched[mark.sequence] != mark.mac {
+                return AuditChainVerification(
+                    isValid: false, events: count, head: head, brokenAt: mark.sequence,
+                    reason:
+                        "entry \(mark.sequence) has another MAC than \(what) records: the chain was rolled back or replaced"
+                )
+            }
+            return nil
+        }
+        if let anchored, let failure = check(anchored, against: "the head anchor (\(AuditAnchor.fileName))") {
+            return failure
+        }
+        if let trustedHead, let failure = check(trustedHead, against: "the trusted head") {
+            return failure
+        }
+        return AuditChainVerification(isValid: true, events: count, head: head, brokenAt: nil, reason: nil)
     }
 }
 

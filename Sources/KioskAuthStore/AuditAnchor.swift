@@ -1,5 +1,6 @@
 import Crypto
 import Foundation
+import KioskAuthCore
 
 #if canImport(Glibc)
     import Glibc
@@ -22,44 +23,11 @@ public struct AuditHeadMark: Sendable, Equatable {
     public init?(parsing text: String) {
         let parts = text.split(separator: ":", omittingEmptySubsequences: false)
         guard parts.count == 2, let sequence = Int(parts[0]), sequence >= 0 else { return nil }
-        guard let mac = hexBytes(parts[1]), mac.count == (sequence == 0 ? 0 : 32) else { return nil }
+        guard let mac = Hex.decode(parts[1]), mac.count == (sequence == 0 ? 0 : 32) else { return nil }
         self.init(sequence: sequence, mac: mac)
     }
 
-    public var text: String { "\(sequence):\(hexString(mac))" }
-}
-
-func hexString(_ bytes: [UInt8]) -> String {
-    let digits = Array("0123456789abcdef".utf8)
-    var out = [UInt8]()
-    out.reserveCapacity(bytes.count * 2)
-    for byte in bytes {
-        out.append(digits[Int(byte >> 4)])
-        out.append(digits[Int(byte & 0x0f)])
-    }
-    return String(decoding: out, as: UTF8.self)
-}
-
-func hexBytes<S: StringProtocol>(_ text: S) -> [UInt8]? {
-    let utf8 = Array(text.utf8)
-    guard utf8.count % 2 == 0 else { return nil }
-    func nibble(_ c: UInt8) -> UInt8? {
-        switch c {
-        case UInt8(ascii: "0")...UInt8(ascii: "9"): c - UInt8(ascii: "0")
-        case UInt8(ascii: "a")...UInt8(ascii: "f"): c - UInt8(ascii: "a") + 10
-        case UInt8(ascii: "A")...UInt8(ascii: "F"): c - UInt8(ascii: "A") + 10
-        default: nil
-        }
-    }
-    var bytes: [UInt8] = []
-    bytes.reserveCapacity(utf8.count / 2)
-    var index = 0
-    while index < utf8.count {
-        guard let high = nibble(utf8[index]), let low = nibble(utf8[index + 1]) else { return nil }
-        bytes.append(high << 4 | low)
-        index += 2
-    }
-    return bytes
+    public var text: String { "\(sequence):\(Hex.encode(mac))" }
 }
 
 /// A durable copy of the audit chain's head outside the database: the file `audit-head` beside
@@ -114,7 +82,7 @@ final class AuditAnchor: @unchecked Sendable {
 
     private func slot(for head: AuditHeadMark) -> [UInt8] {
         let line =
-            "\(Self.magic) \(hexString(storeID)) \(head.sequence) \(head.mac.isEmpty ? "-" : hexString(head.mac)) \(hexString(tag(sequence: head.sequence, mac: head.mac)))\n"
+            "\(Self.magic) \(Hex.encode(storeID)) \(head.sequence) \(head.mac.isEmpty ? "-" : Hex.encode(head.mac)) \(Hex.encode(tag(sequence: head.sequence, mac: head.mac)))\n"
         var bytes = Array(line.utf8)
         bytes += [UInt8](repeating: UInt8(ascii: " "), count: max(0, Self.slotSize - bytes.count))
         return bytes
@@ -199,7 +167,7 @@ final class AuditAnchor: @unchecked Sendable {
             let end = min(data.count, start + Self.slotSize)
             let text = String(decoding: [UInt8](data)[start..<end], as: UTF8.self)
             let fields = text.split(separator: "\n").first?.split(separator: " ") ?? []
-            guard fields.count == 5, let id = hexBytes(fields[1]) else { continue }
+            guard fields.count == 5, let id = Hex.decode(fields[1]) else { continue }
             if case .head(let head) = read(storeID: id), head.sequence > (best?.head.sequence ?? -1) {
                 best = (id, head)
             }
@@ -212,7 +180,7 @@ final class AuditAnchor: @unchecked Sendable {
         guard let (id, head) = peek() else {
             return "the audit head anchor \(path) exists (and does not check out under this key)"
         }
-        return "the audit head anchor \(path) records store \(hexString(id)) at audit entry \(head.sequence)"
+        return "the audit head anchor \(path) records store \(Hex.encode(id)) at audit entry \(head.sequence)"
     }
 
     /// Forgets the frozen state and the head written, and writes `head`: only when an admin
@@ -241,9 +209,9 @@ final class AuditAnchor: @unchecked Sendable {
             let end = min(bytes.count, start + Self.slotSize)
             let text = String(decoding: bytes[start..<end], as: UTF8.self)
             let fields = text.split(separator: "\n").first?.split(separator: " ") ?? []
-            guard fields.count == 5, fields[0] == Self.magic, hexBytes(fields[1]) == storeID,
+            guard fields.count == 5, fields[0] == Self.magic, Hex.decode(fields[1]) == storeID,
                 let sequence = Int(fields[2]), sequence >= 0,
-                let mac = fields[3] == "-" ? [] : hexBytes(fields[3]), let tag = hexBytes(fields[4]),
+                let mac = fields[3] == "-" ? [] : Hex.decode(fields[3]), let tag = Hex.decode(fields[4]),
                 tag == self.tag(storeID: storeID, sequence: sequence, mac: mac)
             else { continue }
             if sequence > (best?.sequence ?? -1) { best = AuditHeadMark(sequence: sequence, mac: mac) }

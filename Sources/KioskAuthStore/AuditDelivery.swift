@@ -1,4 +1,5 @@
 public import Foundation
+import KioskAuthCore
 
 // Audit delivery's durable side: the cursor (the last entry the endpoint acknowledged) lives in
 // the same store as the trail, so both are restored together from a backup and a cursor can never
@@ -28,7 +29,7 @@ extension Store {
     /// The identity of this store's audit trail in delivered event ids: the store's random id in
     /// hex. It survives restarts and is new for a new store, whose sequence numbers start again.
     public var auditStreamID: String {
-        (try? locked { storeID })?.map { String(format: "%02x", $0) }.joined() ?? ""
+        (try? locked { storeID }).map(Hex.encode) ?? ""
     }
 
     /// The progress as recorded, whichever endpoint it belongs to; nil when nothing was ever

@@ -226,6 +226,10 @@ final class SQLiteConnection {
     /// Rows changed by the last statement.
     var changes: Int { Int(sqlite3_changes(handle)) }
 
+    /// Rows changed by every statement since the connection opened (rolled back ones included):
+    /// unchanged means nothing was written since.
+    var totalChanges: Int64 { sqlite3_total_changes64(handle) }
+
     /// Runs `body` in an immediate transaction, committing on return and rolling back on throw.
     /// With `synchronous: false` the commit does not wait for `fsync` (the connection's
     /// `synchronous=FULL` is lowered to NORMAL for this transaction only).

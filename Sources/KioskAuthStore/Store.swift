@@ -67,6 +67,8 @@ public final class Store: @unchecked Sendable {
     /// How deep in `transaction` the thread holding the lock is; nested transactions are
     /// savepoints of the outermost one. Guarded by the store's lock.
     private var transactionDepth = 0
+    /// `statusFigures()` as last read, and the connection's change count then.
+    private var statusCache: (changes: Int64, dataVersion: Int, figures: StoreStatusFigures)?
     /// A truncating checkpoint asked for inside a transaction, run once the outermost commits.
     /// Guarded by the store's lock.
     private var checkpointAfterCommit = false
@@ -687,6 +689,26 @@ public final class Store: @unchecked Sendable {
     }
 
     /// Number of people.
+    /// What `GetStatus` shows from the store: the number of people and the audit head. Kept
+    /// between calls and read again only after a write, by this connection (its change count)
+    /// or by another process (`PRAGMA data_version`), so a status call costs the store lock and
+    /// one pragma, not a count of the people.
+    public func statusFigures() throws(StoreError) -> StoreStatusFigures {
+        try locked {
+            let version = try connection.query("PRAGMA data_version").first?["data_version"].int ?? 0
+            let changes = connection.totalChanges
+            if let cached = statusCache, cached.changes == changes, cached.dataVersion == version {
+                return cached.figures
+            }
+            let people = try connection.query("SELECT COUNT(*) AS n FROM people").first?["n"].int ?? 0
+            let row = try connection.query("SELECT seq, mac FROM audit ORDER BY seq DESC LIMIT 1").first
+            let figures = StoreStatusFigures(
+                people: people, auditEvents: row?["seq"].int ?? 0, auditHead: row?["mac"].bytes ?? [])
+            statusCache = (changes, version, figures)
+            return figures
+        }
+    }
+
     public func peopleCount() throws(StoreError) -> Int {
         try locked { try connection.query("SELECT COUNT(*) AS n FROM people").first?["n"].int ?? 0 }
     }
@@ -905,4 +927,12 @@ extension JSONEncoder {
     func encodeOrThrow(_ value: some Encodable) throws(StoreError) -> [UInt8] {
         do { return Array(try encode(value)) } catch { throw StoreError(.integrity("encoding failed: \(error)")) }
     }
+}
+
+/// The store's part of `GetStatus`.
+public struct StoreStatusFigures: Sendable, Equatable {
+    public var people: Int
+    public var auditEvents: Int
+    /// The last audit entry's MAC (empty for an empty trail).
+    public var auditHead: [UInt8]
 }

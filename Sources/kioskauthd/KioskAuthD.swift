@@ -55,8 +55,9 @@ struct KioskAuthD: AsyncParsableCommand {
         // Everything the daemon creates (database, WAL, key file) is private to it.
         umask(0o077)
         let level = logLevel.flatMap(Logger.Level.init(rawValue:)) ?? .info
+        let journal = JournalSocket.fromEnvironment()
         LoggingSystem.bootstrap { label in
-            var handler = JournalLogHandler(label: label)
+            var handler = JournalLogHandler(label: label, native: journal)
             handler.logLevel = level
             return handler
         }

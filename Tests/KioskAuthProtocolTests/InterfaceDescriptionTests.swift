@@ -3,7 +3,7 @@ import KioskAuthProtocol
 import Testing
 
 /// The committed interface description, found beside the module's sources.
-private func interfaceFileText() throws -> String {
+func interfaceFileText() throws -> String {
     let url = URL(fileURLWithPath: #filePath)
         .deletingLastPathComponent()  // KioskAuthProtocolTests
         .deletingLastPathComponent()  // Tests
@@ -62,9 +62,9 @@ func checkDocComments(_ text: String) -> DocCommentReport {
 
 @Suite("The interface description")
 struct InterfaceDescriptionTests {
-    @Test func swiftCopy_equalsTheCommittedVarlinkFile() throws {
+    @Test func embeddedDescription_equalsTheCommittedVarlinkFile() throws {
         let file = try interfaceFileText()
-        // The Swift raw string ends where the file's final newline begins.
+        // The embedded text ends where the file's final newline begins.
         #expect(file.hasSuffix("\n"))
         #expect(KioskAuthInterface.description + "\n" == file)
     }

@@ -51,10 +51,40 @@ struct AuditChainTests {
             #expect(verification.reason == nil)
             let head = try store.auditHead()
             #expect(head.events == 5)
-            #expect(head.headHex == entries.last?.macHex)
+            #expect(Hex.encode(head.mac) == entries.last?.macHex)
             #expect(try store.auditEntries() == entries)
             #expect(try store.auditEntries(after: 2, limit: 2).map(\.sequence) == [3, 4])
             #expect(try store.auditEntries().map(\.record) == sampleRecords)
+        }
+    }
+
+    @Test func chunkedVerification_joinsUpAndFindsAnEditBeforeTheCheckpoint() throws {
+        let fixture = try StoreFixture()
+        let entries = try fixture.withStore { store throws in
+            try (0..<11).map { index in
+                try store.appendAudit(
+                    sampleRecords[index % sampleRecords.count], now: testNow.addingTimeInterval(Double(index)))
+            }
+        }
+        try fixture.withStore { store throws in
+            for chunkSize in [1, 2, 3, 10, 11, 12, 2048] {
+                let verification = try store.verifyAudit(trustedHead: nil, chunkSize: chunkSize)
+                #expect(verification.isValid, "chunk \(chunkSize)")
+                #expect(verification.events == 11)
+                #expect(verification.head == entries.last?.mac)
+            }
+        }
+        // Entry 4 lies before the checkpoint (the anchor holds entry 11): the check before serving
+        // passes, the full verification finds it whatever the chunk size.
+        try fixture.raw().query("UPDATE audit SET detail = 'edited' WHERE seq = 4")
+        try fixture.withStore { store throws in
+            #expect(try store.verifyAtStart().checkedFrom == 11)
+            for chunkSize in [1, 3, 4, 2048] {
+                let verification = try store.verifyAudit(trustedHead: nil, chunkSize: chunkSize)
+                #expect(!verification.isValid)
+                #expect(verification.brokenAt == 4, "chunk \(chunkSize)")
+                #expect(verification.events == 3)
+            }
         }
     }
 

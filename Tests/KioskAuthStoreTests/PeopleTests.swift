@@ -33,6 +33,24 @@ struct StoredPeopleTests {
         #expect(person.fingers.isEmpty)
     }
 
+    @Test func statusFigures_followEveryWrite_includingAnotherProcesses() throws {
+        let fixture = try StoreFixture()
+        let store = try fixture.open()
+        defer { store.close() }
+        #expect(try store.statusFigures().people == 0)
+        _ = try store.addTestPerson("ben")
+        let entry = try store.appendAudit(AuditRecord(action: "person.add", result: "success"), now: testNow)
+        var figures = try store.statusFigures()
+        #expect(figures.people == 1)
+        #expect(figures.auditEvents == entry.sequence)
+        #expect(figures.auditHead == entry.mac)
+        #expect(try store.statusFigures() == figures)
+        // Written behind the store's back, by another connection: seen at the next call.
+        try fixture.raw().query("DELETE FROM people")
+        figures = try store.statusFigures()
+        #expect(figures.people == 0)
+    }
+
     @Test func person_withoutAUid_isFoundByName_butByNoUid() throws {
         let fixture = try StoreFixture()
         try fixture.withStore { store throws in

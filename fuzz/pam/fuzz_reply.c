@@ -1,7 +1,7 @@
 /*
  * libFuzzer target for the PAM module's JSON parser and reply handling, built by fuzz/run with
- * clang -fsanitize=fuzzer,address,undefined. The module's functions are static, so its source
- * is included (as pam/json_check.c does).
+ * clang -fsanitize=fuzzer,address,undefined and linked with the module's internal library
+ * (pam/libkioskauth-pam.a, built by fuzz/run with -fsanitize=fuzzer-no-link,address,undefined).
  *
  * Each input is what the daemon might send on the connection: it is written to one end of a
  * socket pair, and the module's own connection_receive() takes NUL-terminated replies off the
@@ -10,9 +10,22 @@
  * waiting times, enrolment progress, ticket lifetimes, and the messages shown to the person.
  */
 
-#include "../../pam/pam_kioskauth.c"
+#define _GNU_SOURCE
+
+#include <stdint.h>
+#include <stdlib.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <security/pam_appl.h>
+
+#include "../../pam/conversation.h"
+#include "../../pam/enrol.h"
+#include "../../pam/finger.h"
+#include "../../pam/passcode.h"
+#include "../../pam/person.h"
+#include "../../pam/step.h"
+#include "../../pam/varlink.h"
 
 static int quiet_conversation(int n, const struct pam_message **messages,
                               struct pam_response **responses, void *data) {

@@ -19,7 +19,21 @@ struct kioskauth_peer_groups {
     gid_t gids[KIOSKAUTH_MAX_PEER_GROUPS];
 };
 
-static inline int kioskauth_so_peercred(void) { return SO_PEERCRED; }
-static inline int kioskauth_so_peergroups(void) { return SO_PEERGROUPS; }
+static inline int kioskauth_so_peercred(void) {
+    return SO_PEERCRED;
+}
+static inline int kioskauth_so_peergroups(void) {
+    return SO_PEERGROUPS;
+}
+
+/// Bounds what glibc's allocator keeps after a burst, before any thread allocates: at most
+/// `arenas` arenas (glibc's default is 8 per core, each keeping its own free memory), and a fixed
+/// trim and mmap threshold of `threshold` bytes. Fixed, because glibc otherwise raises both after
+/// the first large block is freed (up to 32 MB and 64 MB), after which an arena keeps a megabyte
+/// or more of free memory at its top for good.
+void kioskauth_bound_allocator(int arenas, int threshold);
+
+/// Returns free memory in every arena to the kernel (`malloc_trim(0)`).
+void kioskauth_release_free_memory(void);
 
 #endif

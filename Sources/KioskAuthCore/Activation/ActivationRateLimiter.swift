@@ -1,4 +1,4 @@
-public import Foundation
+public import FoundationEssentials
 
 /// Per-terminal activation attempt limit: 5 wrong codes in 15 min pause activation.
 ///

@@ -1,4 +1,4 @@
-public import Foundation
+public import FoundationEssentials
 
 /// The terminal-wide walk-up identify state, persisted so a restart does not lift a pause.
 public struct IdentifyThrottleState: Codable, Sendable, Equatable {

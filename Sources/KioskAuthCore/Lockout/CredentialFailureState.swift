@@ -1,4 +1,4 @@
-public import Foundation
+public import FoundationEssentials
 
 /// Consecutive-failure state of one person's credentials, persisted by the store as plain columns.
 ///

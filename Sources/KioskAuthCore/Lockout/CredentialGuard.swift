@@ -1,4 +1,4 @@
-public import Foundation
+public import FoundationEssentials
 
 /// Whether a passcode attempt may be checked.
 public enum PasscodeGate: Equatable, Sendable {

@@ -1,4 +1,4 @@
-public import Foundation
+public import FoundationEssentials
 
 /// How consecutive credential failures are answered (docs/design.md, §3.1 "Passcodes and
 /// lockout" and §3.2 "Fingerprints").

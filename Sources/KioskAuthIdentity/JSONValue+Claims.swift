@@ -1,42 +1,15 @@
 import Foundation
+import KioskAuthProtocol
 
-/// A decoded JSON document: token claims, provider responses and error bodies have open shapes.
-enum JSONValue: Sendable, Equatable, Decodable {
-    case null
-    case bool(Bool)
-    case number(Double)
-    case string(String)
-    case array([JSONValue])
-    case object([String: JSONValue])
+// Provider responses, token headers and claims, and key sets have open shapes: they are read as
+// `JSONValue`s, parsed by the same strict parser as the socket's messages (valid UTF-8, no
+// duplicate members, bounded nesting, nothing after the document).
 
-    init(from decoder: any Decoder) throws {
-        let container = try decoder.singleValueContainer()
-        if container.decodeNil() {
-            self = .null
-        } else if let value = try? container.decode(Bool.self) {
-            self = .bool(value)
-        } else if let value = try? container.decode(Double.self) {
-            self = .number(value)
-        } else if let value = try? container.decode(String.self) {
-            self = .string(value)
-        } else if let value = try? container.decode([JSONValue].self) {
-            self = .array(value)
-        } else {
-            self = .object(try container.decode([String: JSONValue].self))
-        }
-    }
-
-    /// Parses `data`, which must hold a JSON object.
+extension JSONValue {
+    /// Parses `data`, which must hold exactly one JSON object, strictly.
     static func parseObject(_ data: Data) -> [String: JSONValue]? {
-        guard case .object(let object)? = try? JSONDecoder().decode(JSONValue.self, from: data) else {
-            return nil
-        }
+        guard case .object(let object)? = try? JSONValue.parse(data) else { return nil }
         return object
-    }
-
-    var stringValue: String? {
-        if case .string(let value) = self { return value }
-        return nil
     }
 
     var doubleValue: Double? {
