@@ -1,6 +1,7 @@
 public import Foundation
 import KioskAuthCore
 public import KioskAuthFingerprint
+import KioskAuthProtocol
 public import KioskAuthStore
 public import Logging
 public import NIOPosix

@@ -34,7 +34,7 @@ final class DispatcherFixture {
 
     let directory: String
     let store: Store
-    let pool: NIOThreadPool
+    let pool: HashingPool
     let clock = TestClock()
     let authority: Authority
     let dispatcher: Dispatcher
@@ -48,7 +48,7 @@ final class DispatcherFixture {
         let clock = self.clock
         store = try Store(
             path: directory + "/" + Store.databaseFileName, key: .random(), logger: logger, now: clock.reading().wall)
-        pool = NIOThreadPool(numberOfThreads: 1)
+        pool = HashingPool(workers: 1, queueLimit: 16)
         pool.start()
         var configuration = DaemonConfiguration()
         configuration.store.passcodeHashMemoryKiB = 1024
@@ -66,7 +66,7 @@ final class DispatcherFixture {
     }
 
     deinit {
-        try? pool.syncShutdownGracefully()
+        pool.shutdown()
         store.close()
         try? FileManager.default.removeItem(atPath: directory)
     }
