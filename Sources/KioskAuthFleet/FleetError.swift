@@ -1,0 +1,74 @@
+/// A fleet failure. A struct over a private enum so new cases never break callers; `code` says
+/// which named error it becomes once the daemon adopts the fleet.
+public struct FleetError: Error, CustomStringConvertible, Sendable {
+    /// What went wrong.
+    public enum Code: String, Sendable {
+        /// The directory address is malformed, or asks for plain text to a host that is not
+        /// this machine.
+        case badEndpoint
+        /// The directory could not be reached or answered with an error.
+        case directoryUnavailable
+        /// The directory's schema is newer than this build.
+        case futureSchema
+        /// The join token is unknown, used, expired, or its proof does not open.
+        case joinRefused
+        /// A key is missing, malformed, or does not open what it should.
+        case keyUnavailable
+        /// A sealed value failed to open: wrong key, edited bytes, or moved to another row.
+        case integrity
+        /// The terminal is not a member of the fleet.
+        case notMember
+        /// The directory's state does not allow the request (e.g. a second bootstrap).
+        case conflict
+    }
+
+    enum Kind: Sendable {
+        case badEndpoint(String)
+        case directoryUnavailable(String)
+        case futureSchema(found: Int32, supported: Int32)
+        case joinRefused(String)
+        case keyUnavailable(String)
+        case integrity(String)
+        case notMember(String)
+        case conflict(String)
+    }
+
+    let kind: Kind
+    /// Where the error was raised.
+    public let file: String
+    public let line: Int
+
+    init(_ kind: Kind, file: String = #fileID, line: Int = #line) {
+        self.kind = kind
+        self.file = file
+        self.line = line
+    }
+
+    /// The error's code.
+    public var code: Code {
+        switch kind {
+        case .badEndpoint: .badEndpoint
+        case .directoryUnavailable: .directoryUnavailable
+        case .futureSchema: .futureSchema
+        case .joinRefused: .joinRefused
+        case .keyUnavailable: .keyUnavailable
+        case .integrity: .integrity
+        case .notMember: .notMember
+        case .conflict: .conflict
+        }
+    }
+
+    public var description: String {
+        switch kind {
+        case .badEndpoint(let reason): "bad directory address: \(reason)"
+        case .directoryUnavailable(let reason): "directory unavailable: \(reason)"
+        case .futureSchema(let found, let supported):
+            "the directory's schema is version \(found); this build knows up to \(supported)"
+        case .joinRefused(let reason): "join refused: \(reason)"
+        case .keyUnavailable(let reason): "fleet key unavailable: \(reason)"
+        case .integrity(let reason): "fleet integrity: \(reason)"
+        case .notMember(let reason): "not a fleet member: \(reason)"
+        case .conflict(let reason): "fleet conflict: \(reason)"
+        }
+    }
+}

@@ -1,0 +1,194 @@
+public import Foundation
+
+/// A terminal's registration: who it is and which reader it has, so templates reach only
+/// terminals that can use them.
+public struct TerminalRegistration: Sendable, Equatable {
+    public var id: UUID
+    public var name: String
+    public var publicKey: [UInt8]
+    /// libfprint's driver name (e.g. `virtual_image`), nil without a reader.
+    public var readerDriver: String?
+    /// The device type within the driver; templates are tagged with both.
+    public var readerDeviceType: String?
+    /// A match-on-chip reader enrols locally and never takes templates from the directory.
+    public var isMatchOnChip: Bool
+
+    /// A registration for `keyPair`'s terminal.
+    public init(
+        id: UUID, name: String, publicKey: [UInt8], readerDriver: String?, readerDeviceType: String?,
+        isMatchOnChip: Bool
+    ) {
+        self.id = id
+        self.name = name
+        self.publicKey = publicKey
+        self.readerDriver = readerDriver
+        self.readerDeviceType = readerDeviceType
+        self.isMatchOnChip = isMatchOnChip
+    }
+}
+
+/// One write a terminal pushes. Secrets are sealed before they get here.
+public enum FleetWrite: Sendable, Equatable {
+    /// Adds or changes a person (`state`: active, suspended or removed).
+    case person(id: UUID, name: String, role: String, uid: Int32?, state: String)
+    /// Sets a person's passcode verifier.
+    case verifier(person: UUID, sealed: SealedBlob)
+    /// Adds or replaces a template, tagged with the reader it was made on.
+    case template(id: UUID, person: UUID, finger: String, driver: String, deviceType: String, sealed: SealedBlob)
+    /// Removes a template.
+    case removeTemplate(id: UUID)
+    /// Adds `count` passcode failures counted at this terminal.
+    case passcodeFailures(person: UUID, count: Int32)
+    /// Clears a person's failures everywhere (a successful passcode, an admin reset).
+    case passcodeReset(person: UUID)
+    /// Appends one audit event; `key` makes it stored once however often it is resent.
+    case audit(key: UUID, sequence: Int64, occurredAt: Date, person: String?, action: String, result: String)
+
+    var record: [String: String] {
+        switch self {
+        case .person(let id, let name, let role, let uid, let state):
+            var record = ["op": "person", "person": id.fleetText, "name": name, "role": role, "state": state]
+            if let uid { record["uid"] = String(uid) }
+            return record
+        case .verifier(let person, let sealed):
+            return [
+                "op": "verifier", "person": person.fleetText, "generation": String(sealed.generation),
+                "sealed": Data(sealed.bytes).base64EncodedString(),
+            ]
+        case .template(let id, let person, let finger, let driver, let deviceType, let sealed):
+            return [
+                "op": "template", "template": id.fleetText, "person": person.fleetText, "finger": finger,
+                "driver": driver, "device_type": deviceType, "generation": String(sealed.generation),
+                "sealed": Data(sealed.bytes).base64EncodedString(),
+            ]
+        case .removeTemplate(let id):
+            return ["op": "remove_template", "template": id.fleetText]
+        case .passcodeFailures(let person, let count):
+            return ["op": "passcode_failures", "person": person.fleetText, "count": String(count)]
+        case .passcodeReset(let person):
+            return ["op": "passcode_reset", "person": person.fleetText]
+        case .audit(let key, let sequence, let occurredAt, let person, let action, let result):
+            var record = [
+                "op": "audit", "key": key.fleetText, "sequence": String(sequence),
+                "occurred_at": ISO8601DateFormatter().string(from: occurredAt), "action": action, "result": result,
+            ]
+            if let person { record["person"] = person }
+            return record
+        }
+    }
+}
+
+/// A batch of writes applied in one transaction, exactly once per idempotency key. The terminal
+/// stores the batch with its key in its durable queue before the first attempt and resends it,
+/// same key, until the directory answers.
+public struct PushBatch: Sendable, Equatable {
+    public var idempotencyKey: UUID
+    public var terminal: UUID
+    public var writes: [FleetWrite]
+
+    /// A batch from `terminal`.
+    public init(idempotencyKey: UUID, terminal: UUID, writes: [FleetWrite]) {
+        self.idempotencyKey = idempotencyKey
+        self.terminal = terminal
+        self.writes = writes
+    }
+}
+
+/// What became of a push.
+public enum PushOutcome: Sendable, Equatable {
+    /// Applied now.
+    case applied
+    /// Its idempotency key had been applied before; nothing changed.
+    case alreadyApplied
+}
+
+/// One entry of the change feed: the row as it is after the change, secrets sealed.
+public struct FleetChange: Sendable, Equatable {
+    /// The change id: increasing in commit order, with gaps.
+    public var id: Int64
+    /// The table (`people`, `passcode_verifiers`, `templates`, `person_lockout`, `terminals`,
+    /// `wrapped_keys`).
+    public var entity: String
+    /// The row's key (a person, template or terminal id; `terminal/generation` for wrapped keys).
+    public var key: String
+    /// The row was deleted.
+    public var isDeletion: Bool
+    /// The row after the change as JSON (bytea columns as `\x` hex), nil for a deletion.
+    public var body: String?
+
+    /// The body's fields, strings as they are and other values as JSON text.
+    public var fields: [String: String] {
+        guard let body, let object = try? JSONSerialization.jsonObject(with: Data(body.utf8)) as? [String: Any]
+        else { return [:] }
+        return object.compactMapValues { value in
+            switch value {
+            case let text as String: text
+            case is NSNull: nil
+            case let number as NSNumber: number.stringValue
+            default: nil
+            }
+        }
+    }
+
+    /// The sealed secret in a `templates` or `passcode_verifiers` change.
+    public var sealedBlob: SealedBlob? {
+        let fields = fields
+        guard let generation = fields["generation"].flatMap({ Int32($0) }), let hex = fields["sealed"],
+            hex.hasPrefix("\\x")
+        else { return nil }
+        var bytes: [UInt8] = []
+        var index = hex.index(hex.startIndex, offsetBy: 2)
+        while index < hex.endIndex {
+            let next = hex.index(index, offsetBy: 2, limitedBy: hex.endIndex) ?? hex.endIndex
+            guard let byte = UInt8(hex[index..<next], radix: 16) else { return nil }
+            bytes.append(byte)
+            index = next
+        }
+        return SealedBlob(generation: generation, bytes: bytes)
+    }
+}
+
+/// A one-time join token as the admin hands it over: `kat1.<token id>.<secret>`. The directory
+/// stores only SHA-256 of the secret; the issuing member keeps the secret until it has admitted
+/// the terminal that used it.
+public struct JoinToken: Sendable, Equatable, CustomStringConvertible {
+    public let id: UUID
+    let secret: [UInt8]
+
+    init(id: UUID, secret: [UInt8]) {
+        self.id = id
+        self.secret = secret
+    }
+
+    /// Parses the text the admin types.
+    public init(text: String) throws(FleetError) {
+        let parts = text.split(separator: ".", omittingEmptySubsequences: false)
+        guard parts.count == 3, parts[0] == "kat1", let id = UUID(uuidString: String(parts[1])),
+            let secret = Data(base64URL: String(parts[2])), secret.count == 32
+        else { throw FleetError(.joinRefused("malformed join token")) }
+        self.init(id: id, secret: Array(secret))
+    }
+
+    /// The text to hand to the joining terminal's admin.
+    public var text: String { "kat1.\(id.fleetText).\(Data(secret).base64URL)" }
+
+    /// Never prints the secret.
+    public var description: String { "join token \(id.fleetText)" }
+}
+
+extension UUID {
+    var fleetText: String { uuidString.lowercased() }
+}
+
+extension Data {
+    init?(base64URL text: String) {
+        var base64 = text.replacingOccurrences(of: "-", with: "+").replacingOccurrences(of: "_", with: "/")
+        while base64.count % 4 != 0 { base64 += "=" }
+        self.init(base64Encoded: base64)
+    }
+
+    var base64URL: String {
+        base64EncodedString().replacingOccurrences(of: "+", with: "-").replacingOccurrences(of: "/", with: "_")
+            .replacingOccurrences(of: "=", with: "")
+    }
+}
