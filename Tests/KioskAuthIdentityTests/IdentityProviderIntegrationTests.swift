@@ -376,7 +376,8 @@ struct TransportDeadlineTests {
         }
         let elapsed = ContinuousClock.now - started
         #expect(error?.code == .timedOut, "\(String(describing: error))")
-        #expect(elapsed < .seconds(8), "took \(elapsed)")  // a hung connect would take minutes
+        // A hung connect would take minutes; 30 s leaves room for a loaded CI machine.
+        #expect(elapsed < .seconds(30), "took \(elapsed)")
         // Nothing was sent, so nothing can have happened at the provider: safe to retry.
         #expect(error?.isAmbiguous == false)
         withExtendedLifetime(listener) {}

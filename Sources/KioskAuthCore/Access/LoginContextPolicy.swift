@@ -1,4 +1,4 @@
-public import Foundation
+public import FoundationEssentials
 
 /// What the PAM module says about a login, reduced to the facts the login-context rules read.
 public struct LoginContext: Sendable, Equatable {
