@@ -417,6 +417,14 @@ def test_status_onOneScreen_andJson_forAdminsAndOthers(make_daemon, tmp_path):
     assert "reader:       virtual_device" in other.stdout
     seen = json.loads(d.ctl("status", "--json", user="nobody").stdout)
     assert set(seen) == STATUS_KEYS
+    # The summary is asked for: a plain GetStatus (what monitors poll) names nobody, even for
+    # root, and asking for the summary as nobody gets the terminal's figures only.
+    plain = d.call("io.kioskauth.GetStatus", {})["parameters"]
+    assert "lockedOut" not in plain and "lastUnlocks" not in plain and plain["people"] == 2
+    asked = d.call("io.kioskauth.GetStatus", {"summary": True})["parameters"]
+    assert [p["name"] for p in asked["lockedOut"]] == ["noor"]
+    refused = d.call("io.kioskauth.GetStatus", {"summary": True}, user="nobody")["parameters"]
+    assert "lockedOut" not in refused and "lastUnlocks" not in refused
     # Asking status audits nothing, for anyone: no refusals piled up by looking.
     assert not [e for e in trail(d) if e["result"] == "refused"]
 

@@ -80,8 +80,8 @@ public struct Dispatcher: Sendable {
             default: throw APIError.interfaceNotFound(input.interface)
             }
         }
-        register(KioskAuthMethod.getStatus) { (_, caller, _) in
-            try await authority.terminal.status(caller)
+        register(KioskAuthMethod.getStatus) { (input, caller, _) in
+            try await authority.terminal.status(caller, summary: input.summary ?? false)
         }
         register(KioskAuthMethod.addPerson) { (input, caller, _) in
             try await authority.credentials.addPerson(caller, input)
@@ -171,8 +171,9 @@ public struct Dispatcher: Sendable {
             default: nil
             }
         }
-        registerImmediate(KioskAuthMethod.getStatus.qualifiedName) { (_: Message.Empty, caller) in
-            authority.immediateStatus(caller)
+        // The summary reads every person on the actor: only the plain status is immediate.
+        registerImmediate(KioskAuthMethod.getStatus.qualifiedName) { (input: Message.GetStatus, caller) in
+            input.summary == true ? nil : authority.immediateStatus(caller)
         }
         registerMetricsMethods(authority: authority)
         assert(

@@ -12,17 +12,19 @@ final class TerminalAuthority: AuthorityPart {
 
     // MARK: Status
 
-    func status(_ caller: Caller) throws(APIError) -> Message.Status {
+    /// `GetStatus`; with `summary`, admins also get who is locked out and the last unlocks.
+    func status(_ caller: Caller, summary: Bool = false) throws(APIError) -> Message.Status {
         let figures = try withStore(caller, action: .status) { () throws(StoreError) in try store.statusFigures() }
-        return try withAdminSummary(status(caller, figures), for: caller)
+        let status = status(caller, figures)
+        return summary ? try withAdminSummary(status, for: caller) : status
     }
 
-    /// `GetStatus` answered on the connection's event loop, without a hop to the actor: it reads
-    /// only constants, the audit delivery monitor and the store (under the store's own lock).
-    /// nil when the store fails, so that the call goes through `status(_:)`, which audits it, and
-    /// for admins, whose answer carries the lockout and unlock summary read on the actor.
+    /// `GetStatus` without the summary, answered on the connection's event loop without a hop to
+    /// the actor: it reads only constants, the audit delivery monitor and the store (under the
+    /// store's own lock). nil when the store fails, so that the call goes through `status(_:)`,
+    /// which audits it.
     nonisolated func immediateStatus(_ caller: Caller) -> Message.Status? {
-        guard !context.access.isAdmin(caller), let figures = try? context.store.statusFigures() else { return nil }
+        guard let figures = try? context.store.statusFigures() else { return nil }
         return status(caller, figures)
     }
 

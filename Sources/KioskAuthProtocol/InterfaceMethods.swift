@@ -40,7 +40,7 @@ public enum KioskAuthMethod {
     private typealias E = KioskAuthError
 
     // The daemon and people.
-    public static let getStatus = VarlinkMethod<Message.Empty, Message.Status>(
+    public static let getStatus = VarlinkMethod<Message.GetStatus, Message.Status>(
         "GetStatus", errors: [E.storeIntegrity])
     public static let getMetrics = VarlinkMethod<Message.Empty, Message.Metrics>(
         "GetMetrics", errors: [E.permissionDenied])

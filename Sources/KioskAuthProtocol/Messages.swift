@@ -115,6 +115,12 @@ public struct AuditEventRecord: Codable, Sendable, Equatable {
 public enum Message {
     public struct Empty: Codable, Sendable { public init() {} }
 
+    public struct GetStatus: Codable, Sendable {
+        /// Admins: also list who is locked out and the last unlocks (reads every person).
+        public var summary: Bool?
+        public init(summary: Bool? = nil) { self.summary = summary }
+    }
+
     public struct Status: Codable, Sendable {
         public var version: String
         public var schemaVersion: Int

@@ -38,7 +38,7 @@ struct Status: ParsableCommand {
     func run() throws {
         var quiet = global
         quiet.json = false
-        let status = try quiet.call(KioskAuthMethod.getStatus, Message.Empty())
+        let status = try quiet.call(KioskAuthMethod.getStatus, Message.GetStatus(summary: true))
         let readers = try? quiet.call(KioskAuthMethod.getReaders, Message.Empty()).readers
         let connectivity = try? quiet.call(
             KioskAuthMethod.getConnectivity, Message.GetConnectivity(people: true))
