@@ -179,6 +179,28 @@ final class CredentialAuthority: AuthorityPart {
         }
     }
 
+    /// A new passcode against the policy; a weak one is refused `WeakPasscode` and audited as
+    /// `action` (the same for an admin's SetPasscode, self-service and first-use activation).
+    func checkPasscodePolicy(
+        _ caller: Caller, _ passcode: String, confirmation: String, action: AuditAction, person: String
+    ) throws(APIError) {
+        do {
+            try passcodePolicy.validate(passcode, confirmation: confirmation)
+        } catch {
+            audit(caller, action: action, result: .refused, person: person, detail: "weak: \(error.reason.rawValue)")
+            throw APIError.own(
+                "WeakPasscode", ["reason": .string(error.reason.rawValue), "message": .string(error.description)])
+        }
+    }
+
+    /// The Argon2id verifier of a new passcode, hashed on the bounded pool.
+    func makeVerifier(_ caller: Caller, _ passcode: String) async throws(APIError) -> PasscodeVerifier {
+        let parameters = hashParameters
+        return try await hash(caller) { () throws(StoreError) in
+            try PasscodeVerifier.make(passcode: passcode, parameters: parameters)
+        }
+    }
+
     func setPasscode(_ caller: Caller, _ input: Message.SetPasscode) async throws(APIError) -> PersonRecord {
         let name = try loginName(input.name)
         let person = try authorisedPerson(
@@ -194,20 +216,9 @@ final class CredentialAuthority: AuthorityPart {
                 throw APIError.ticketInvalid
             }
         }
-        do {
-            try passcodePolicy.validate(input.passcode, confirmation: input.confirmation)
-        } catch {
-            audit(
-                caller, action: .passcodeSet, result: .refused, person: name.rawValue,
-                detail: "weak: \(error.reason.rawValue)")
-            throw APIError.own(
-                "WeakPasscode", ["reason": .string(error.reason.rawValue), "message": .string(error.description)])
-        }
-        let passcode = input.passcode
-        let parameters = hashParameters
-        let verifier = try await hash(caller) { () throws(StoreError) in
-            try PasscodeVerifier.make(passcode: passcode, parameters: parameters)
-        }
+        try checkPasscodePolicy(
+            caller, input.passcode, confirmation: input.confirmation, action: .passcodeSet, person: name.rawValue)
+        let verifier = try await makeVerifier(caller, input.passcode)
         if !groups.isAdmin(caller), let ticket = input.ticket, !consumeTicket(ticket, person: person, caller: caller) {
             throw APIError.ticketInvalid
         }

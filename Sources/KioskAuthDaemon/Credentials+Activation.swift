@@ -205,21 +205,11 @@ extension CredentialAuthority {
                 detail: "invalid ticket")
             throw APIError.ticketInvalid
         }
-        do {
-            try passcodePolicy.validate(input.passcode, confirmation: input.confirmation)
-        } catch {
-            // The ticket stays valid: the person tries another passcode.
-            audit(
-                caller, action: .activationComplete, result: .refused, person: person.name.rawValue,
-                detail: "weak: \(error.reason.rawValue)")
-            throw APIError.own(
-                "WeakPasscode", ["reason": .string(error.reason.rawValue), "message": .string(error.description)])
-        }
-        let passcode = input.passcode
-        let parameters = hashParameters
-        let verifier = try await hash(caller) { () throws(StoreError) in
-            try PasscodeVerifier.make(passcode: passcode, parameters: parameters)
-        }
+        // A weak passcode leaves the ticket valid: the person tries another.
+        try checkPasscodePolicy(
+            caller, input.passcode, confirmation: input.confirmation, action: .activationComplete,
+            person: person.name.rawValue)
+        let verifier = try await makeVerifier(caller, input.passcode)
         guard consumeActivationTicket(input.ticket, caller: caller) != nil,
             let code = try withStore(
                 caller, action: .activationComplete,
