@@ -246,6 +246,7 @@ public enum Daemon {
             usesDevelopmentKey: { if case .developmentKeyFile = source { true } else { false } }(),
             reader: reader, logger: logger, services: onlineServices, now: { clock.now() })
         await authority.audit(nil, action: .daemonStart, result: .success, detail: "schema \(Store.schemaVersion)")
+        await authority.recordLegacyBindings()
         await authority.reconcileSensor()
         await authority.startOnline()
 
