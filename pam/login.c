@@ -11,12 +11,11 @@
 #include <string.h>
 #include <unistd.h>
 
-#include <systemd/sd-login.h>
-
 #include <security/pam_modutil.h>
 
 #include "json.h"
 #include "login.h"
+#include "logind.h"
 
 /* Logs and returns `ret`, so a failure is reported and returned in one statement. */
 int log_ret(const struct login *l, int ret, int priority, const char *format, ...) {
@@ -51,15 +50,14 @@ static bool host_is_local(const char *host) {
 }
 
 /* PAM_RHOST is empty for su or sudo inside an SSH login: where logind runs, it knows whether the
- * session of the process calling PAM is remote (sd_pid_get_session reads the session from the
- * process's cgroup, sd_session_is_remote reads /run/systemd/sessions/ID). Where it does not run,
- * the calls fail; the daemon is told so and audits it, and PAM_RHOST alone decides. */
+ * session of the process calling PAM is remote (the session is read from the process's cgroup,
+ * whether it is remote from /run/systemd/sessions/ID; logind.c). Where it does not run, that
+ * fails; the daemon is told so and audits it, and PAM_RHOST alone decides. */
 static void ask_logind(struct login *l) {
-    char *session = NULL;
-    int r = sd_pid_get_session(getpid(), &session);
+    char session[LOGIND_SESSION_ID_MAX];
+    int r = logind_own_session(session, sizeof(session));
     if (r >= 0) {
-        r = sd_session_is_remote(session);
-        free(session);
+        r = logind_session_is_remote(session);
         if (r > 0) {
             l->remote = true;
             snprintf(l->logind, sizeof(l->logind), "remote");
