@@ -73,6 +73,7 @@ static void ask_logind(struct login *l) {
 
 void login_init(struct login *l, pam_handle_t *pamh, int flags, const struct options *options) {
     *l = (struct login){.pamh = pamh, .options = *options, .flags = flags, .ruid = getuid()};
+    l->account = &l->account_storage;
     const char *service = string_item(pamh, PAM_SERVICE);
     const char *tty = string_item(pamh, PAM_TTY);
     const char *host = string_item(pamh, PAM_RHOST);
@@ -119,13 +120,30 @@ void json_context(struct buffer *b, const struct login *l) {
     /* The Unix account PAM_USER names, if it names one: the daemon refuses anyone not bound to it.
      */
     const char *user = string_item(l->pamh, PAM_USER);
-    const struct passwd *account =
-        user && strlen(user) <= MAX_ITEM_LENGTH ? pam_modutil_getpwnam(l->pamh, user) : NULL;
-    if (account) {
+    uid_t uid;
+    if (user && strlen(user) <= MAX_ITEM_LENGTH && unix_account(l, user, &uid)) {
         buffer_puts(b, ",\"targetUid\":");
-        json_unsigned(b, account->pw_uid);
+        json_unsigned(b, uid);
     }
     buffer_puts(b, "}");
+}
+
+bool unix_account(const struct login *l, const char *user, uid_t *uid) {
+    struct account_lookup *kept = l->account;
+    size_t length = strlen(user);
+    if (kept && kept->done && strcmp(kept->name, user) == 0) {
+        *uid = kept->uid;
+        return kept->exists;
+    }
+    const struct passwd *account = pam_modutil_getpwnam(l->pamh, user);
+    if (kept && length < sizeof(kept->name)) {
+        *kept = (struct account_lookup){
+            .done = true, .exists = account != NULL, .uid = account ? account->pw_uid : 0};
+        memcpy(kept->name, user, length + 1);
+    }
+    if (account)
+        *uid = account->pw_uid;
+    return account != NULL;
 }
 
 void free_data(pam_handle_t *pamh, void *data, int error_status) {
