@@ -49,7 +49,7 @@ IDLE_THREADS = sorted(["kioskauthd", "NIO-ELT-1-#1", "fprint-glib", "GUsbEventTh
 # libdispatch's own workers (Swift concurrency's global executor and serial queues), named after
 # their queue ("com.apple.root.default-qos", cut to 15 bytes): they come and go with work.
 DISPATCH = re.compile(r"qos")
-MAX_DISPATCH_IDLE = 2
+MAX_DISPATCH_IDLE = 3
 
 
 def thread_names(pid: int) -> list[str]:
