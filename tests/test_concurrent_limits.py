@@ -128,3 +128,66 @@ def test_a_passcode_storm_beyond_the_hashing_queue_is_refused_busy_and_not_count
     assert person["passcodeFailures"] == checked, (person, results)
     # A Busy reply leaves the connection usable, and the pool free again takes the next call.
     assert "error" not in d.call("io.kioskauth.VerifyPasscode", {"name": "sarah", "passcode": "482913"})
+
+
+# One storm client: VerifyPasscode as fast as answered on one connection for `seconds`, printing
+# the monotonic time of each answer (CLOCK_MONOTONIC is the same clock in every process).
+STORM_CLIENT = r"""
+import json, socket, sys, time
+path, name, passcode, seconds = sys.argv[1], sys.argv[2], sys.argv[3], float(sys.argv[4])
+s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+s.connect(path)
+call = json.dumps({"method": "io.kioskauth.VerifyPasscode",
+                   "parameters": {"name": name, "passcode": passcode}}).encode() + b"\0"
+end = time.monotonic() + seconds
+buf = b""
+while time.monotonic() < end:
+    s.sendall(call)
+    while b"\0" not in buf:
+        buf += s.recv(65536)
+    reply, buf = buf.split(b"\0", 1)
+    print(time.monotonic(), json.loads(reply).get("error", "ok"), flush=True)
+"""
+
+
+def test_a_passcode_storm_from_another_uid_cannot_starve_a_legitimate_unlock(make_daemon):
+    """A kiosk app (the authenticator group, another uid) storms VerifyPasscode over six
+    connections while root (as PAM is) unlocks. With one hashing worker, a first-come queue puts
+    the unlock behind every storm hash already waiting (five or six); the pool serves the uids in
+    turn, so at most the storm hash running and one more finish while the unlock waits. The
+    storm's passcodes are right ones, so no lockout stops it hashing."""
+    import subprocess
+    import sys
+    import time
+
+    from kioskauth_testing import as_user
+    from test_core_e2e import add, set_passcode
+
+    d = make_daemon(config="[Store]\nPasscodeHashWorkers=1\nPasscodeHashMemoryKiB=16384\nPasscodeHashIterations=2\n")
+    d.start()
+    clients = 6
+    for name in ["sarah"] + [f"storm{i}" for i in range(clients)]:
+        add(d, name)
+        assert set_passcode(d, name, "482913").returncode == 0
+    seconds = 12
+    storm = [subprocess.Popen(as_user([sys.executable, "-c", STORM_CLIENT, d.socket, f"storm{i}", "482913", str(seconds)],
+                                      "nobody", ["kioskauth"]), stdout=subprocess.PIPE, text=True)
+             for i in range(clients)]
+    try:
+        time.sleep(2)  # the storm fills the queue
+        unlocks = []
+        conn = Connection(d.socket)
+        for _ in range(4):
+            sent = time.monotonic()
+            reply = conn.call("VerifyPasscode", {"name": "sarah", "passcode": "482913"})
+            unlocks.append((sent, time.monotonic()))
+            assert "error" not in reply, reply
+        conn.close()
+    finally:
+        outputs = [p.communicate(timeout=seconds + 30)[0] for p in storm]
+    answers = [line.split() for out in outputs for line in out.splitlines() if line.strip()]
+    assert answers and all(result == "ok" for _, result in answers), answers[:5]
+    times = [float(t) for t, _ in answers]
+    # Storm hashes that finished while each unlock waited: the one running, and one more at most.
+    overtaken = [sum(1 for t in times if sent < t < done) for sent, done in unlocks]
+    assert max(overtaken) <= 2, overtaken

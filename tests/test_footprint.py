@@ -4,6 +4,8 @@ into it. `bench/rss_breakdown.py` measures the daemon's mappings and threads."""
 
 import re
 import subprocess
+import time
+from pathlib import Path
 
 from kioskauth_testing import KIOSKAUTHCTL
 
@@ -37,3 +39,51 @@ def test_kioskauthctl_still_starts_and_formats_without_them(daemon):
     # Every row's third column (ROLES) starts at the same character.
     starts = {len(re.match(r"\S+\s+.*?\s{2,}", row).group(0)) for row in rows}
     assert len(starts) == 1, listing.stdout
+
+
+# The daemon's idle threads with its default configuration (fingerprints enabled): the main
+# thread, the socket's one event loop, the GLib thread libfprint runs on and the two USB event
+# threads libfprint's GUsb and libusb keep. No hashing thread until a passcode is checked, and
+# none once the last hash has been idle a while; no sweep or verification thread left behind.
+IDLE_THREADS = sorted(["kioskauthd", "NIO-ELT-1-#1", "fprint-glib", "GUsbEventThread", "libusb_event"])
+# libdispatch's own workers (Swift concurrency's global executor and serial queues), named after
+# their queue ("com.apple.root.default-qos", cut to 15 bytes): they come and go with work.
+DISPATCH = re.compile(r"qos")
+MAX_DISPATCH_IDLE = 3
+
+
+def thread_names(pid: int) -> list[str]:
+    names = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            names.append((task / "comm").read_text().strip())
+        except OSError:
+            pass  # the thread ended between listing and reading
+    return sorted(names)
+
+
+def settled_threads(pid: int, patience: float = 30.0) -> list[str]:
+    """The threads once libdispatch's idle workers have gone (they leave after a few seconds)."""
+    deadline = time.monotonic() + patience
+    names = thread_names(pid)
+    while sum(1 for n in names if DISPATCH.search(n)) > MAX_DISPATCH_IDLE and time.monotonic() < deadline:
+        time.sleep(0.5)
+        names = thread_names(pid)
+    return names
+
+
+def test_idle_threads_of_the_default_configuration_are_few_and_named(make_daemon):
+    d = make_daemon(config="").start()
+    names = settled_threads(d.proc.pid)
+    own = sorted(n for n in names if not DISPATCH.search(n))
+    assert own == IDLE_THREADS, names
+    assert len(names) <= len(IDLE_THREADS) + MAX_DISPATCH_IDLE, names
+
+
+def test_a_hashing_thread_starts_with_the_first_passcode_check(daemon):
+    assert not any(n.startswith("argon2") for n in thread_names(daemon.proc.pid))
+    assert daemon.ctl("user", "add", "sarah").returncode == 0
+    r = daemon.call("io.kioskauth.SetPasscode", {"name": "sarah", "passcode": "482913", "confirmation": "482913"})
+    assert "error" not in r, r
+    # The worker that hashed it waits for more work for a while before it exits.
+    assert any(n.startswith("argon2") for n in thread_names(daemon.proc.pid))

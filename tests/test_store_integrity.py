@@ -213,3 +213,48 @@ def test_a_tampered_checkpoint_is_refused_at_start(daemon):
     anchor.write_bytes(original)
     daemon.start()
     assert daemon.ctl("audit", "verify").returncode == 0
+
+
+def test_a_person_row_edited_behind_the_store_is_found_by_the_sweep_once_serving(daemon):
+    """The check before serving reads nothing that grows with the people (start-up stays flat);
+    the sweep that runs as soon as READY=1 is sent reads every row, and stops the daemon as the
+    start-up refusal would: one line naming the database and the row, exit status 78."""
+    for name in ("sarah", "omar"):
+        add(daemon, name)
+    assert set_passcode(daemon, "omar", "593024").returncode == 0
+    daemon.restart()
+    deadline = time.monotonic() + 30
+    while "store rows checked" not in daemon.log_text() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert "store rows checked" in daemon.log_text()
+    assert daemon.proc.poll() is None
+    daemon.stop()
+    database = daemon.state / "kioskauth.sqlite"
+    with sqlite3.connect(database) as conn:
+        conn.execute("UPDATE people SET passcode_failures = 0, roles = 'admin' WHERE name = 'omar'")
+    before = daemon.log_text()
+    daemon.start()  # the fixed check passes: READY=1
+    assert daemon.wait_exit(timeout=30) == 78
+    said = daemon.log_text()[len(before):]
+    lines = [line for line in said.splitlines() if line.startswith("kioskauthd: ")]
+    assert len(lines) == 1 and f"{database}: " in lines[0] and "people row" in lines[0], said
+
+
+def test_a_sealed_secret_swapped_between_people_is_found_by_the_sweep(daemon):
+    """Secrets are no longer all opened before serving: the sweep once serving opens every one
+    (and a call opens the one it uses: see the test above on a passcode rewritten as text)."""
+    for name in ("sarah", "omar"):
+        add(daemon, name)
+        assert set_passcode(daemon, name, "593024").returncode == 0
+    daemon.stop()
+    database = daemon.state / "kioskauth.sqlite"
+    with sqlite3.connect(database) as conn:
+        (sarah,) = conn.execute("SELECT s.sealed FROM secrets s JOIN people p ON p.id = s.person_id "
+                                "WHERE p.name = 'sarah'").fetchone()
+        conn.execute("UPDATE secrets SET sealed = ? WHERE person_id = (SELECT id FROM people WHERE name = 'omar')",
+                     (sarah,))
+    before = daemon.log_text()
+    daemon.start()
+    assert daemon.wait_exit(timeout=30) == 78
+    said = daemon.log_text()[len(before):]
+    assert "does not open" in said, said

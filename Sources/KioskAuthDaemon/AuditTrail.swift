@@ -102,7 +102,7 @@ final class AuditTrail {
     /// `tallyRefusal`).
     func audit(
         _ caller: Caller?, action: AuditAction, result: AuditResult, person: String? = nil, method: String? = nil,
-        service: String? = nil, detail: String? = nil
+        service: String? = nil, detail: String? = nil, durable: Bool = true
     ) {
         if result == .refused, let caller, !access.isPrivileged(caller) {
             logger.debug("refused", metadata: ["action": "\(action)", "uid": "\(caller.uid)"])
@@ -111,18 +111,19 @@ final class AuditTrail {
             return
         }
         appendAudit(
-            caller, action: action, result: result, person: person, method: method, service: service, detail: detail)
+            caller, action: action, result: result, person: person, method: method, service: service, detail: detail,
+            durable: durable)
     }
 
     private func appendAudit(
         _ caller: Caller?, action: AuditAction, result: AuditResult, person: String? = nil, method: String? = nil,
-        service: String? = nil, detail: String? = nil
+        service: String? = nil, detail: String? = nil, durable: Bool = true
     ) {
         let record = AuditRecord(
             action: action.rawValue, result: result.rawValue, person: person, method: method, callerUID: caller?.uid,
             callerPID: caller?.pid, service: service, detail: detail)
         do {
-            let entry = try store.appendAudit(record, now: now())
+            let entry = try store.appendAudit(record, now: now(), durable: durable)
             journal(entry)
         } catch {
             logger.critical(

@@ -65,10 +65,11 @@ public final class Authority {
     /// Appends an entry to the audit trail (see `AuditTrail.audit`).
     func audit(
         _ caller: Caller?, action: AuditAction, result: AuditResult, person: String? = nil, method: String? = nil,
-        service: String? = nil, detail: String? = nil
+        service: String? = nil, detail: String? = nil, durable: Bool = true
     ) {
         trail.audit(
-            caller, action: action, result: result, person: person, method: method, service: service, detail: detail)
+            caller, action: action, result: result, person: person, method: method, service: service, detail: detail,
+            durable: durable)
     }
 
     /// `GetStatus` on the connection's event loop (see `TerminalAuthority.immediateStatus`).

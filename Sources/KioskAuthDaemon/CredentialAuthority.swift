@@ -150,11 +150,12 @@ final class CredentialAuthority: AuthorityPart {
 
     // MARK: Passcodes
 
-    /// A place in the hashing pool, or `Busy` when its workers and queue are full (tallied in the
-    /// caller's refusal summary). Taken before anything that only the hash's outcome would undo.
+    /// A place in the hashing pool in the caller's own queue (its uid's: see `HashingPool`), or
+    /// `Busy` when that queue is full (tallied in the caller's refusal summary). Taken before
+    /// anything that only the hash's outcome would undo.
     func reserveHash(_ caller: Caller) throws(APIError) -> HashingPool.Permit {
         do {
-            return try context.hashingPool.reserve()
+            return try context.hashingPool.reserve(flow: caller.uid)
         } catch {
             context.trail.tallyRefusal(caller, action: .passcodeBusy, rateLimited: false)
             throw APIError.busy(pending: error.pending, retryAfter: error.retryAfter)

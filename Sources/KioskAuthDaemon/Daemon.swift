@@ -69,7 +69,9 @@ public enum Daemon {
         paths: DaemonPaths, developmentKeyFile: Bool, acceptStoreRollback: Bool = false, logger baseLogger: Logger
     ) async throws {
         MemoryBounds.boundAllocator()
+        var timeline = StartupTimeline()
         let loaded = try loadConfiguration(paths: paths, logger: baseLogger)
+        timeline.mark("configuration")
         let logger = loaded.logger
         let clock = DaemonClock.system()
         if clock.isTestClock {
@@ -77,12 +79,47 @@ public enum Daemon {
                 "TEST CLOCK ACTIVE: readings are shifted by KIOSKAUTH_TEST_CLOCK_FILE (debug build, tests only)")
         }
         let notifier = SystemdNotifier()
-        let (store, source) = try openStore(
-            paths: paths, configuration: loaded.configuration, developmentKeyFile: developmentKeyFile,
-            acceptStoreRollback: acceptStoreRollback, logger: logger)
+        // libfprint comes up on its own thread (GLib, USB and udev enumeration) while this one
+        // opens and checks the store; READY=1 still waits for both.
+        let readerStart = startReader(configuration: loaded.configuration, logger: logger)
+        let store: Store
+        let source: StoreKeySource
+        do {
+            (store, source) = try openStore(
+                paths: paths, configuration: loaded.configuration, developmentKeyFile: developmentKeyFile,
+                acceptStoreRollback: acceptStoreRollback, logger: logger)
+        } catch {
+            if let reader = await readerStart?.value { await reader.shutdown() }
+            throw error
+        }
+        timeline.mark("store")
         defer { store.close() }
         try await serve(
-            paths: paths, loaded: loaded, store: store, keySource: source, clock: clock, notifier: notifier)
+            paths: paths, loaded: loaded, store: store, keySource: source, clock: clock, notifier: notifier,
+            reader: await readerStart?.value, timeline: timeline)
+    }
+
+    /// Starts the fingerprint reader service in the background when fingerprints are enabled;
+    /// the task's value is the started service, or nil when libfprint could not be started
+    /// (logged: the daemon then offers passcodes only).
+    static func startReader(configuration: DaemonConfiguration, logger: Logger) -> Task<FingerprintReader?, Never>? {
+        guard configuration.fingerprint.enabled else { return nil }
+        let candidate = FingerprintReader(
+            configuration: .init(scanTimeout: .milliseconds(Int64(configuration.fingerprint.scanTimeout * 1000))),
+            logger: logger)
+        return Task {
+            do {
+                try await candidate.start()
+                let present = await candidate.readers
+                logger.info(
+                    "fingerprint readers",
+                    metadata: ["readers": "\(present.map { "\($0.driver) (\($0.name))" }.joined(separator: ", "))"])
+                return candidate
+            } catch {
+                logger.error("fingerprint support unavailable; passcodes only", metadata: ["error": "\(error)"])
+                return nil
+            }
+        }
     }
 
     /// What start-up reads before touching the store: the configuration, the logger at its
@@ -167,8 +204,10 @@ public enum Daemon {
             }
         #endif
         // Before serving: a damaged, edited or rolled-back store is refused here, not found by
-        // the first request that touches it. Cheap: never proportional to the audit trail (the
-        // chain is checked from the anchored head on; `audit verify` checks all of it).
+        // the first request that touches it. Cheap: proportional to neither the people nor the
+        // audit trail (the chain is checked from the anchored head on; `audit verify` checks all
+        // of it). The rows that grow with the people are swept as soon as the daemon serves
+        // (`StoreSweepService`), and each is checked again wherever it is used.
         do {
             let check = try store.verifyAtStart()
             logger.info(
@@ -185,8 +224,10 @@ public enum Daemon {
     /// the socket until SIGTERM/SIGINT, and shuts down.
     static func serve(
         paths: DaemonPaths, loaded: LoadedConfiguration, store: Store, keySource source: StoreKeySource,
-        clock: DaemonClock, notifier: SystemdNotifier
+        clock: DaemonClock, notifier: SystemdNotifier, reader: FingerprintReader?, timeline: StartupTimeline
     ) async throws {
+        var timeline = timeline
+        timeline.mark("reader")
         let configuration = loaded.configuration
         let logger = loaded.logger
         let readyLogger = logger
@@ -203,26 +244,11 @@ public enum Daemon {
             workers: configuration.store.passcodeHashWorkers > 0
                 ? configuration.store.passcodeHashWorkers : HashingPool.defaultWorkers,
             queueLimit: configuration.store.passcodeHashQueue)
-        hashingPool.start()
+        timeline.mark("event-loop")
         let groups = AccessGroups.resolve(
             admin: configuration.access.adminGroup, authenticator: configuration.access.authenticatorGroup)
-        // The reader starts before the socket is served, so READY=1 means readers present are usable.
-        var reader: FingerprintReader?
-        if configuration.fingerprint.enabled {
-            let candidate = FingerprintReader(
-                configuration: .init(scanTimeout: .milliseconds(Int64(configuration.fingerprint.scanTimeout * 1000))),
-                logger: logger)
-            do {
-                try await candidate.start()
-                reader = candidate
-                let present = await candidate.readers
-                logger.info(
-                    "fingerprint readers",
-                    metadata: ["readers": "\(present.map { "\($0.driver) (\($0.name))" }.joined(separator: ", "))"])
-            } catch {
-                logger.error("fingerprint support unavailable; passcodes only", metadata: ["error": "\(error)"])
-            }
-        }
+        timeline.mark("groups")
+        // The reader was started before the socket is served, so READY=1 means readers present are usable.
         var provider: IdentityProviderClient?
         if let identityProviderConfiguration {
             do {
@@ -245,22 +271,37 @@ public enum Daemon {
             isSocketActivated: listenFD != nil,
             usesDevelopmentKey: { if case .developmentKeyFile = source { true } else { false } }(),
             reader: reader, logger: logger, services: onlineServices, now: { clock.now() })
-        await authority.audit(nil, action: .daemonStart, result: .success, detail: "schema \(Store.schemaVersion)")
+        timeline.mark("authority")
+        // Not worth an fsync on the way to READY=1: a power cut in the next moments loses at most
+        // this record, and the chain stays valid (it is synced, then anchored, in the background).
+        await authority.audit(
+            nil, action: .daemonStart, result: .success, detail: "schema \(Store.schemaVersion)", durable: false)
         await authority.recordLegacyBindings()
+        timeline.mark("audit")
         await authority.reconcileSensor()
         await authority.startOnline()
+        timeline.mark("online")
+        let startup = timeline
 
+        let (serving, servingContinuation) = AsyncStream<Void>.makeStream()
         let server = VarlinkServer(
             target: listenFD.map { .inherited(fd: $0) } ?? .path(paths.socket), authority: authority,
             configuration: configuration.socket, eventLoopGroup: eventLoops, logger: logger
         ) {
             notifier.notify("READY=1\nSTATUS=Serving")
-            readyLogger.info("ready", metadata: ["version": "\(KioskAuthVersion.string)"])
+            var startup = startup
+            startup.mark("listen")
+            readyLogger.info(
+                "ready", metadata: ["version": "\(KioskAuthVersion.string)", "startup_ms": "\(startup.summary)"])
+            servingContinuation.finish()
         }
         var services: [ServiceGroupConfiguration.ServiceConfiguration] = [
             .init(
                 service: server, successTerminationBehavior: .gracefullyShutdownGroup,
-                failureTerminationBehavior: .gracefullyShutdownGroup)
+                failureTerminationBehavior: .gracefullyShutdownGroup),
+            .init(
+                service: StoreSweepService(store: store, database: paths.database, serving: serving, logger: logger),
+                successTerminationBehavior: .ignore, failureTerminationBehavior: .gracefullyShutdownGroup),
         ]
         if let reader {
             services.append(.init(service: ReaderService(reader: reader, authority: authority, logger: logger)))
@@ -357,6 +398,27 @@ public enum Daemon {
     }
 }
 
+/// How long each step of start-up took, for the `ready` log line (`startup_ms`): milliseconds
+/// from the previous mark, the first from when `Daemon.run` was entered.
+struct StartupTimeline: Sendable {
+    private var last = ContinuousClock.now
+    private var steps: [(String, Duration)] = []
+
+    mutating func mark(_ step: String) {
+        let now = ContinuousClock.now
+        steps.append((step, now - last))
+        last = now
+    }
+
+    /// `configuration=0.4 store=1.2 ...`
+    var summary: String {
+        steps.map { step, elapsed in
+            let ms = Double(elapsed.components.seconds) * 1000 + Double(elapsed.components.attoseconds) / 1e15
+            return "\(step)=\((ms * 10).rounded() / 10)"
+        }.joined(separator: " ")
+    }
+}
+
 /// Tells the service manager the daemon is alive, but only while the authority answers: a
 /// wedged actor stops the pings and systemd restarts the daemon.
 struct WatchdogService: Service {
@@ -427,11 +489,51 @@ struct AuditVerificationService: Service {
     static func verify(_ store: Store) async -> Result<AuditChainVerification, StoreError> {
         await withCheckedContinuation { continuation in
             let thread = Thread {
+                Thread.current.name = "audit-verify"
                 continuation.resume(
                     returning: Result { () throws(StoreError) in try store.verifyAudit(trustedHead: nil) })
             }
             thread.name = "audit-verify"
             thread.start()
+        }
+    }
+}
+
+/// Sweeps the rows that grow with the people (`Store.verifyRows`) once, as soon as the daemon
+/// serves: the check before serving covers only what does not grow, so start-up stays flat. A
+/// finding is reported as start-up reports one, one line naming the database and what is wrong,
+/// and stops the daemon with exit status 78. Until the sweep ends nothing is served on trust:
+/// every row it checks is checked again where a call uses it (see `Store.verifyAtStart`).
+struct StoreSweepService: Service {
+    let store: Store
+    let database: String
+    /// Ends when the socket is served (READY=1).
+    let serving: AsyncStream<Void>
+    let logger: Logger
+
+    func run() async throws {
+        for await _ in serving.cancelOnGracefulShutdown() {}
+        guard !Task.isCancelled, !Task.isShuttingDownGracefully else { return }
+        let started = ContinuousClock.now
+        let store = self.store
+        let result = await withCheckedContinuation {
+            (continuation: CheckedContinuation<Result<Int, StoreError>, Never>) in
+            // Synchronous work that must not hold a thread of the cooperative pool.
+            let thread = Thread {
+                Thread.current.name = "store-sweep"
+                continuation.resume(returning: Result { () throws(StoreError) in try store.verifyRows() })
+            }
+            thread.name = "store-sweep"
+            thread.start()
+        }
+        switch result {
+        case .success(let rows):
+            logger.info(
+                "store rows checked", metadata: ["rows": "\(rows)", "elapsed": "\(ContinuousClock.now - started)"])
+        case .failure(let error):
+            let refusal = startupError(error, database: database)
+            logger.critical("\(refusal.message)")
+            throw refusal
         }
     }
 }

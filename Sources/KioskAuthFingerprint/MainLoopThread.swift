@@ -51,8 +51,13 @@ final class MainLoopThread: Sendable {
         }
         try await withCheckedThrowingContinuation { (continuation: CheckedContinuation<Void, any Error>) in
             phase.withLock { $0 = .starting(continuation) }
-            let thread = Thread { [self] in run() }
-            thread.name = "kioskauth-fprint"
+            let thread = Thread { [self] in
+                // Named from inside: a name set before start does not reach the kernel on Linux,
+                // and the kernel keeps at most 15 bytes.
+                Thread.current.name = "fprint-glib"
+                run()
+            }
+            thread.name = "fprint-glib"
             thread.start()
         }
     }

@@ -87,9 +87,16 @@ extension Store {
     }
 
     /// Appends a record to the chain, durably, and returns it with its MAC (the new head).
+    ///
+    /// With `durable: false` the commit does not wait for `fsync` (the WAL is synced in the
+    /// background straight after, and only then is the new head anchored), as for a successful
+    /// unlock: for a record whose loss in a power cut within those moments is harmless, because
+    /// the chain then simply ends one entry earlier and stays valid.
     @discardableResult
-    public func appendAudit(_ record: AuditRecord, now: Date) throws(StoreError) -> AuditEntry {
-        try transaction { db in try appendAudit(record, now: now, in: db) }
+    public func appendAudit(_ record: AuditRecord, now: Date, durable: Bool = true) throws(StoreError) -> AuditEntry {
+        durable
+            ? try transaction { db in try appendAudit(record, now: now, in: db) }
+            : try deferredSyncTransaction { db in try appendAudit(record, now: now, in: db) }
     }
 
     /// Appends inside a transaction the caller holds, so an action and its audit entry commit
@@ -353,55 +360,35 @@ public struct StoreStartupCheck: Sendable, Equatable {
 }
 
 extension Store {
-    /// The tables `PRAGMA quick_check` covers at start-up: everything but the audit trail, whose
-    /// size would make start-up grow with it (`audit verify` checks the whole chain).
-    static let startupCheckedTables = [
-        "meta", "people", "secrets", "fingers", "terminal_state", "sessions", "activation_codes", "outbox",
-    ]
+    /// The tables `PRAGMA quick_check` covers before serving: the small ones of fixed size (the
+    /// store's keys and identity, terminal-wide values). Their size never grows with the people
+    /// or the trail.
+    static let startupCheckedTables = ["meta", "terminal_state"]
 
-    /// The check before serving, in time proportional to the people, codes, sessions and
-    /// terminal values and to the audit entries after the anchored head, never to the whole
-    /// trail: `PRAGMA quick_check` on every table but `audit`, every row MAC, every sealed secret
-    /// and template opens, and the chain from the anchored entry (its MAC is the anchor's) to the
-    /// end, which must also be the head recorded in the database. Any failure is
-    /// `StoreError.Code.integrity` naming what is wrong.
+    /// The tables `PRAGMA quick_check` covers in the sweep after start-up (`verifyRows`): they
+    /// grow with the people, their codes and sessions. The audit trail is not among them: its
+    /// size would make the sweep grow with it (`audit verify` checks the whole chain).
+    static let sweptTables = ["people", "secrets", "fingers", "sessions", "activation_codes", "outbox"]
+
+    /// The check before serving, in time that grows with neither the people nor the audit
+    /// trail: `PRAGMA quick_check` on the fixed-size tables, the row MAC of every terminal-wide
+    /// value, and the chain from the anchored entry (its MAC is the anchor's, a sealed
+    /// checkpoint) to the end, which must also be the head recorded in the database. The store
+    /// key was checked and the anchor compared with the chain when the store was opened. Any
+    /// failure is `StoreError.Code.integrity` naming what is wrong.
+    ///
+    /// What grows with the people is swept by `verifyRows` once the daemon serves, and checked
+    /// again wherever it is used: every person row's MAC when it is read, every sealed secret and
+    /// template when it is opened, every code, session and terminal row's MAC when read, a row
+    /// found through an index against the key it was looked up by, and damage to the file where
+    /// SQLite reads it (all `StoreIntegrity`).
     public func verifyAtStart() throws(StoreError) -> StoreStartupCheck {
         let genesis = self.genesis
         let anchored = anchor.lastHead ?? AuditHeadMark(sequence: 0, mac: [])
         return try locked { () throws -> StoreStartupCheck in
             do {
-                for table in Self.startupCheckedTables {
-                    let rows = try connection.query("PRAGMA quick_check(\(table))")
-                    let answer = rows.compactMap { $0["quick_check"].string }
-                    guard answer == ["ok"] else {
-                        throw StoreError(
-                            .integrity(
-                                "PRAGMA quick_check(\(table)): \(answer.first ?? "no answer") (the file is damaged)"))
-                    }
-                }
-                try checkAllRowMACs(in: connection)
-                for row in try connection.query(
-                    "SELECT s.person_id, s.kind, s.sealed, p.name FROM secrets s JOIN people p ON p.id = s.person_id")
-                {
-                    let name = try LoginName(row["name"].string ?? "")
-                    let binding = Self.secretBinding(
-                        personID: Int64(row["person_id"].int ?? 0), name: name, kind: row["kind"].string ?? "")
-                    guard let sealed = row["sealed"].bytes else {
-                        throw StoreError(.integrity("\(binding): the sealed value is not a blob"))
-                    }
-                    _ = try sealer.open(sealed, binding: binding)
-                }
-                for row in try connection.query(
-                    "SELECT f.person_id, f.finger, f.template, p.name FROM fingers f JOIN people p ON p.id = f.person_id"
-                ) {
-                    let name = try LoginName(row["name"].string ?? "")
-                    let binding = Self.fingerBinding(
-                        personID: Int64(row["person_id"].int ?? 0), name: name, finger: row["finger"].string ?? "")
-                    guard let sealed = row["template"].bytes else {
-                        throw StoreError(.integrity("\(binding): the sealed template is not a blob"))
-                    }
-                    _ = try sealer.open(sealed, binding: binding)
-                }
+                try quickCheck(Self.startupCheckedTables)
+                try checkRows(Self.terminalStateTable, where: "1", [], in: connection)
                 // The tail of the chain, from the sealed checkpoint the anchor holds.
                 // The anchored entry itself is recomputed too (from the stored MAC before it), so
                 // an edit of its content is found although its MAC column is untouched.
@@ -451,5 +438,75 @@ extension Store {
                 throw StoreError(.integrity("the database file is damaged: \(error.message)"))
             }
         }
+    }
+
+    /// `PRAGMA quick_check` on each of `tables`, with the store's lock held.
+    private func quickCheck(_ tables: [String]) throws {
+        for table in tables {
+            let rows = try connection.query("PRAGMA quick_check(\(table))")
+            let answer = rows.compactMap { $0["quick_check"].string }
+            guard answer == ["ok"] else {
+                throw StoreError(
+                    .integrity("PRAGMA quick_check(\(table)): \(answer.first ?? "no answer") (the file is damaged)"))
+            }
+        }
+    }
+
+    /// The sweep of everything that grows with the people, run once the daemon serves:
+    /// `PRAGMA quick_check` on the tables that hold them, every row MAC (people, activation
+    /// codes, sessions), and every sealed secret and template opens. Each step takes the store's
+    /// lock on its own, so calls are served between them. Returns the rows checked. Any failure
+    /// is `StoreError.Code.integrity` naming what is wrong, as before serving; everything swept
+    /// here is also checked where it is used, so nothing served before the sweep ends relied on
+    /// it unchecked.
+    @discardableResult
+    public func verifyRows() throws(StoreError) -> Int {
+        var checked = 0
+        for table in Self.sweptTables {
+            try locked { try quickCheck([table]) }
+        }
+        try locked {
+            for row in try connection.query("SELECT \(Self.personColumns) FROM people") {
+                _ = try decodePerson(row)
+                checked += 1
+            }
+        }
+        for table in [Self.activationCodesTable, Self.sessionsTable] {
+            try locked {
+                for row in try connection.query("SELECT \(table.selectList) FROM \(table.name)") {
+                    try checkRow(table, row)
+                    checked += 1
+                }
+            }
+        }
+        try locked {
+            for row in try connection.query(
+                "SELECT s.person_id, s.kind, s.sealed, p.name FROM secrets s JOIN people p ON p.id = s.person_id")
+            {
+                let name = try LoginName(row["name"].string ?? "")
+                let binding = Self.secretBinding(
+                    personID: Int64(row["person_id"].int ?? 0), name: name, kind: row["kind"].string ?? "")
+                guard let sealed = row["sealed"].bytes else {
+                    throw StoreError(.integrity("\(binding): the sealed value is not a blob"))
+                }
+                _ = try sealer.open(sealed, binding: binding)
+                checked += 1
+            }
+        }
+        try locked {
+            for row in try connection.query(
+                "SELECT f.person_id, f.finger, f.template, p.name FROM fingers f JOIN people p ON p.id = f.person_id")
+            {
+                let name = try LoginName(row["name"].string ?? "")
+                let binding = Self.fingerBinding(
+                    personID: Int64(row["person_id"].int ?? 0), name: name, finger: row["finger"].string ?? "")
+                guard let sealed = row["template"].bytes else {
+                    throw StoreError(.integrity("\(binding): the sealed template is not a blob"))
+                }
+                _ = try sealer.open(sealed, binding: binding)
+                checked += 1
+            }
+        }
+        return checked
     }
 }

@@ -463,6 +463,9 @@ public final class Store: @unchecked Sendable {
             return try body()
         } catch let error as StoreError {
             throw error
+        } catch let error as SQLiteError where error.isCorrupt {
+            // Damage found where it is read is the same finding as the check's: StoreIntegrity.
+            throw StoreError(.integrity("the database file is damaged: \(error.message)"))
         } catch let error as SQLiteError {
             throw StoreError(.database(error))
         } catch {
@@ -699,18 +702,35 @@ public final class Store: @unchecked Sendable {
     }
 
     /// The person with this name, if any.
+    ///
+    /// The row is found through the name's index, which no MAC covers: the row's own (MAC-checked)
+    /// name must be the one asked for, so an index changed behind the store's back can never hand
+    /// out another person's row.
     public func person(named name: LoginName) throws(StoreError) -> StoredPerson? {
         try locked {
-            try connection.query("SELECT \(Self.personColumns) FROM people WHERE name = ?", [.text(name.rawValue)])
-                .first.map(decodePerson)
+            let person = try connection.query(
+                "SELECT \(Self.personColumns) FROM people WHERE name = ?", [.text(name.rawValue)]
+            ).first.map(decodePerson)
+            if let person, person.name != name {
+                throw StoreError(
+                    .integrity("people row \(person.id) was found under the name \(name.rawValue) but is not theirs"))
+            }
+            return person
         }
     }
 
     /// The person bound to this Unix uid, if any.
+    /// As with names, the row's own uid must be the one asked for.
     public func person(boundTo uid: Int) throws(StoreError) -> StoredPerson? {
         try locked {
-            try connection.query("SELECT \(Self.personColumns) FROM people WHERE uid = ?", [.integer(Int64(uid))]).first
-                .map(decodePerson)
+            let person = try connection.query(
+                "SELECT \(Self.personColumns) FROM people WHERE uid = ?", [.integer(Int64(uid))]
+            ).first.map(decodePerson)
+            if let person, person.uid != uid {
+                throw StoreError(
+                    .integrity("people row \(person.id) was found under uid \(uid) but is not bound to it"))
+            }
+            return person
         }
     }
 

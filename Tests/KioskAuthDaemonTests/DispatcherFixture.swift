@@ -60,7 +60,6 @@ final class DispatcherFixture {
         store = try Store(
             path: directory + "/" + Store.databaseFileName, key: .random(), logger: logger, now: clock.reading().wall)
         pool = HashingPool(workers: 1, queueLimit: 16)
-        pool.start()
         var configuration = DaemonConfiguration()
         configuration.store.passcodeHashMemoryKiB = 1024
         configuration.store.passcodeHashIterations = 1

@@ -47,7 +47,9 @@ struct StoreFaultTests {
             if !Self.codeEdits[index].contains("person_id") {
                 #expect(storeErrorCode { _ = try store.activationCodes(of: sarah) } == .integrity)
             }
-            #expect(storeErrorCode { _ = try store.verifyAtStart() } == .integrity)
+            // Codes grow with the people: the sweep after start-up finds it, not the fixed check.
+            _ = try store.verifyAtStart()
+            #expect(storeErrorCode { try store.verifyRows() } == .integrity)
         }
     }
 
@@ -71,7 +73,8 @@ struct StoreFaultTests {
             #expect(
                 storeErrorCode { try store.updateSession(id: "s1", state: "{}", endedAt: nil, endReason: nil) }
                     == .integrity)
-            #expect(storeErrorCode { _ = try store.verifyAtStart() } == .integrity)
+            _ = try store.verifyAtStart()
+            #expect(storeErrorCode { try store.verifyRows() } == .integrity)
         }
     }
 
@@ -86,6 +89,7 @@ struct StoreFaultTests {
             #expect(
                 storeErrorCode { try store.setTerminalValue(Throttle(unknownInARow: 0), forKey: "identify-throttle") }
                     == .integrity)
+            // Terminal-wide values are few and fixed: still refused before serving.
             #expect(storeErrorCode { _ = try store.verifyAtStart() } == .integrity)
         }
     }
@@ -102,6 +106,7 @@ struct StoreFaultTests {
             try store.setTerminalValue(Throttle(unknownInARow: 5), forKey: "identify-throttle")
             #expect(try store.terminalValue(Throttle.self, forKey: "identify-throttle") == Throttle(unknownInARow: 5))
             _ = try store.verifyAtStart()
+            #expect(try store.verifyRows() > 0)
         }
     }
 
@@ -111,7 +116,7 @@ struct StoreFaultTests {
         try fixture.withStore { store throws in
             #expect(storeErrorCode { _ = try store.person(id: sarah.id) } == .integrity)
             #expect(storeErrorCode { _ = try store.passcodeVerifier(for: sarah) } == .integrity)
-            #expect(storeErrorCode { _ = try store.verifyAtStart() } == .integrity)
+            #expect(storeErrorCode { try store.verifyRows() } == .integrity)
         }
         // Clearing the flag as well is an edit of the MAC'd row.
         try fixture.raw().query("UPDATE people SET has_passcode = 0")
@@ -270,7 +275,7 @@ struct StoreFaultTests {
         }
     }
 
-    @Test func flippedByteInPeopleOrSecrets_isFoundAtStart() throws {
+    @Test func flippedByteInPeopleOrSecrets_isFoundAtStartOrByTheSweep() throws {
         // A byte of a live value in the people and secrets pages, and the people page's header.
         for target in ["SELECT mac FROM people", "SELECT sealed FROM secrets", "people-header"] {
             let (fixture, _) = try Self.populated()
@@ -292,6 +297,7 @@ struct StoreFaultTests {
                 let store = try fixture.open()
                 defer { store.close() }
                 _ = try store.verifyAtStart()
+                try store.verifyRows()
             }
             #expect(code == .integrity, "\(target)")
         }
