@@ -1,4 +1,4 @@
-import Foundation
+import FoundationEssentials
 
 /// Argon2id runs here: a fixed number of worker threads (by default one fewer than the cores, at
 /// least one) and a bounded queue. A passcode storm can then use at most those workers, never
@@ -42,13 +42,13 @@ public final class HashingPool: @unchecked Sendable {
 
     let workers: Int
     let queueLimit: Int
-    private let condition = NSCondition()
+    private let condition = ConditionLock()
     /// Permits out (taken and not yet finished): running, queued, or about to be queued.
     private var pending = 0
     private var queue: [Job] = []
     private var head = 0
     private var stopped = false
-    private var threads: [Thread] = []
+    private var isStarted = false
     /// Seconds one hash took most recently (a hint for `retryAfter`).
     private var lastDuration = 0.1
 
@@ -63,12 +63,10 @@ public final class HashingPool: @unchecked Sendable {
     func start() {
         condition.lock()
         defer { condition.unlock() }
-        guard threads.isEmpty else { return }
+        guard !isStarted else { return }
+        isStarted = true
         for index in 0..<workers {
-            let thread = Thread { [self] in workerLoop() }
-            thread.name = "argon2-\(index)"
-            threads.append(thread)
-            thread.start()
+            startThread(name: "argon2-\(index)") { [self] in workerLoop() }
         }
     }
 

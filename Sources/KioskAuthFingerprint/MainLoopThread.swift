@@ -1,5 +1,5 @@
 import CFPrint
-import Foundation
+import FoundationEssentials
 import Synchronization
 
 /// The one thread that owns GLib's global default main context and runs its loop for as long
@@ -51,9 +51,7 @@ final class MainLoopThread: Sendable {
         }
         try await withCheckedThrowingContinuation { (continuation: CheckedContinuation<Void, any Error>) in
             phase.withLock { $0 = .starting(continuation) }
-            let thread = Thread { [self] in run() }
-            thread.name = "kioskauth-fprint"
-            thread.start()
+            startThread(name: "kioskauth-fprint") { [self] in run() }
         }
     }
 
