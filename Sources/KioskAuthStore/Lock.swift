@@ -57,3 +57,11 @@ package func directoryName(of path: String) -> String {
     while directory.count > 1, directory.hasSuffix("/") { directory = directory.dropLast() }
     return String(directory)
 }
+
+/// The size of the file at `path` in bytes, or nil when it cannot be read (missing). In place of
+/// `FileManager.attributesOfItem(atPath:)[.size]`, whose value is not an `Int` without Foundation.
+func fileSize(atPath path: String) -> Int? {
+    var status = stat()
+    guard stat(path, &status) == 0 else { return nil }
+    return Int(status.st_size)
+}

@@ -101,7 +101,7 @@ public final class Store: @unchecked Sendable {
         self.anchor = AuditAnchor(
             directory: directoryName(of: path), key: key.derived(for: "audit-head"))
         let directory = directoryName(of: path)
-        let size = (try? FileManager.default.attributesOfItem(atPath: path)[.size] as? Int) ?? nil
+        let size = fileSize(atPath: path)
         if size == nil || size == 0, anchor.exists {
             let problem = "\(path) is \(size == nil ? "missing" : "empty") but \(anchor.describeForRollback())"
             guard acceptRollback else { throw StoreError(.rollback(problem)) }
