@@ -24,6 +24,7 @@ let package = Package(
         .package(url: "https://github.com/swift-server/swift-prometheus", from: "2.4.1"),
         .package(url: "https://github.com/vapor/postgres-nio", from: "1.33.2"),
         .package(url: "https://github.com/apple/swift-nio-ssl", from: "2.37.6"),
+        .package(url: "https://github.com/swift-server/async-http-client", from: "1.37.0"),
     ],
     targets: [
         // C interop, each behind exactly one module.
@@ -62,11 +63,18 @@ let package = Package(
             ],
             swiftSettings: strictSettings),
 
-        // OAuth 2.0 / OpenID Connect client. It reads JSON with the protocol's strict parser.
+        // OAuth 2.0 / OpenID Connect client and the audit endpoint's client, over one HTTP
+        // transport (async-http-client on NIO, BoringSSL from swift-nio-ssl; docs/footprint.md).
+        // It reads JSON with the protocol's strict parser.
         .target(
             name: "KioskAuthIdentity",
             dependencies: [
                 "KioskAuthProtocol",
+                .product(name: "AsyncHTTPClient", package: "async-http-client"),
+                .product(name: "NIOCore", package: "swift-nio"),
+                .product(name: "NIOPosix", package: "swift-nio"),
+                .product(name: "NIOHTTP1", package: "swift-nio"),
+                .product(name: "NIOSSL", package: "swift-nio-ssl"),
                 .product(name: "Crypto", package: "swift-crypto"),
                 .product(name: "_CryptoExtras", package: "swift-crypto"),
                 .product(name: "Logging", package: "swift-log"),

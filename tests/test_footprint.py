@@ -1,16 +1,26 @@
-"""What the binaries cost to load (issue #15's footprint): the admin CLI runs on
+"""What the binaries cost to load (issue #15's footprint): the admin CLI and the daemon run on
 FoundationEssentials, so neither the full Foundation nor ICU (~30 MB of data and code) is mapped
-into it. `bench/rss_breakdown.py` measures the daemon's mappings and threads."""
+into them, and the daemon's HTTP client (async-http-client, BoringSSL inside the binary) brings no
+libcurl and none of what libcurl links (gnutls, Kerberos, LDAP). `bench/rss_breakdown.py` measures
+the daemon's mappings and threads."""
 
 import re
 import subprocess
 import time
 from pathlib import Path
 
-from kioskauth_testing import KIOSKAUTHCTL
+from idp_testing import wait_until
+from kioskauth_testing import KIOSKAUTHCTL, KIOSKAUTHD
+from test_audit_delivery import delivery, make_delivery_daemon
 
 # Foundation proper, its internationalisation layer and ICU; FoundationEssentials is fine.
 HEAVY = re.compile(r"libFoundation\.so|libFoundationInternationalization|_FoundationICU|libicu|libFoundationNetworking")
+
+
+# What URLSession brought into the daemon: FoundationNetworking, libcurl and the libraries libcurl
+# links (TLS from gnutls, Kerberos, LDAP, SASL, SSH, RTMP).
+HTTP_STACK = re.compile(r"libFoundationNetworking|libcurl|libgnutls|libkrb5|libgssapi|libldap|liblber|libsasl|"
+                        r"libssh2|librtmp")
 
 
 def needed(binary) -> list[str]:
@@ -87,3 +97,38 @@ def test_a_hashing_thread_starts_with_the_first_passcode_check(daemon):
     assert "error" not in r, r
     # The worker that hashed it waits for more work for a while before it exits.
     assert any(n.startswith("argon2") for n in thread_names(daemon.proc.pid))
+
+
+def mapped(pid: int) -> set[str]:
+    """The files mapped into process `pid` (from /proc/PID/maps)."""
+    names = set()
+    for line in Path(f"/proc/{pid}/maps").read_text().splitlines():
+        fields = line.split(maxsplit=5)
+        if len(fields) == 6 and fields[5].startswith("/"):
+            names.add(fields[5])
+    return names
+
+
+def test_kioskauthd_needs_neither_foundation_nor_icu_nor_curl():
+    heavy = [lib for lib in needed(KIOSKAUTHD) if HEAVY.search(lib) or HTTP_STACK.search(lib)]
+    assert heavy == [], heavy
+
+
+def test_the_running_daemon_maps_neither_foundation_nor_icu_nor_curl_after_using_http(make_daemon):
+    # Audit delivery to a closed port: the HTTP client has made (and failed) a connection by the
+    # time the status shows the error, so whatever it loads on first use is loaded.
+    closed = socket_port_nobody_listens_on()
+    d = make_delivery_daemon(make_daemon, f"http://127.0.0.1:{closed}/v1/audit").start()
+    assert d.ctl("user", "add", "omar").returncode == 0
+    wait_until(lambda: delivery(d).get("lastError"), 15, message="a delivery attempt")
+    files = mapped(d.proc.pid)
+    heavy = sorted(f for f in files if HEAVY.search(f) or HTTP_STACK.search(f))
+    assert heavy == [], heavy
+
+
+def socket_port_nobody_listens_on() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]

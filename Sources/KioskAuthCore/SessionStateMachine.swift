@@ -174,6 +174,22 @@ public struct SessionStateMachine: Sendable, Hashable, Codable {
         openedAt: ClockReading, authenticatedAt: ClockReading?, policy: Policy = Policy(),
         calendar: Calendar
     ) {
+        self.init(openedAt: openedAt, authenticatedAt: authenticatedAt, policy: policy) { after, hour, minute in
+            calendar.nextDate(
+                after: after, matching: DateComponents(hour: hour, minute: minute, second: 0),
+                matchingPolicy: .nextTime, repeatedTimePolicy: .first, direction: .forward)
+        }
+    }
+
+    /// Opens a session at `openedAt`, with the overnight cut-off found by `nextLocalTime`: the
+    /// first instant strictly after its first argument at which the local wall clock shows the
+    /// hour and minute given (the next existing time when that one is skipped on a DST night,
+    /// the first when it occurs twice). For callers without a `Calendar` that knows their time
+    /// zone (FoundationEssentials alone knows only GMT).
+    public init(
+        openedAt: ClockReading, authenticatedAt: ClockReading?, policy: Policy = Policy(),
+        nextLocalTime: (_ after: Date, _ hour: Int, _ minute: Int) -> Date?
+    ) {
         self.policy = policy
         self.openedAt = openedAt
         phase = .active
@@ -182,10 +198,7 @@ public struct SessionStateMachine: Sendable, Hashable, Codable {
         lastAuthentication = authenticatedAt.map { Authentication(at: $0, lockEpoch: 0) }
         if let time = policy.overnightCutoff {
             let cutoff =
-                calendar.nextDate(
-                    after: openedAt.wall,
-                    matching: DateComponents(hour: time.hour, minute: time.minute, second: 0),
-                    matchingPolicy: .nextTime, repeatedTimePolicy: .first, direction: .forward)
+                nextLocalTime(openedAt.wall, time.hour, time.minute)
                 // A calendar that finds no match cannot happen for a valid time of day; fail closed.
                 ?? openedAt.wall
             overnightCutoff = cutoff

@@ -1,4 +1,4 @@
-import Foundation
+import FoundationEssentials
 import KioskAuthCore
 import KioskAuthFingerprint
 import KioskAuthProtocol
@@ -196,7 +196,7 @@ extension AuthorityPart {
         var record = PersonRecord(
             name: person.name.rawValue, displayName: person.displayName, primaryRole: person.roles.primary.rawValue,
             roles: person.roles.all.map(\.rawValue), origin: person.origin.rawValue,
-            state: person.state.rawValue.replacingOccurrences(of: "-", with: "_"), uid: access.boundUID(person),
+            state: person.state.rawValue.replacing("-", with: "_"), uid: access.boundUID(person),
             hasPasscode: person.hasPasscode, fingers: person.fingers,
             passcodeFailures: person.failures.passcodeFailures,
             passcodeLockedUntil: person.failures.passcodeLockedUntil.flatMap {

@@ -1,4 +1,4 @@
-public import Foundation
+public import FoundationEssentials
 
 extension DaemonConfiguration {
     /// The metrics textfile for node_exporter's textfile collector (off unless

@@ -1,4 +1,4 @@
-public import Foundation
+public import FoundationEssentials
 public import KioskAuthFingerprint
 
 /// The daemon's configuration: `kioskauthd.conf` plus drop-ins, systemd-style INI
@@ -184,7 +184,7 @@ public struct DaemonConfiguration: Sendable {
     public mutating func apply(_ text: String, file: String, warn: (String) -> Void) throws(ParseError) {
         var section = ""
         for (index, rawLine) in text.split(separator: "\n", omittingEmptySubsequences: false).enumerated() {
-            let line = rawLine.trimmingCharacters(in: .whitespaces)
+            let line = rawLine.trimmingWhitespace(newlines: false)
             let number = index + 1
             if line.isEmpty || line.hasPrefix("#") || line.hasPrefix(";") { continue }
             if line.hasPrefix("[") {
@@ -197,8 +197,8 @@ public struct DaemonConfiguration: Sendable {
             guard let equals = line.firstIndex(of: "=") else {
                 throw ParseError(file: file, line: number, message: "expected Key=value")
             }
-            let key = line[..<equals].trimmingCharacters(in: .whitespaces)
-            let value = line[line.index(after: equals)...].trimmingCharacters(in: .whitespaces)
+            let key = line[..<equals].trimmingWhitespace(newlines: false)
+            let value = line[line.index(after: equals)...].trimmingWhitespace(newlines: false)
             do {
                 if try !set(section: section, key: key, value: value) {
                     warn("\(file):\(number): unknown key [\(section)] \(key), ignoring")

@@ -1,4 +1,4 @@
-import Foundation
+import FoundationEssentials
 import KioskAuthCore
 import KioskAuthProtocol
 import KioskAuthStore
@@ -62,7 +62,7 @@ final class CredentialAuthority: AuthorityPart {
     func addPerson(_ caller: Caller, _ input: Message.AddPerson) throws(APIError) -> Message.PersonAdded {
         try requireAdmin(caller, action: .personAdd, person: input.name)
         let name = try loginName(input.name)
-        let displayName = (input.displayName ?? name.rawValue).trimmingCharacters(in: .whitespacesAndNewlines)
+        let displayName = (input.displayName ?? name.rawValue).trimmingWhitespace()
         guard !displayName.isEmpty, displayName.count <= 128,
             !displayName.contains(where: { $0.isNewline || $0 == "\0" })
         else {
@@ -286,7 +286,7 @@ final class CredentialAuthority: AuthorityPart {
                 "PersonNotActive",
                 [
                     "name": .string(name.rawValue),
-                    "state": .string(person.state.rawValue.replacingOccurrences(of: "-", with: "_")),
+                    "state": .string(person.state.rawValue.replacing("-", with: "_")),
                 ])
         }
         return person
@@ -311,7 +311,7 @@ final class CredentialAuthority: AuthorityPart {
                 "PersonNotActive",
                 [
                     "name": .string(current.name.rawValue),
-                    "state": .string(current.state.rawValue.replacingOccurrences(of: "-", with: "_")),
+                    "state": .string(current.state.rawValue.replacing("-", with: "_")),
                 ])
         }
         return current

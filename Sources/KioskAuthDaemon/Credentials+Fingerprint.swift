@@ -1,4 +1,4 @@
-import Foundation
+import FoundationEssentials
 import KioskAuthCore
 import KioskAuthFingerprint
 import KioskAuthProtocol
@@ -685,7 +685,7 @@ extension CredentialAuthority {
                 "PersonNotActive",
                 [
                     "name": .string(person.name.rawValue),
-                    "state": .string(person.state.rawValue.replacingOccurrences(of: "-", with: "_")),
+                    "state": .string(person.state.rawValue.replacing("-", with: "_")),
                 ])
         }
         try requireAccountAllowed(

@@ -1,4 +1,4 @@
-import Foundation
+import FoundationEssentials
 import KioskAuthCore
 import KioskAuthProtocol
 import KioskAuthStore
@@ -12,7 +12,7 @@ extension CredentialAuthority {
         try requireAdmin(caller, action: .personSuspend, person: input.name)
         let name = try loginName(input.name)
         let person = try existingPerson(name, caller: caller, action: .personSuspend)
-        let reason = input.reason.map { $0.trimmingCharacters(in: .whitespaces) } ?? ""
+        let reason = input.reason.map { $0.trimmingWhitespace(newlines: false) } ?? ""
         guard reason.utf8.count <= 200 else {
             throw APIError.invalidInput("reason", "at most 200 bytes")
         }

@@ -1,4 +1,4 @@
-public import Foundation
+public import FoundationEssentials
 import KioskAuthFingerprint
 import KioskAuthIdentity
 import KioskAuthProtocol
@@ -389,11 +389,16 @@ public enum Daemon {
             guard status.st_mode & S_IFMT == S_IFDIR else { throw StartupError(message: "\(path) is not a directory") }
             return
         }
-        do {
-            try FileManager.default.createDirectory(
-                atPath: path, withIntermediateDirectories: true, attributes: [.posixPermissions: Int(mode)])
-        } catch {
-            throw StartupError(message: "cannot create \(path): \(error.localizedDescription)")
+        // Each missing directory on the way, with `mode` (set after mkdir, so the umask does not
+        // narrow it), as FileManager's createDirectory(withIntermediateDirectories:attributes:).
+        var built = path.hasPrefix("/") ? "" : "."
+        for component in path.split(separator: "/") {
+            built += "/" + component
+            if mkdir(built, mode) == 0 {
+                _ = chmod(built, mode)
+            } else if errno != EEXIST {
+                throw StartupError(message: "cannot create \(path): \(String(cString: strerror(errno)))")
+            }
         }
     }
 }
@@ -488,13 +493,10 @@ struct AuditVerificationService: Service {
     /// hold a thread of the cooperative pool (the store lock is taken one chunk at a time).
     static func verify(_ store: Store) async -> Result<AuditChainVerification, StoreError> {
         await withCheckedContinuation { continuation in
-            let thread = Thread {
-                Thread.current.name = "audit-verify"
+            startThread(name: "audit-verify") {
                 continuation.resume(
                     returning: Result { () throws(StoreError) in try store.verifyAudit(trustedHead: nil) })
             }
-            thread.name = "audit-verify"
-            thread.start()
         }
     }
 }
@@ -519,12 +521,9 @@ struct StoreSweepService: Service {
         let result = await withCheckedContinuation {
             (continuation: CheckedContinuation<Result<Int, StoreError>, Never>) in
             // Synchronous work that must not hold a thread of the cooperative pool.
-            let thread = Thread {
-                Thread.current.name = "store-sweep"
+            startThread(name: "store-sweep") {
                 continuation.resume(returning: Result { () throws(StoreError) in try store.verifyRows() })
             }
-            thread.name = "store-sweep"
-            thread.start()
         }
         switch result {
         case .success(let rows):

@@ -1,4 +1,4 @@
-public import Foundation
+public import FoundationEssentials
 public import KioskAuthCore
 
 #if canImport(Glibc)
@@ -30,7 +30,7 @@ public struct DaemonClock: Sendable {
     public static func system(environment: [String: String] = ProcessInfo.processInfo.environment) -> DaemonClock {
         let bootID =
             (try? String(contentsOfFile: "/proc/sys/kernel/random/boot_id", encoding: .utf8))?
-            .trimmingCharacters(in: .whitespacesAndNewlines) ?? ""
+            .trimmingWhitespace() ?? ""
         #if DEBUG
             let file = environment["KIOSKAUTH_TEST_CLOCK_FILE"].flatMap { $0.isEmpty ? nil : $0 }
             return DaemonClock(bootID: bootID.isEmpty ? "unknown-boot" : bootID, testClockFile: file)

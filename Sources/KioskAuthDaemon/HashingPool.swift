@@ -1,4 +1,4 @@
-import Foundation
+import FoundationEssentials
 
 /// Argon2id runs here: at most a fixed number of worker threads (by default one fewer than the
 /// cores, at least one) and bounded queues. A passcode storm can then use at most those
@@ -62,7 +62,7 @@ public final class HashingPool: @unchecked Sendable {
     let queueLimit: Int
     /// How long a worker waits for work before its thread exits.
     let idleTimeout: Duration
-    private let condition = NSCondition()
+    private let condition = ConditionLock()
     /// Permits out per flow (taken and not yet finished): running, queued, or about to be.
     private var pending: [Int: Int] = [:]
     /// Queued jobs per flow, oldest first.
@@ -147,7 +147,7 @@ public final class HashingPool: @unchecked Sendable {
                 let index = threadsStarted - 1
                 condition.signal()
                 condition.unlock()
-                if spawn { startThread(index: index) }
+                if spawn { startWorker(index: index) }
             }
         } onCancel: {
             condition.lock()
@@ -191,16 +191,9 @@ public final class HashingPool: @unchecked Sendable {
         var job: Job?
     }
 
-    private func startThread(index: Int) {
-        let name = "argon2-\(index)"
-        let thread = Thread { [self] in
-            // Named from inside (a name set before start does not reach the kernel on Linux), so
-            // `/proc/PID/task/*/comm` shows it.
-            Thread.current.name = name
-            workerLoop()
-        }
-        thread.name = name
-        thread.start()
+    private func startWorker(index: Int) {
+        // Named from inside the thread, so `/proc/PID/task/*/comm` shows it.
+        startThread(name: "argon2-\(index)") { [self] in workerLoop() }
     }
 
     /// The next job in turn, with the condition's lock held: the first flow in the rotation
@@ -227,7 +220,7 @@ public final class HashingPool: @unchecked Sendable {
             guard let job = takeNext() else {
                 if stopped { break }
                 threadsIdle += 1
-                let woken = condition.wait(until: Date(timeIntervalSinceNow: idleSeconds))
+                let woken = condition.wait(seconds: idleSeconds)
                 threadsIdle -= 1
                 if !woken && rotation.isEmpty { break }
                 continue

@@ -1,5 +1,5 @@
 import CoreMetrics
-import Foundation
+import FoundationEssentials
 import Prometheus
 
 /// The daemon's counters, histograms and gauges, recorded through swift-metrics into a

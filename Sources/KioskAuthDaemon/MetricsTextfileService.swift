@@ -1,4 +1,5 @@
-import Foundation
+import FoundationEssentials
+import KioskAuthStore
 import Logging
 import ServiceLifecycle
 
@@ -80,7 +81,7 @@ struct MetricsTextfileService: Service {
         guard rename(temporary, path) == 0 else { throw WriteError(step: "rename", code: errno) }
         done = true
         // The rename itself survives a crash once the directory is synced.
-        let directory = open((path as NSString).deletingLastPathComponent, O_RDONLY | O_DIRECTORY | O_CLOEXEC)
+        let directory = open(directoryName(of: path), O_RDONLY | O_DIRECTORY | O_CLOEXEC)
         if directory >= 0 {
             _ = fsync(directory)
             close(directory)

@@ -1,5 +1,5 @@
 import Crypto
-import Foundation
+import FoundationEssentials
 import KioskAuthCore
 import KioskAuthIdentity
 import KioskAuthProtocol
@@ -76,7 +76,7 @@ extension OnlineAuthority {
         let service = input.context?.service
         let gate = try openOnlineLoginGate(caller, context: input.context, name: nil, method: "idp-password")
         guard let provider = services.provider else { throw Self.notConfigured }
-        let email = input.email.trimmingCharacters(in: .whitespaces)
+        let email = input.email.trimmingWhitespace(newlines: false)
         guard (3...Self.maximumEmailLength).contains(email.utf8.count), email.contains("@"),
             !email.contains(where: { $0.isNewline || $0 == "\0" || $0.isWhitespace })
         else { throw APIError.invalidInput("email", "expected an email address") }

@@ -1,4 +1,4 @@
-import Foundation
+import FoundationEssentials
 import KioskAuthCore
 import KioskAuthIdentity
 import KioskAuthProtocol
@@ -344,7 +344,7 @@ extension OnlineAuthority {
             return
         }
         noteProvider(error)
-        let delay = min(Self.maximumDeliveryBackoff, 5 * pow(2, Double(min(job.attempts, 20))))
+        let delay = min(Self.maximumDeliveryBackoff, 5 * Double(1 << min(job.attempts, 20)))
         try? store.markAttemptFailed(job.id, error: Self.summary(error), nextAttempt: now.addingTimeInterval(delay))
         logger.notice(
             "queued revocation not delivered; will retry",

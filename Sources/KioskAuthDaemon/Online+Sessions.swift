@@ -1,4 +1,4 @@
-import Foundation
+import FoundationEssentials
 import KioskAuthCore
 import KioskAuthProtocol
 import KioskAuthStore
@@ -15,12 +15,6 @@ extension OnlineAuthority {
     static let maximumSessionsPerPerson = 16
     /// Ended sessions are kept this long for reference, then deleted (the audit trail keeps them).
     static let endedSessionRetention: TimeInterval = 7 * 86400
-
-    var sessionCalendar: Calendar {
-        var calendar = Calendar(identifier: .gregorian)
-        calendar.timeZone = .current
-        return calendar
-    }
 
     // MARK: Start-up
 
@@ -187,7 +181,7 @@ extension OnlineAuthority {
                 "PersonNotActive",
                 [
                     "name": .string(name.rawValue),
-                    "state": .string(person.state.rawValue.replacingOccurrences(of: "-", with: "_")),
+                    "state": .string(person.state.rawValue.replacing("-", with: "_")),
                 ])
         }
         var authenticatedAt: ClockReading?
@@ -206,7 +200,7 @@ extension OnlineAuthority {
         let reading = services.clock.reading()
         var machine = SessionStateMachine(
             openedAt: reading, authenticatedAt: authenticatedAt, policy: configuration.session.policy,
-            calendar: sessionCalendar)
+            nextLocalTime: LocalTime.next(after:hour:minute:))
         _ = machine.check(at: reading)
         var bytes = [UInt8](repeating: 0, count: 16)
         var generator = SystemRandomNumberGenerator()

@@ -2,7 +2,7 @@
 // this module gained the metrics and journal files, a clean build no longer found them through
 // Glibc alone in this file ("cannot find 'SOCK_DGRAM' in scope"); why is not understood yet.
 import CKioskAuthSystem
-public import Foundation
+public import FoundationEssentials
 
 #if canImport(Glibc)
     import Glibc

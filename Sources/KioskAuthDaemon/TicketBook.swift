@@ -1,4 +1,4 @@
-import Foundation
+import FoundationEssentials
 import KioskAuthCore
 
 /// The single-use tickets authentications earn (self-service, activation), by their random

@@ -1,5 +1,6 @@
 import CKioskAuthSystem
-import Foundation
+import Dispatch
+import FoundationEssentials
 import KioskAuthCore
 import KioskAuthProtocol
 public import Logging

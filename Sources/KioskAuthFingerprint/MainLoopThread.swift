@@ -1,5 +1,5 @@
 import CFPrint
-import Foundation
+import FoundationEssentials
 import Synchronization
 
 /// The one thread that owns GLib's global default main context and runs its loop for as long
@@ -51,14 +51,7 @@ final class MainLoopThread: Sendable {
         }
         try await withCheckedThrowingContinuation { (continuation: CheckedContinuation<Void, any Error>) in
             phase.withLock { $0 = .starting(continuation) }
-            let thread = Thread { [self] in
-                // Named from inside: a name set before start does not reach the kernel on Linux,
-                // and the kernel keeps at most 15 bytes.
-                Thread.current.name = "fprint-glib"
-                run()
-            }
-            thread.name = "fprint-glib"
-            thread.start()
+            startThread(name: "fprint-glib") { [self] in run() }
         }
     }
 

@@ -1,8 +1,8 @@
-public import Foundation
+public import FoundationEssentials
 
 // The HTTP side of audit delivery: one POST of a JSON batch to the organisation's collector. It
 // lives beside the identity provider client because this module owns the daemon's one HTTP
-// transport (URLSession with a hard deadline per request, and the knowledge of whether a request
+// transport (async-http-client with a hard deadline per request, and the knowledge of whether a request
 // body left before the connection broke). Decisions about retrying are the daemon's
 // (AuditDeliverySchedule); this client only says how one request ended.
 
@@ -186,14 +186,41 @@ public final class AuditEndpointClient: Sendable {
 
     /// `Retry-After` as delay-seconds or an HTTP date; nil when absent or unreadable.
     static func retryAfter(_ value: String?, now: Date) -> Duration? {
-        guard let value = value?.trimmingCharacters(in: .whitespaces), !value.isEmpty else { return nil }
+        let blank: (Character) -> Bool = { $0 == " " || $0 == "\t" }
+        guard let value = value.map({ String($0.drop(while: blank).reversed().drop(while: blank).reversed()) }),
+            !value.isEmpty
+        else { return nil }
         if let seconds = Int(value), seconds >= 0 { return .seconds(seconds) }
-        let formatter = DateFormatter()
-        formatter.locale = Locale(identifier: "en_US_POSIX")
-        formatter.timeZone = TimeZone(identifier: "GMT")
-        formatter.dateFormat = "EEE, dd MMM yyyy HH:mm:ss zzz"
-        guard let date = formatter.date(from: value) else { return nil }
+        guard let date = httpDate(value) else { return nil }
         return .seconds(max(0, date.timeIntervalSince(now).rounded(.up)))
+    }
+
+    /// An HTTP date in the preferred format of RFC 9110 (IMF-fixdate,
+    /// `Sun, 06 Nov 1994 08:49:37 GMT`); nil for anything else.
+    static func httpDate(_ text: String) -> Date? {
+        let parts = text.split(separator: " ", omittingEmptySubsequences: false)
+        let days = ["Mon,", "Tue,", "Wed,", "Thu,", "Fri,", "Sat,", "Sun,"]
+        let months = ["Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec"]
+        guard parts.count == 6, days.contains(String(parts[0])), parts[5] == "GMT",
+            parts[1].count == 2, let day = Int(parts[1]), (1...31).contains(day),
+            let monthIndex = months.firstIndex(of: String(parts[2])),
+            parts[3].count == 4, let year = Int(parts[3]), year >= 1970
+        else { return nil }
+        let clock = parts[4].split(separator: ":", omittingEmptySubsequences: false)
+        guard clock.count == 3, clock.allSatisfy({ $0.count == 2 && $0.allSatisfy(\.isASCII) }),
+            let hour = Int(clock[0]), let minute = Int(clock[1]), let second = Int(clock[2]),
+            (0..<24).contains(hour), (0..<60).contains(minute), (0...60).contains(second)
+        else { return nil }
+        // Days since 1970-01-01 in the proleptic Gregorian calendar (H. Hinnant's days_from_civil).
+        let month = monthIndex + 1
+        let shifted = month <= 2 ? year - 1 : year
+        let era = shifted / 400
+        let yearOfEra = shifted - era * 400
+        let dayOfYear = (153 * (month + (month > 2 ? -3 : 9)) + 2) / 5 + day - 1
+        let dayOfEra = yearOfEra * 365 + yearOfEra / 4 - yearOfEra / 100 + dayOfYear
+        let epochDays = era * 146_097 + dayOfEra - 719_468
+        let seconds = ((epochDays * 24 + hour) * 60 + minute) * 60 + second
+        return Date(timeIntervalSince1970: Double(seconds))
     }
 
     /// A transport failure in the audit endpoint's words (the transport's own speak of the
@@ -218,24 +245,25 @@ public final class AuditEndpointClient: Sendable {
     }
 
     private static func reason(_ error: (any Error)?) -> String {
-        guard let error = error as? URLError else { return "the connection failed" }
+        guard let error = error as? TransportError else { return "the connection failed" }
         switch error.code {
         case .cannotConnectToHost: return "connection refused or not permitted"
         case .cannotFindHost, .dnsLookupFailed: return "host name not found"
         case .notConnectedToInternet: return "no network"
         case .networkConnectionLost: return "the connection was lost"
         case .timedOut: return "timed out"
-        case .secureConnectionFailed, .serverCertificateUntrusted, .serverCertificateHasBadDate,
-            .serverCertificateNotYetValid, .serverCertificateHasUnknownRoot, .clientCertificateRejected,
-            .clientCertificateRequired:
-            return "TLS failed (certificate or protocol; URLError \(error.code.rawValue))"
-        default: return "URLError \(error.code.rawValue)"
+        case .serverCertificateUntrusted: return "TLS failed (the endpoint's certificate is not trusted)"
+        case .secureConnectionFailed: return "TLS failed (handshake)"
+        case .badServerResponse: return "the answer was not HTTP"
+        case .unknown: return "the connection failed"
         }
     }
 
     private static func seconds(_ duration: Duration) -> String {
         let parts = duration.components
         let value = Double(parts.seconds) + Double(parts.attoseconds) * 1e-18
-        return value == value.rounded() ? String(Int(value)) : String(format: "%.1f", value)
+        if value == value.rounded() { return String(Int(value)) }
+        let tenths = Int((value * 10).rounded())
+        return "\(tenths / 10).\(tenths % 10)"
     }
 }

@@ -1,4 +1,4 @@
-import Foundation
+import FoundationEssentials
 import KioskAuthProtocol
 
 /// The endpoints of a configured provider, after discovery.

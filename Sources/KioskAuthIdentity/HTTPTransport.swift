@@ -1,10 +1,11 @@
-import Dispatch
-import Foundation
+import AsyncHTTPClient
+import FoundationEssentials
+import KioskAuthProtocol
+import NIOCore
+import NIOHTTP1
+import NIOPosix
+import NIOSSL
 import Synchronization
-
-#if canImport(FoundationNetworking)
-    import FoundationNetworking
-#endif
 
 /// One HTTP request to the provider.
 struct HTTPRequest: Sendable {
@@ -29,9 +30,10 @@ struct HTTPRequest: Sendable {
         var all = headers
         all["Content-Type"] = "application/json"
         all["Accept"] = "application/json"
-        // Sorted keys: the body is deterministic, which the request-shape tests rely on.
-        let body = try! JSONSerialization.data(withJSONObject: object, options: [.sortedKeys])
-        return HTTPRequest(method: "POST", url: url, headers: all, body: body)
+        // Sorted keys: the body is deterministic, which the request-shape tests rely on. Strings
+        // are always finite, so writing cannot fail.
+        let body = try! JSONValue.object(object.mapValues { .string($0) }).serialized()
+        return HTTPRequest(method: "POST", url: url, headers: all, body: Data(body))
     }
 }
 
@@ -61,88 +63,140 @@ enum FormEncoding {
             case UInt8(ascii: " "):
                 out += "+"
             default:
-                out += String(format: "%%%02X", byte)
+                let digits = Array("0123456789ABCDEF".unicodeScalars)
+                out.unicodeScalars.append("%")
+                out.unicodeScalars.append(digits[Int(byte >> 4)])
+                out.unicodeScalars.append(digits[Int(byte & 0x0F)])
             }
         }
         return out
     }
 }
 
-/// HTTP over Foundation's `URLSession` with a hard deadline per request.
+/// How a request failed below HTTP: the transport's own codes, so that nothing above it
+/// depends on the client library's error types.
+struct TransportError: Error, Sendable, Hashable, CustomStringConvertible {
+    enum Code: Sendable, Hashable {
+        /// The connection was refused or not permitted.
+        case cannotConnectToHost
+        /// No answer in time (the connection, the TLS handshake or the answer).
+        case timedOut
+        /// The host name did not resolve.
+        case cannotFindHost
+        /// The resolver failed.
+        case dnsLookupFailed
+        /// No route to the host or network.
+        case notConnectedToInternet
+        /// The TLS handshake failed for another reason than the certificate.
+        case secureConnectionFailed
+        /// The server's certificate is not trusted (chain, name or dates).
+        case serverCertificateUntrusted
+        /// The connection closed or broke during the exchange.
+        case networkConnectionLost
+        /// The answer was not HTTP.
+        case badServerResponse
+        /// Anything else.
+        case unknown
+    }
+
+    let code: Code
+    /// The library's words, for the journal; never shown without the code's own words.
+    let detail: String
+
+    init(_ code: Code, detail: String = "") {
+        self.code = code
+        self.detail = detail
+    }
+
+    var description: String { detail.isEmpty ? HTTPTransport.reason(code) : "\(HTTPTransport.reason(code)): \(detail)" }
+}
+
+/// HTTP/1.1 over async-http-client (SwiftNIO, with TLS from swift-nio-ssl's BoringSSL against
+/// the system's trust roots) with a hard deadline per request.
 ///
-/// Tasks are driven through a session delegate rather than completion handlers because only
-/// the delegate learns when the request body was handed to an established connection
-/// (`didSendBodyData`); that is what tells a lost answer (ambiguous: the provider may have
-/// acted) from a request that never left (safe to retry).
+/// Requests go through a response delegate rather than the collected-response API because only
+/// the delegate learns when the request was written to an established connection
+/// (`didSendRequest`); that is what tells a lost answer (ambiguous: the provider may have acted)
+/// from a request that never left (safe to retry). Each request gets its own connection: a
+/// pooled connection that the server closed while idle would turn a POST that never reached it
+/// into an ambiguous one.
 final class HTTPTransport: Sendable {
     /// Words for a transport failure; never a platform error number.
-    static func reason(_ code: URLError.Code) -> String {
+    static func reason(_ code: TransportError.Code) -> String {
         switch code {
         case .cannotConnectToHost: "connection refused"
         case .timedOut: "timed out"
         case .cannotFindHost, .dnsLookupFailed: "name not found"
-        case .notConnectedToInternet, .dataNotAllowed, .internationalRoamingOff, .callIsActive: "no network"
-        case .secureConnectionFailed, .serverCertificateUntrusted, .serverCertificateHasBadDate,
-            .serverCertificateNotYetValid, .serverCertificateHasUnknownRoot, .clientCertificateRejected,
-            .clientCertificateRequired, .appTransportSecurityRequiresSecureConnection:
-            "TLS failure"
+        case .notConnectedToInternet: "no network"
+        case .secureConnectionFailed, .serverCertificateUntrusted: "TLS failure"
         case .networkConnectionLost: "connection lost"
-        case .badServerResponse, .cannotParseResponse: "the answer was not HTTP"
-        default: "network failure"
+        case .badServerResponse: "the answer was not HTTP"
+        case .unknown: "network failure"
         }
     }
 
     /// Answers larger than this are cut off and refused.
     static let maximumResponseSize = 1 << 20
 
-    private let session: URLSession
-    private let router: SessionDelegate
+    /// One event-loop thread for all HTTP in the process, made on first use (a daemon without
+    /// an identity provider or audit endpoint never starts it).
+    private static let eventLoops = MultiThreadedEventLoopGroup(numberOfThreads: 1)
 
-    init() {
-        let configuration = URLSessionConfiguration.ephemeral
-        configuration.httpCookieStorage = nil
-        configuration.httpShouldSetCookies = false
-        configuration.urlCache = nil
-        configuration.requestCachePolicy = .reloadIgnoringLocalCacheData
-        let queue = OperationQueue()
-        queue.maxConcurrentOperationCount = 1
-        queue.name = "KioskAuthIdentity.HTTPTransport"
-        router = SessionDelegate()
-        session = URLSession(configuration: configuration, delegate: router, delegateQueue: queue)
-    }
+    /// The process's one client; never shut down (it lives as long as the process).
+    private static let client: HTTPClient = {
+        var configuration = HTTPClient.Configuration(
+            tlsConfiguration: TLSConfiguration.makeClientConfiguration(),
+            // Token and revocation endpoints never redirect; a redirect is answered as received.
+            redirectConfiguration: .disallow,
+            // The per-request deadline below is the real limit; these are backstops.
+            timeout: .init(connect: .seconds(120), read: nil),
+            proxy: nil,
+            decompression: .disabled)
+        configuration.connectionPool.idleTimeout = .seconds(1)
+        configuration.maximumUsesPerConnection = 1
+        // A refused connection is an answer: say so at once rather than retry until the deadline.
+        configuration.connectionPool.retryConnectionEstablishment = false
+        configuration.httpVersion = .http1Only
+        return HTTPClient(eventLoopGroup: eventLoops, configuration: configuration)
+    }()
 
-    deinit {
-        session.invalidateAndCancel()
-    }
+    init() {}
 
     /// Sends `request`; the whole exchange (connection, request, answer) must finish within
     /// `timeout`.
     func send(_ request: HTTPRequest, timeout: Duration) async throws -> HTTPResponse {
-        var urlRequest = URLRequest(url: request.url)
-        urlRequest.httpMethod = request.method
-        // URLSession's own timeout is an idle timeout; the deadline below is the real limit,
-        // so this one is only a backstop.
-        urlRequest.timeoutInterval = timeout.timeInterval + 1
-        for (name, value) in request.headers {
-            urlRequest.setValue(value, forHTTPHeaderField: name)
+        var headers = HTTPHeaders()
+        for (name, value) in request.headers.sorted(by: { $0.key < $1.key }) {
+            headers.add(name: name, value: value)
         }
-        let task: URLSessionTask =
-            if let body = request.body {
-                session.uploadTask(with: urlRequest, from: body)
-            } else {
-                session.dataTask(with: urlRequest)
-            }
+        let clientRequest: HTTPClient.Request
+        do {
+            clientRequest = try HTTPClient.Request(
+                url: request.url, method: HTTPMethod(rawValue: request.method), headers: headers,
+                body: request.body.map { .bytes(Array($0)) })
+        } catch {
+            throw IdentityError(.misconfigured, "cannot make a request to \(request.url.absoluteString): \(error)")
+        }
         let exchange = Exchange(hasBody: request.body != nil)
         try Task.checkCancellation()
+        let eventLoop = Self.eventLoops.next()
+        let delegate = ResponseDelegate(exchange)
+        // A backstop only: the scheduled cut below ends the exchange first.
+        let task = Self.client.execute(
+            request: clientRequest, delegate: delegate, eventLoop: .delegate(on: eventLoop),
+            deadline: .now() + TimeAmount(timeout) + .seconds(1))
+        let cut = eventLoop.scheduleTask(in: TimeAmount(timeout)) {
+            if exchange.markTimedOut() { task.cancel() }
+        }
         return try await withTaskCancellationHandler {
-            try await withCheckedThrowingContinuation { continuation in
-                exchange.begin(continuation)
-                router.register(exchange, for: task.taskIdentifier)
-                DispatchQueue.global().asyncAfter(deadline: .now() + timeout.timeInterval) {
-                    if exchange.markTimedOut() { task.cancel() }
-                }
-                task.resume()
+            let result: Result<HTTPResponse, any Error>
+            do {
+                result = .success(try await task.futureResult.get())
+            } catch {
+                result = .failure(error)
             }
+            cut.cancel()
+            return try exchange.outcome(result).get()
         } onCancel: {
             exchange.markCancelled()
             task.cancel()
@@ -150,11 +204,18 @@ final class HTTPTransport: Sendable {
     }
 }
 
-/// The state of one request, shared between the caller and the delegate queue.
+extension TimeAmount {
+    fileprivate init(_ duration: Duration) {
+        let parts = duration.components
+        self = .nanoseconds(parts.seconds * 1_000_000_000 + parts.attoseconds / 1_000_000_000)
+    }
+}
+
+/// The state of one request, shared between the caller and the event loop.
 private final class Exchange: Sendable {
     private struct State {
-        var continuation: CheckedContinuation<HTTPResponse, any Error>?
-        var response: HTTPURLResponse?
+        var status: Int?
+        var headers: [String: String] = [:]
         var body = Data()
         var isBodySent = false
         var isTimedOut = false
@@ -170,10 +231,6 @@ private final class Exchange: Sendable {
         self.hasBody = hasBody
     }
 
-    func begin(_ continuation: CheckedContinuation<HTTPResponse, any Error>) {
-        state.withLock { $0.continuation = continuation }
-    }
-
     /// Returns whether the task still needs cancelling.
     func markTimedOut() -> Bool {
         state.withLock { state in
@@ -187,39 +244,53 @@ private final class Exchange: Sendable {
         state.withLock { $0.isCancelled = true }
     }
 
-    func didSendBody() {
+    func didSendRequest() {
         state.withLock { $0.isBodySent = true }
     }
 
-    func didReceive(_ response: URLResponse) {
-        state.withLock { $0.response = response as? HTTPURLResponse }
+    func didReceive(_ head: HTTPResponseHead) {
+        var headers: [String: String] = [:]
+        for (name, value) in head.headers {
+            let key = name.lowercased()
+            headers[key] = headers[key].map { "\($0), \(value)" } ?? value
+        }
+        state.withLock { state in
+            state.status = Int(head.status.code)
+            state.headers = headers
+        }
     }
 
     /// Returns `false` once the answer grew too large (the caller then cancels the task).
-    func didReceive(_ data: Data) -> Bool {
+    func didReceive(_ buffer: ByteBuffer) -> Bool {
         state.withLock { state in
-            guard state.body.count + data.count <= HTTPTransport.maximumResponseSize else {
+            guard state.body.count + buffer.readableBytes <= HTTPTransport.maximumResponseSize else {
                 state.isTooLarge = true
                 return false
             }
-            state.body.append(data)
+            buffer.withUnsafeReadableBytes { state.body.append(contentsOf: $0) }
             return true
         }
     }
 
-    func finish(error: (any Error)?) {
-        let (continuation, result): (CheckedContinuation<HTTPResponse, any Error>?, Result<HTTPResponse, any Error>) =
-            state.withLock { state in
-                state.isFinished = true
-                let continuation = state.continuation
-                state.continuation = nil
-                return (continuation, Self.outcome(of: state, error: error, hasBody: hasBody))
-            }
-        continuation?.resume(with: result)
+    /// The collected answer, when the exchange completed.
+    func response() throws -> HTTPResponse {
+        try state.withLock { state in
+            guard let status = state.status else { throw TransportError(.badServerResponse) }
+            return HTTPResponse(status: status, body: state.body, headers: state.headers)
+        }
     }
 
-    private static func outcome(of state: State, error: (any Error)?, hasBody: Bool) -> Result<HTTPResponse, any Error>
-    {
+    /// What the caller gets, given how the client's task ended.
+    func outcome(_ result: Result<HTTPResponse, any Error>) -> Result<HTTPResponse, any Error> {
+        state.withLock { state in
+            state.isFinished = true
+            return Self.outcome(of: state, result: result, hasBody: hasBody)
+        }
+    }
+
+    private static func outcome(
+        of state: State, result: Result<HTTPResponse, any Error>, hasBody: Bool
+    ) -> Result<HTTPResponse, any Error> {
         let sent = hasBody && state.isBodySent
         if state.isTooLarge {
             return .failure(
@@ -237,38 +308,24 @@ private final class Exchange: Sendable {
         if state.isCancelled {
             return .failure(CancellationError())
         }
-        if let error {
-            return .failure(classify(error, sent: sent))
+        switch result {
+        case .success(let response):
+            return .success(response)
+        case .failure(let error):
+            return .failure(classify(TransportError(error), sent: sent))
         }
-        guard let response = state.response else {
-            return .failure(
-                IdentityError(.connectionLost, "the connection closed without an answer", isAmbiguous: sent))
-        }
-        var headers: [String: String] = [:]
-        for case (let name as String, let value as String) in response.allHeaderFields {
-            headers[name.lowercased()] = value
-        }
-        return .success(HTTPResponse(status: response.statusCode, body: state.body, headers: headers))
     }
 
-    private static func classify(_ error: any Error, sent: Bool) -> IdentityError {
-        guard let urlError = error as? URLError else {
-            return IdentityError(
-                sent ? .connectionLost : .unreachable, "the request failed: \(error)", isAmbiguous: sent,
-                underlying: error)
-        }
-        let reason = HTTPTransport.reason(urlError.code)
-        switch urlError.code {
+    private static func classify(_ error: TransportError, sent: Bool) -> IdentityError {
+        let reason = HTTPTransport.reason(error.code)
+        switch error.code {
         case .timedOut:
             return IdentityError(
                 .timedOut, "cannot reach the identity provider (timed out)", isAmbiguous: sent, underlying: error)
-        case .cannotConnectToHost, .cannotFindHost, .dnsLookupFailed, .notConnectedToInternet, .cannotLoadFromNetwork,
-            .internationalRoamingOff, .dataNotAllowed, .callIsActive, .secureConnectionFailed,
-            .serverCertificateUntrusted, .serverCertificateHasBadDate, .serverCertificateNotYetValid,
-            .serverCertificateHasUnknownRoot, .clientCertificateRejected, .clientCertificateRequired,
-            .appTransportSecurityRequiresSecureConnection:
+        case .cannotConnectToHost, .cannotFindHost, .dnsLookupFailed, .notConnectedToInternet, .secureConnectionFailed,
+            .serverCertificateUntrusted:
             return IdentityError(.unreachable, "cannot reach the identity provider (\(reason))", underlying: error)
-        default:
+        case .networkConnectionLost, .badServerResponse, .unknown:
             if sent {
                 return IdentityError(
                     .connectionLost,
@@ -278,52 +335,98 @@ private final class Exchange: Sendable {
             return IdentityError(.unreachable, "cannot reach the identity provider (\(reason))", underlying: error)
         }
     }
-
 }
 
-/// Routes the session's delegate calls to each task's ``Exchange``.
-private final class SessionDelegate: NSObject, URLSessionDataDelegate, Sendable {
-    private let exchanges = Mutex<[Int: Exchange]>([:])
-
-    func register(_ exchange: Exchange, for taskIdentifier: Int) {
-        exchanges.withLock { $0[taskIdentifier] = exchange }
-    }
-
-    private func exchange(for task: URLSessionTask) -> Exchange? {
-        exchanges.withLock { $0[task.taskIdentifier] }
-    }
-
-    func urlSession(
-        _ session: URLSession, task: URLSessionTask, didSendBodyData bytesSent: Int64, totalBytesSent: Int64,
-        totalBytesExpectedToSend: Int64
-    ) {
-        exchange(for: task)?.didSendBody()
-    }
-
-    func urlSession(
-        _ session: URLSession, dataTask: URLSessionDataTask, didReceive response: URLResponse,
-        completionHandler: @escaping (URLSession.ResponseDisposition) -> Void
-    ) {
-        exchange(for: dataTask)?.didReceive(response)
-        completionHandler(.allow)
-    }
-
-    func urlSession(_ session: URLSession, dataTask: URLSessionDataTask, didReceive data: Data) {
-        if exchange(for: dataTask)?.didReceive(data) == false {
-            dataTask.cancel()
+extension TransportError {
+    /// The transport's code for an error from async-http-client, SwiftNIO or swift-nio-ssl.
+    init(_ error: any Error) {
+        switch error {
+        case let error as TransportError:
+            self = error
+        case let error as NIOConnectionError:
+            // Every address failed: by the first connection error, or by the resolver when no
+            // address was found.
+            if let first = error.connectionErrors.first {
+                self = TransportError(first.error)
+            } else if error.dnsAError != nil || error.dnsAAAAError != nil {
+                self.init(.cannotFindHost, detail: "\(error)")
+            } else {
+                self.init(.cannotFindHost, detail: "no address for \(error.host)")
+            }
+        case let error as IOError:
+            switch error.errnoCode {
+            case ECONNREFUSED, EACCES, EPERM: self.init(.cannotConnectToHost, detail: "\(error)")
+            case ENETUNREACH, EHOSTUNREACH, ENETDOWN, EHOSTDOWN, EADDRNOTAVAIL:
+                self.init(.notConnectedToInternet, detail: "\(error)")
+            case ETIMEDOUT: self.init(.timedOut, detail: "\(error)")
+            default: self.init(.networkConnectionLost, detail: "\(error)")
+            }
+        case let error as HTTPClientError:
+            switch error {
+            case .connectTimeout, .readTimeout, .writeTimeout, .deadlineExceeded, .tlsHandshakeTimeout,
+                .getConnectionFromPoolTimeout:
+                self.init(.timedOut, detail: "\(error)")
+            case .remoteConnectionClosed, .uncleanShutdown, .cancelled:
+                self.init(.networkConnectionLost, detail: "\(error)")
+            case .invalidURL, .emptyHost, .emptyScheme:
+                self.init(.cannotFindHost, detail: "\(error)")
+            default:
+                self.init(.badServerResponse, detail: "\(error)")
+            }
+        case let error as NIOSSLError:
+            switch error {
+            case .handshakeFailed(let inner):
+                let words = "\(inner)"
+                self.init(
+                    words.contains("CERTIFICATE") ? .serverCertificateUntrusted : .secureConnectionFailed,
+                    detail: words)
+            case .uncleanShutdown:
+                self.init(.networkConnectionLost, detail: "\(error)")
+            default:
+                self.init(.secureConnectionFailed, detail: "\(error)")
+            }
+        case let error as NIOSSLExtraError:
+            self.init(.serverCertificateUntrusted, detail: "\(error)")
+        case is HTTPParserError:
+            self.init(.badServerResponse, detail: "\(error)")
+        case let error as ChannelError:
+            switch error {
+            case .connectTimeout: self.init(.timedOut, detail: "\(error)")
+            default: self.init(.networkConnectionLost, detail: "\(error)")
+            }
+        default:
+            self.init(.unknown, detail: "\(error)")
         }
     }
+}
 
-    func urlSession(
-        _ session: URLSession, task: URLSessionTask, willPerformHTTPRedirection response: HTTPURLResponse,
-        newRequest request: URLRequest, completionHandler: @escaping (URLRequest?) -> Void
-    ) {
-        // Token and revocation endpoints never redirect; a redirect is answered as received.
-        completionHandler(nil)
+/// Feeds async-http-client's callbacks for one request into its ``Exchange``.
+private final class ResponseDelegate: HTTPClientResponseDelegate {
+    typealias Response = HTTPResponse
+
+    private let exchange: Exchange
+
+    init(_ exchange: Exchange) {
+        self.exchange = exchange
     }
 
-    func urlSession(_ session: URLSession, task: URLSessionTask, didCompleteWithError error: (any Error)?) {
-        let exchange = exchanges.withLock { $0.removeValue(forKey: task.taskIdentifier) }
-        exchange?.finish(error: error)
+    func didSendRequest(task: HTTPClient.Task<HTTPResponse>) {
+        exchange.didSendRequest()
+    }
+
+    func didReceiveHead(task: HTTPClient.Task<HTTPResponse>, _ head: HTTPResponseHead) -> EventLoopFuture<Void> {
+        exchange.didReceive(head)
+        return task.eventLoop.makeSucceededVoidFuture()
+    }
+
+    func didReceiveBodyPart(task: HTTPClient.Task<HTTPResponse>, _ buffer: ByteBuffer) -> EventLoopFuture<Void> {
+        if !exchange.didReceive(buffer) {
+            task.cancel()
+        }
+        return task.eventLoop.makeSucceededVoidFuture()
+    }
+
+    func didFinishRequest(task: HTTPClient.Task<HTTPResponse>) throws -> HTTPResponse {
+        try exchange.response()
     }
 }

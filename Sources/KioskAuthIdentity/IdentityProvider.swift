@@ -1,4 +1,4 @@
-public import Foundation
+public import FoundationEssentials
 
 /// The identity provider as the daemon sees it.
 ///

@@ -1,5 +1,5 @@
 import Crypto
-public import Foundation
+public import FoundationEssentials
 import KioskAuthProtocol
 public import Logging
 

@@ -1,4 +1,4 @@
-public import Foundation
+public import FoundationEssentials
 
 /// How to reach and trust one identity provider. The daemon builds it from its config file and
 /// the secrets from systemd credentials.

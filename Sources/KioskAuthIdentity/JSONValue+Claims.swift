@@ -1,4 +1,4 @@
-import Foundation
+import FoundationEssentials
 import KioskAuthProtocol
 
 // Provider responses, token headers and claims, and key sets have open shapes: they are read as

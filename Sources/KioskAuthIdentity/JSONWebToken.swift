@@ -1,4 +1,4 @@
-import Foundation
+import FoundationEssentials
 import KioskAuthProtocol
 
 /// A compact JWS (`header.payload.signature`) split and decoded, not yet trusted.
@@ -65,9 +65,14 @@ enum Base64URL {
     }
 
     static func encode(_ data: some DataProtocol) -> String {
-        Data(data).base64EncodedString()
-            .replacingOccurrences(of: "+", with: "-")
-            .replacingOccurrences(of: "/", with: "_")
-            .replacingOccurrences(of: "=", with: "")
+        String(
+            Data(data).base64EncodedString().compactMap { character -> Character? in
+                switch character {
+                case "+": "-"
+                case "/": "_"
+                case "=": nil
+                default: character
+                }
+            })
     }
 }

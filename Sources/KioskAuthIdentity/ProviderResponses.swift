@@ -1,4 +1,4 @@
-import Foundation
+import FoundationEssentials
 import KioskAuthProtocol
 
 /// Which call an answer belongs to: the same provider error means different things in each
@@ -171,7 +171,7 @@ enum ProviderResponses {
             {
                 return .invalidCredentials
             }
-            if code == nil, let message, message.localizedCaseInsensitiveContains("invalid login credentials") {
+            if code == nil, let message, message.lowercased().contains("invalid login credentials") {
                 return .invalidCredentials
             }
         case .refresh:
@@ -183,7 +183,7 @@ enum ProviderResponses {
             {
                 return .refreshRejected
             }
-            if code == nil, let message, message.localizedCaseInsensitiveContains("invalid refresh token") {
+            if code == nil, let message, message.lowercased().contains("invalid refresh token") {
                 return .refreshRejected
             }
         default:

@@ -1,5 +1,5 @@
 import Crypto
-public import Foundation
+public import FoundationEssentials
 
 /// A token issued by the identity provider (access, refresh, ID or device code).
 ///

@@ -1,4 +1,4 @@
-public import Foundation
+public import FoundationEssentials
 import KioskAuthProtocol
 
 /// What a token must say to be accepted.

@@ -1,5 +1,5 @@
 import Crypto
-public import Foundation
+public import FoundationEssentials
 
 /// One activation code as stored: only its HMAC under a key derived from the store key, never
 /// the code itself.

@@ -1,5 +1,5 @@
 import Crypto
-public import Foundation
+public import FoundationEssentials
 public import KioskAuthCore
 
 /// What is recorded for every authentication and admin action. Never a secret.

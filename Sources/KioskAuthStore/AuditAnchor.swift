@@ -1,5 +1,5 @@
 import Crypto
-import Foundation
+import FoundationEssentials
 import KioskAuthCore
 
 #if canImport(Glibc)
@@ -56,7 +56,7 @@ final class AuditAnchor: @unchecked Sendable {
     private let key: SymmetricKey
     /// The store's id, set once the store is open (before any read or write).
     var storeID: [UInt8] = []
-    private let lock = NSLock()
+    private let lock = Lock()
     private var descriptor: Int32 = -1
     /// The highest sequence written: writes arriving out of order never replace a newer head.
     private var written = -1
@@ -103,7 +103,7 @@ final class AuditAnchor: @unchecked Sendable {
                 guard descriptor >= 0 else { return false }
                 if created {
                     // Make the new name durable too.
-                    let directory = (path as NSString).deletingLastPathComponent
+                    let directory = directoryName(of: path)
                     let dfd = open(directory, O_RDONLY | O_DIRECTORY | O_CLOEXEC)
                     if dfd >= 0 {
                         _ = fsync(dfd)

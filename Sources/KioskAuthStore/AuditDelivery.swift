@@ -1,4 +1,4 @@
-public import Foundation
+public import FoundationEssentials
 import KioskAuthCore
 
 // Audit delivery's durable side: the cursor (the last entry the endpoint acknowledged) lives in

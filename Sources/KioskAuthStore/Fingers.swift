@@ -1,4 +1,4 @@
-public import Foundation
+public import FoundationEssentials
 public import KioskAuthCore
 
 /// One enrolled finger with its opened template (`fp_print_serialize` bytes). Templates are

@@ -1,4 +1,4 @@
-public import Foundation
+public import FoundationEssentials
 public import KioskAuthCore
 
 /// What the store keeps about a person's link with the identity provider. Local people have

@@ -1,4 +1,4 @@
-public import Foundation
+public import FoundationEssentials
 
 /// One queued delivery to the network (a token revocation), with its secret opened.
 public struct OutboxItem: Sendable {

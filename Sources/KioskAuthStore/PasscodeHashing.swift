@@ -1,6 +1,6 @@
 import CArgon2
 import Crypto
-public import Foundation
+public import FoundationEssentials
 
 /// Argon2id parameters; recorded with every verifier so they can be raised later without
 /// invalidating passcodes already set.

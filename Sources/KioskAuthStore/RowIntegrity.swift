@@ -1,5 +1,5 @@
 import Crypto
-import Foundation
+import FoundationEssentials
 
 /// Row MACs for the tables beside `people` whose rows decide what is allowed: one-time
 /// activation codes (failures, expiry, use, revocation), sessions (state and the columns that say

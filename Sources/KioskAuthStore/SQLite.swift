@@ -1,5 +1,5 @@
 import CSQLite3
-public import Foundation
+public import FoundationEssentials
 
 /// An SQLite failure: the result code, SQLite's message, and where it happened.
 public struct SQLiteError: Error, CustomStringConvertible, Sendable {

@@ -1,5 +1,5 @@
 public import Crypto
-public import Foundation
+public import FoundationEssentials
 
 /// The store key: 32 secret bytes from which every other key is derived. Held as a
 /// `SymmetricKey`, which wipes itself; never logged.

@@ -1,4 +1,4 @@
-public import Foundation
+public import FoundationEssentials
 public import KioskAuthCore
 
 /// A session row: who it belongs to and its state machine, as JSON the daemon owns.

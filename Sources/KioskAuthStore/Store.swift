@@ -1,6 +1,6 @@
 import CSQLite3
 import Crypto
-public import Foundation
+public import FoundationEssentials
 public import KioskAuthCore
 public import Logging
 
@@ -48,7 +48,7 @@ public final class Store: @unchecked Sendable {
     let connection: SQLiteConnection
     /// Recursive, so that the store's own operations called inside `transaction(now:_:)` on the
     /// same thread join the transaction instead of deadlocking.
-    private let lock = NSRecursiveLock()
+    private let lock = Lock(recursive: true)
     let sealer: Sealer
     let auditKey: SymmetricKey
     let activationKey: SymmetricKey
@@ -103,9 +103,9 @@ public final class Store: @unchecked Sendable {
         self.rowKey = key.derived(for: "row-mac")
         self.walSync = WALSync(databasePath: path)
         self.anchor = AuditAnchor(
-            directory: (path as NSString).deletingLastPathComponent, key: key.derived(for: "audit-head"))
-        let directory = (path as NSString).deletingLastPathComponent
-        let size = (try? FileManager.default.attributesOfItem(atPath: path)[.size] as? Int) ?? nil
+            directory: directoryName(of: path), key: key.derived(for: "audit-head"))
+        let directory = directoryName(of: path)
+        let size = fileSize(atPath: path)
         if size == nil || size == 0, anchor.exists {
             let problem = "\(path) is \(size == nil ? "missing" : "empty") but \(anchor.describeForRollback())"
             guard acceptRollback else { throw StoreError(.rollback(problem)) }

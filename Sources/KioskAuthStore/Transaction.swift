@@ -1,4 +1,4 @@
-public import Foundation
+public import FoundationEssentials
 
 /// A transaction in progress (see `Store.transaction(now:_:)`): what `body` can do beyond calling
 /// the store's own methods, which join it.

@@ -1,4 +1,5 @@
-import Foundation
+import Dispatch
+import FoundationEssentials
 
 #if canImport(Glibc)
     import Glibc
@@ -18,7 +19,7 @@ import Foundation
 final class WALSync: @unchecked Sendable {
     private let path: String
     private let queue = DispatchQueue(label: "io.kioskauth.store.wal-sync", qos: .utility)
-    private let lock = NSLock()
+    private let lock = Lock()
     private var descriptor: Int32 = -1
     private var pending = false
     private var closed = false

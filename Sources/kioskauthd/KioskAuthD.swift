@@ -1,5 +1,5 @@
 import ArgumentParser
-import Foundation
+import FoundationEssentials
 import KioskAuthDaemon
 import KioskAuthProtocol
 import Logging
@@ -70,7 +70,8 @@ struct KioskAuthD: AsyncParsableCommand {
                 paths: paths, developmentKeyFile: developmentKeyFile, acceptStoreRollback: acceptStoreRollback,
                 logger: logger)
         } catch let error as StartupError {
-            FileHandle.standardError.write(Data("kioskauthd: \(error.message)\n".utf8))
+            let line = Array("kioskauthd: \(error.message)\n".utf8)
+            _ = line.withUnsafeBytes { write(STDERR_FILENO, $0.baseAddress, $0.count) }
             throw ExitCode(error.exitCode)
         }
     }

@@ -95,7 +95,7 @@ struct AuditEndpointClientTests {
             from: IdentityError(.connectionLost, "x", isAmbiguous: true), timeout: timeout)
         #expect(lost.kind == .responseLost)
         let refused = AuditEndpointClient.failure(
-            from: IdentityError(.unreachable, "x", underlying: URLError(.cannotConnectToHost)), timeout: timeout)
+            from: IdentityError(.unreachable, "x", underlying: TransportError(.cannotConnectToHost)), timeout: timeout)
         #expect(refused.kind == .unreachable)
         #expect(refused.message == "cannot connect: connection refused or not permitted")
         // The transport's wording is about the identity provider; none of it leaks through.

@@ -1,0 +1,21 @@
+// Small text helpers in place of Foundation's `NSString` and `CharacterSet` methods (the daemon
+// does not load Foundation; docs/footprint.md).
+
+extension StringProtocol {
+    /// The text without leading and trailing white space: what Foundation's
+    /// `trimmingCharacters(in: .whitespacesAndNewlines)` removes (Unicode White_Space), or with
+    /// `newlines: false` what `.whitespaces` removes (space separators and tab).
+    func trimmingWhitespace(newlines: Bool = true) -> String {
+        let isBlank: (Unicode.Scalar) -> Bool =
+            newlines
+            ? { $0.properties.isWhitespace }
+            : { $0 == "\t" || $0.properties.generalCategory == .spaceSeparator }
+        let scalars = unicodeScalars
+        guard let first = scalars.firstIndex(where: { !isBlank($0) }),
+            let last = scalars.lastIndex(where: { !isBlank($0) })
+        else { return "" }
+        var text = ""
+        text.unicodeScalars.append(contentsOf: scalars[first...last])
+        return text
+    }
+}
