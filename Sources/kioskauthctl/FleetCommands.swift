@@ -21,6 +21,8 @@ struct FleetCommand: ParsableCommand {
                 "Runs locally, without the daemon. FILE gets the 32 raw bytes of an X25519 private key, mode 0600; it must not exist. Encrypt it into the credential store with systemd-creds encrypt --name=kioskauth.fleet-key FILE /etc/credstore.encrypted/kioskauth.fleet-key, then remove FILE."
         )
         @Option(help: "Where to write the private key (must not exist).") var output: String
+        /// Accepted like every subcommand's (`--socket` is unused: no daemon call).
+        @OptionGroup var global: GlobalOptions
 
         func run() throws {
             let key = Curve25519.KeyAgreement.PrivateKey()
