@@ -176,7 +176,8 @@ actor FleetAgent {
         case nil:
             await disconnect()
             throw APIError.own(
-                "FleetUnreachable", ["reason": .string("the directory did not answer within \(Self.operationDeadline)")])
+                "FleetUnreachable", ["reason": .string("the directory did not answer within \(Self.operationDeadline)")]
+            )
         }
     }
 
