@@ -310,6 +310,36 @@ import Testing
         }
     }
 
+    /// Two members change the same person; the write with the older version reaches the
+    /// directory last. The directory keeps the newer row (the newest version wins) and
+    /// republishes it, so the stale writer's next pull corrects its copy.
+    @Test func staleWrite_doesNotRollARowBack_andTheNewerRowIsRepublished() async throws {
+        try await TestPostgres.with { server in
+            let (fleet, _) = try await makeFleet(2, on: server)
+            let (a, b) = (fleet[0], fleet[1])
+            let nurse = UUID()
+            try await a.directory.push(PushBatch(idempotencyKey: UUID(), terminal: a.id, writes: [person(nurse)]))
+            // A's suspension is made (versioned and MACed) first but sent last.
+            let stale = try await a.directory.authenticatedRecord(person(nurse, state: "suspended"))
+            try await Task.sleep(for: .milliseconds(5))
+            try await b.directory.push(
+                PushBatch(idempotencyKey: UUID(), terminal: b.id, writes: [person(nurse, state: "removed")]))
+            let cursor = try await a.directory.pull(after: 0).last!.id
+            let operations = String(decoding: try JSONSerialization.data(withJSONObject: [stale]), as: UTF8.self)
+            try await a.directory.exclusive { connection, logger in
+                try await connection.query(
+                    "SELECT fleet_apply_push(\(UUID()), \(a.id), \(operations)::jsonb)", logger: logger
+                ).collect()
+            }
+            #expect(try server.psql("SELECT state FROM people WHERE person_id = '\(nurse.fleetText)'") == "removed\n")
+            let republished = try await a.directory.pull(after: cursor)
+            #expect(republished.count == 1)
+            #expect(republished.first?.integrity == .verified)
+            #expect(republished.first?.fields["state"] == "removed")
+            for terminal in fleet { await terminal.directory.close() }
+        }
+    }
+
     /// Pushing people, verifiers or templates needs the data key (to MAC them): a directory
     /// connection that was given none refuses before sending anything.
     @Test func pushWithoutTheDataKey_isRefusedLocally() async throws {
