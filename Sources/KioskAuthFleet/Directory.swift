@@ -361,6 +361,7 @@ public actor FleetDirectory {
 
     /// Tells the directory the version of a row this terminal already holds (from its store,
     /// after a restart), so that an older version written back into the directory is refused.
+    /// `Int64.max` marks a row the terminal saw deleted: it is refused if it ever reappears.
     public func rememberRowVersion(_ version: Int64, entity: String, key: String) {
         let row = "\(entity)/\(key)"
         if version > rowVersions[row]?.version ?? Int64.min { rowVersions[row] = (version, []) }

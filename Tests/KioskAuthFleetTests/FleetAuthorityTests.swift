@@ -227,6 +227,61 @@ import Testing
         }
     }
 
+    /// The other rows that decide an unlock: a writer who moves one person's verifier (with its
+    /// MAC) onto another person, or retags a template for another reader, is caught too; and a
+    /// member cannot admit with a join token another member issued.
+    @Test func forgedVerifierAndTemplateRows_andAdmittingWithAnotherMembersToken_areRefused() async throws {
+        try await TestPostgres.with { server in
+            let (fleet, dataKey) = try await makeFleet(2, on: server)
+            let (a, b) = (fleet[0], fleet[1])
+            let keyring = try await a.keyring()
+            let (nurse, doctor, template) = (UUID(), UUID(), UUID())
+            try await a.directory.push(
+                PushBatch(
+                    idempotencyKey: UUID(), terminal: a.id,
+                    writes: [
+                        person(nurse), person(doctor),
+                        .verifier(
+                            person: nurse, sealed: try keyring.seal(Array("n".utf8), binding: .verifier(person: nurse))),
+                        .verifier(
+                            person: doctor,
+                            sealed: try keyring.seal(Array("d".utf8), binding: .verifier(person: doctor))),
+                        .template(
+                            id: template, person: nurse, finger: "right-index", driver: "virtual_image",
+                            deviceType: "image",
+                            sealed: try keyring.seal(Array("print".utf8), binding: .template(template, person: nurse))),
+                    ]))
+            let cursor = try await b.directory.pull(after: 0).last!.id
+            try server.psql(
+                """
+                UPDATE passcode_verifiers SET (sealed, version, mac) =
+                    (SELECT sealed, version, mac FROM passcode_verifiers WHERE person_id = '\(nurse.fleetText)')
+                WHERE person_id = '\(doctor.fleetText)'
+                """)
+            try server.psql("UPDATE templates SET driver = 'goodixmoc', device_type = 'press'")
+            let pulled = try await b.directory.pull(after: cursor)
+            #expect(pulled.map(\.entity) == ["passcode_verifiers", "templates"])
+            for change in pulled {
+                if case .forged = change.integrity {} else { Issue.record("\(change.entity): \(change.integrity)") }
+                #expect(change.sealedBlob == nil)
+            }
+
+            // B did not issue A's token: it may not admit the terminal that used it, even
+            // holding the secret.
+            let token = try await a.directory.issueJoinToken(by: a.id, lifetime: .seconds(600))
+            let c = try await Terminal.make("c", on: server)
+            try await c.directory.join(with: token, as: c.registration)
+            let error = await #expect(throws: FleetError.self) {
+                _ = try await b.directory.admit(joinedWith: token, dataKey: dataKey)
+            }
+            #expect(error?.code == .permissionDenied)
+            #expect(
+                try server.psql("SELECT state FROM terminals WHERE terminal_id = '\(c.id.fleetText)'") == "pending\n")
+            #expect(try await a.directory.admit(joinedWith: token, dataKey: dataKey) == c.id)
+            for terminal in fleet + [c] { await terminal.directory.close() }
+        }
+    }
+
     /// A directory writer puts back an older, genuinely MACed version of a row (a person's
     /// earlier state, an earlier passcode verifier, a removed template): refused as replayed by
     /// a terminal that saw the newer version, in this session or (told by its store) before.
