@@ -406,6 +406,17 @@ import Testing
                 try await keyless.push(PushBatch(idempotencyKey: UUID(), terminal: a.id, writes: [person()]))
             }
             #expect(error?.code == .keyUnavailable)
+            // Sent by hand without a MAC, the directory refuses it too.
+            do {
+                try server.psql(
+                    """
+                    SELECT fleet_apply_push(gen_random_uuid(), '\(a.id.fleetText)',
+                        '[{"op": "person", "person": "\(UUID().fleetText)", "name": "m", "role": "admin", "state": "active"}]')
+                    """, as: a.role)
+                Issue.record("a person row without a MAC was accepted")
+            } catch let error as TestPostgresError {
+                #expect(error.description.contains("carries no row MAC"), "\(error)")
+            }
             #expect(try server.psql("SELECT count(*) FROM people") == "0\n")
             await keyless.close()
             await a.directory.close()
