@@ -128,7 +128,9 @@ extension Store {
     /// batch: what the terminal that creates a fleet brings into it.
     public func queueLocalPeopleForFleet() throws(StoreError) {
         try transaction { db in
-            for row in try db.query("SELECT id FROM people WHERE origin = ? ORDER BY id", [.text(Origin.local.rawValue)]) {
+            for row in try db.query(
+                "SELECT id FROM people WHERE origin = ? ORDER BY id", [.text(Origin.local.rawValue)])
+            {
                 let id = Int64(row["id"].int ?? 0)
                 noteFleetVerifierChange(id)
             }
