@@ -152,6 +152,8 @@ def fleet(postgres, tmp_path_factory):
     assert status(b)["state"] in ("pending", "member")
     ok(a, "fleet", "sync")  # A sees B pending, checks its proof, wraps the data key to it
     ok(b, "fleet", "sync")  # B picks its wrapped key up
+    a.used_token = token
+    a.factory = factory
     yield a, b
     for d in made:
         d.close()
@@ -163,8 +165,17 @@ def test_joinedTerminal_isAdmitted_andHoldsTheDataKey(fleet):
     assert sa["configured"] and sa["state"] == "member" and sa["generation"] == 1, sa
     assert sb["state"] == "member" and sb["generation"] == 1 and sb["reachable"], sb
     assert sb["lag"] == 0 and sb["queuedPushes"] == 0, sb
-    # The token was used: a second join with it is refused.
     assert sa["terminalId"] != sb["terminalId"]
+
+
+def test_aUsedToken_andAMalformedOne_areRefused_andLeaveNoMembership(fleet, postgres):
+    a, _ = fleet
+    c = terminal(a.factory)
+    for token in (a.used_token, "kat1.not-a-token"):
+        refused = c.ctl("fleet", "join", postgres.url, "--name", "c", input=token + "\n")
+        assert refused.returncode != 0 and "FleetTokenInvalid" in refused.stderr, refused.stderr
+        assert token not in refused.stderr
+    assert status(c)["configured"] is False
 
 
 def test_personAndPasscodeMadeAtA_unlockAtB_andASuspensionAtA_isRefusedAtB(fleet):

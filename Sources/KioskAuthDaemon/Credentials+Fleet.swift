@@ -92,6 +92,7 @@ extension CredentialAuthority {
                 var person: StoredPerson
                 if let existing {
                     person = existing
+                    if existing.roles != roleSet { try store.setRoles(roleSet, for: person, now: now()) }
                     if existing.uid != uid {
                         var free = true
                         if let uid { free = try store.person(boundTo: uid) == nil }
