@@ -84,6 +84,13 @@ class Postgres:
         finally:
             shutil.rmtree(self.base, ignore_errors=True)
 
+    def query(self, sql: str) -> str:
+        """One value, through psql on the socket."""
+        out = subprocess.run([str(self.bin / "psql"), "-h", str(self.base), "-p", str(self.port), "-U", "fleet",
+                              "-d", "postgres", "-At", "-c", sql], check=True, capture_output=True, text=True,
+                             timeout=30)
+        return out.stdout.strip()
+
     @property
     def url(self) -> str:
         return f"postgres://fleet@/postgres?host={self.base}&port={self.port}"
@@ -262,6 +269,26 @@ def test_withTheDirectoryDown_unlocksGoOn_writesQueue_andArriveAfterwards(fleet,
     assert status(a)["queuedPushes"] == 0
     ok(b, "fleet", "sync")
     assert call(b, "VerifyPasscode", name="gina", passcode=PASSCODE)["error"] == "io.kioskauth.PersonNotActive"
+
+
+def test_auditEvents_arePushed_once_withTheirTerminal(fleet, postgres):
+    a, b = fleet
+    ok(a, "fleet", "sync")
+    ok(b, "fleet", "sync")
+    for d in (a, b):
+        terminal_id = status(d)["terminalId"]
+        events = call(d, "GetAudit", limit=100000)["parameters"]["events"]
+        # Everything up to the last sync is in the directory (entries appended since may not be).
+        stored = int(postgres.query(f"SELECT count(*) FROM audit_events WHERE terminal_id = '{terminal_id}'"))
+        assert 0 < stored <= len(events)
+        distinct = int(postgres.query(
+            f"SELECT count(DISTINCT terminal_sequence) FROM audit_events WHERE terminal_id = '{terminal_id}'"))
+        assert distinct == stored
+    # Pushing again adds nothing that was already there.
+    before = int(postgres.query("SELECT count(*) FROM audit_events"))
+    ok(a, "fleet", "sync")
+    assert int(postgres.query("SELECT count(*) - count(DISTINCT (terminal_id, terminal_sequence)) FROM audit_events")) == 0
+    assert int(postgres.query("SELECT count(*) FROM audit_events")) >= before
 
 
 def test_fleetMethods_refuseCallersWhoAreNotAdmins(fleet):
