@@ -105,9 +105,14 @@ def postgres():
     server.stop()
 
 
-def terminal(make_daemon, config: str = FLEET_CONFIG) -> Daemon:
-    """A daemon with a store key and a fresh fleet key in its credentials directory."""
+def terminal(make_daemon, config: str = FLEET_CONFIG, reader: str | None = None) -> Daemon:
+    """A daemon with a store key and a fresh fleet key in its credentials directory, and
+    libfprint's virtual `reader` when given."""
     d = make_daemon(config=config, credential_key=os.urandom(32))
+    if reader is not None:
+        from fprint_virtual import environment
+        d.sensor = d.root / "sensor.sock"
+        d.extra_env.update(environment(reader, d.sensor, base={}))
     result = d.ctl("fleet", "keygen", "--output", str(d.credentials / "kioskauth.fleet-key"))
     assert result.returncode == 0, result.stderr
     key = d.credentials / "kioskauth.fleet-key"
@@ -289,6 +294,36 @@ def test_auditEvents_arePushed_once_withTheirTerminal(fleet, postgres):
     ok(a, "fleet", "sync")
     assert int(postgres.query("SELECT count(*) - count(DISTINCT (terminal_id, terminal_sequence)) FROM audit_events")) == 0
     assert int(postgres.query("SELECT count(*) FROM audit_events")) >= before
+
+
+def test_aFingerEnrolledAtA_verifiesAtB_withTheSameKindOfReader_andItsRemovalFollows(make_daemon, postgres):
+    from test_fingerprint_e2e import enroll, verify_on
+    from kioskauth_testing import connect
+    postgres.query("CREATE DATABASE fingers")
+    url = postgres.url.replace("/postgres?", "/fingers?")
+    a = terminal(make_daemon, reader="virtual_device")
+    b = terminal(make_daemon, reader="virtual_device")
+    ok(a, "fleet", "create", url, "--name", "fa")
+    ok(b, "fleet", "join", url, "--name", "fb", input=ok(a, "fleet", "token", "issue").strip() + "\n")
+    ok(a, "fleet", "sync")
+    ok(b, "fleet", "sync")
+    assert status(b)["state"] == "member"
+    assert "error" not in call(a, "AddPerson", name="sarah")
+    assert "error" not in call(a, "SetPasscode", name="sarah", passcode=PASSCODE, confirmation=PASSCODE)
+    reply, _ = enroll(a, a.sensor, "sarah", "sarah-right-index")
+    assert "error" not in reply, reply
+    ok(a, "fleet", "sync")
+    ok(b, "fleet", "sync")
+    fingers = call(b, "ListFingers", name="sarah")
+    assert "error" not in fingers, fingers
+    s = connect(b.socket, timeout=30)
+    assert "error" not in verify_on(s, b.sensor, "sarah-right-index")
+    assert verify_on(s, b.sensor, "someone-else")["error"] == "io.kioskauth.FingerprintNotRecognized"
+    s.close()
+    assert "error" not in call(a, "RemoveFinger", name="sarah", finger="right-index")
+    ok(a, "fleet", "sync")
+    ok(b, "fleet", "sync")
+    assert call(b, "GetPerson", name="sarah")["parameters"]["person"]["fingers"] == []
 
 
 def test_fleetMethods_refuseCallersWhoAreNotAdmins(fleet):
