@@ -320,6 +320,13 @@ def test_aFingerEnrolledAtA_verifiesAtB_withTheSameKindOfReader_andItsRemovalFol
     assert "error" not in verify_on(s, b.sensor, "sarah-right-index")
     assert verify_on(s, b.sensor, "someone-else")["error"] == "io.kioskauth.FingerprintNotRecognized"
     s.close()
+    # A terminal with another kind of reader takes the person but not the template.
+    c = terminal(make_daemon, reader="virtual_image")
+    ok(c, "fleet", "join", url, "--name", "fc", input=ok(a, "fleet", "token", "issue").strip() + "\n")
+    ok(a, "fleet", "sync")
+    ok(c, "fleet", "sync")
+    assert status(c)["state"] == "member"
+    assert call(c, "GetPerson", name="sarah")["parameters"]["person"]["fingers"] == []
     assert "error" not in call(a, "RemoveFinger", name="sarah", finger="right-index")
     ok(a, "fleet", "sync")
     ok(b, "fleet", "sync")
