@@ -566,9 +566,23 @@ class Fleet:
             self.postgres.start()
             for index, driver in enumerate(self.drivers):
                 fleet_config = self.fleet_config + "\n" + self.terminal_fleet_config.get(index, "")
-                terminal = Terminal(chr(ord("A") + index), self.postgres, driver, fleet_config, self.config)
-                self.terminals.append(terminal)
-                terminal.start()
+                self.terminals.append(Terminal(chr(ord("A") + index), self.postgres, driver, fleet_config, self.config))
+            # Started side by side: each start waits for READY and its reader, mostly idle.
+            failures: list[BaseException] = []
+
+            def start(terminal: Terminal) -> None:
+                try:
+                    terminal.start()
+                except BaseException as error:  # noqa: BLE001 - reported below
+                    failures.append(error)
+
+            threads = [threading.Thread(target=start, args=(t,)) for t in self.terminals]
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join()
+            if failures:
+                raise failures[0]
             self.form()
         except BaseException:
             self.close()
