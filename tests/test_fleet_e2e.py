@@ -91,9 +91,17 @@ def directory_audit(fleet, terminal) -> list[list[str]]:
         f"WHERE terminal_id = '{terminal_id}' ORDER BY terminal_sequence, event_id")
 
 
+def local_sequences(terminal, after: int = 0) -> set[int]:
+    return {e["sequence"] for e in terminal.audit() if e["sequence"] > after}
+
+
 def assert_audit_mirrored(fleet, terminal, must_include: set[int] = frozenset()):
-    """The directory holds the terminal's audit events as the terminal has them: each once, the
-    same action, result and person, and every local event from the first one pushed on."""
+    """The directory holds the terminal's audit events as the terminal has them: each once, with
+    the same action, result and person; none missing between the first and the last pushed; and
+    every event of `must_include` (made before the queue was seen drained) among them."""
+    if must_include:  # audit may follow the other pushes: wait for it, with a deadline
+        wait_until(lambda: set(must_include) <= {int(r[0]) for r in directory_audit(fleet, terminal)},
+                   interval=0.3, what=f"{terminal.name}'s audit events in the directory")
     remote = directory_audit(fleet, terminal)
     sequences = [int(row[0]) for row in remote]
     assert len(sequences) == len(set(sequences)), f"events stored twice: {sorted(s for s in sequences if sequences.count(s) > 1)}"
@@ -103,10 +111,9 @@ def assert_audit_mirrored(fleet, terminal, must_include: set[int] = frozenset())
         event = local.get(int(sequence))
         assert event is not None, f"directory event {sequence} of {terminal.name} is not in its own audit"
         assert (action, result, person) == (event["action"], event["result"], event.get("person") or ""), (sequence, event)
-    expected = {s for s in local if s >= min(sequences)}
+    expected = {s for s in local if min(sequences) <= s <= max(sequences)} | set(must_include)
     missing = sorted(expected - set(sequences))
     assert not missing, f"{terminal.name}'s events {missing} never reached the directory"
-    assert must_include <= set(sequences), sorted(must_include - set(sequences))
     return len(sequences)
 
 
@@ -236,7 +243,7 @@ def test_a_cut_off_terminal_keeps_unlocking_queues_its_writes_and_drains_them(ma
     status = b.status()
     assert status["reachable"] is False and status["queuedPushes"] > 0, status
     assert status["state"] == "member" and status["lastError"], status
-    made_offline = {e["sequence"] for e in b.audit() if e["sequence"] > before}
+    made_offline = local_sequences(b, after=before)
     assert len(made_offline) >= 8
     assert not knows(a, "lena")
 
@@ -288,6 +295,7 @@ def test_directory_restart_mid_traffic_loses_no_acknowledged_write_and_applies_n
     threads = [threading.Thread(target=traffic, args=(a, True)), threading.Thread(target=traffic, args=(b, False))]
     for t in threads:
         t.start()
+    marks = {t.name: max(local_sequences(t)) for t in (a, b)}
     wait_until(lambda: len(added) >= 5, what="traffic under way")
     fleet.postgres.restart()
     restarted_at = len(added)
@@ -295,6 +303,7 @@ def test_directory_restart_mid_traffic_loses_no_acknowledged_write_and_applies_n
     stop.set()
     for t in threads:
         t.join(60)
+    made = {t.name: local_sequences(t, after=marks[t.name]) for t in (a, b)}
     assert not problems, problems[:5]  # unlocks never waited for or failed with the directory
 
     for terminal in (a, b):
@@ -307,7 +316,7 @@ def test_directory_restart_mid_traffic_loses_no_acknowledged_write_and_applies_n
     for name in added:
         wait_knows(b, name)
     for terminal in (a, b):
-        assert_audit_mirrored(fleet, terminal)
+        assert_audit_mirrored(fleet, terminal, must_include=made[terminal.name])
     print(f"\n{len(added)} people added and {wrong['A'] + wrong['B']} failures across a directory restart; none lost")
 
 
@@ -322,6 +331,7 @@ def test_a_terminal_killed_while_its_push_is_in_flight_resends_it_and_it_is_appl
     pushes_before = int(fleet.postgres.scalar(f"SELECT count(*) FROM applied_pushes WHERE terminal_id = '{a_id}'"))
 
     # The directory applies A's push, but A never hears back; A dies waiting.
+    mark = max(local_sequences(a))
     a.proxy.stall()
     for _ in range(3):
         assert error_name(a.verify_passcode("victim", WRONG)) == "WrongPasscode"
@@ -331,6 +341,7 @@ def test_a_terminal_killed_while_its_push_is_in_flight_resends_it_and_it_is_appl
     wait_until(lambda: int(fleet.postgres.scalar(
         f"SELECT count(*) FROM applied_pushes WHERE terminal_id = '{a_id}'")) > pushes_before,
         what="A's push applied by the directory")
+    made = local_sequences(a, after=mark)
     a.kill()  # SIGKILL
     pusher.close()
     a.proxy.restore()
@@ -338,7 +349,7 @@ def test_a_terminal_killed_while_its_push_is_in_flight_resends_it_and_it_is_appl
     wait_drained(a)
     ok(a.sync())
     assert fleet_failures(fleet, "victim") == 3
-    assert_audit_mirrored(fleet, a)
+    assert_audit_mirrored(fleet, a, must_include=made)
 
 
 # 5. A stolen directory ------------------------------------------------------------------------
