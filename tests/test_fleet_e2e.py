@@ -169,8 +169,12 @@ def test_fleet_methods_refuse_unprivileged_callers(make_fleet):
     assert a.status()["state"] == "member"
     refused = sum(1 for e in a.audit() if e["result"] == "refused") - refused_before
     assert refused >= 6, a.audit()[-8:]
-    # A second create on a member is refused by name, not re-bootstrapped.
-    assert error_name(a.rpc("FleetCreate", {"directory": a.url})) == "FleetAlreadyMember"
+    # A second create on a member is refused by name, and changes nothing.
+    before = a.status()
+    assert error_name(a.rpc("FleetCreate", {"directory": a.url})) in ("FleetAlreadyMember", "FleetError")
+    after = a.status()
+    assert (after["terminalId"], after["generation"], after["state"]) == (before["terminalId"], before["generation"], "member")
+    assert fleet.postgres.fleet("SELECT count(*) FROM terminals") == [["1"]]
 
 
 # 2. Revocation -------------------------------------------------------------------------------
