@@ -74,7 +74,7 @@ let package = Package(
             swiftSettings: strictSettings),
 
         // The fleet directory on PostgreSQL (docs/fleet.md): schema, key wrapping, sealing, the
-        // change feed and pushes. Not yet wired into the daemon.
+        // change feed and pushes. The daemon's side is FleetAgent and FleetSyncService.
         .target(
             name: "KioskAuthFleet",
             dependencies: [
@@ -92,7 +92,7 @@ let package = Package(
             name: "KioskAuthDaemon",
             dependencies: [
                 "KioskAuthCore", "KioskAuthStore", "KioskAuthProtocol", "KioskAuthFingerprint",
-                "KioskAuthIdentity", "CKioskAuthSystem",
+                "KioskAuthIdentity", "KioskAuthFleet", "CKioskAuthSystem",
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),
                 .product(name: "Logging", package: "swift-log"),
@@ -115,6 +115,7 @@ let package = Package(
             name: "kioskauthctl",
             dependencies: [
                 "KioskAuthCore", "KioskAuthProtocol",
+                .product(name: "Crypto", package: "swift-crypto"),
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
             ],
             swiftSettings: strictSettings),

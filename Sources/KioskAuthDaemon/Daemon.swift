@@ -244,7 +244,8 @@ public enum Daemon {
             store: store, configuration: configuration, groups: groups, hashingPool: hashingPool,
             isSocketActivated: listenFD != nil,
             usesDevelopmentKey: { if case .developmentKeyFile = source { true } else { false } }(),
-            reader: reader, logger: logger, services: onlineServices, now: { clock.now() })
+            reader: reader, logger: logger, services: onlineServices,
+            credentialsDirectory: paths.credentialsDirectory, now: { clock.now() })
         await authority.audit(nil, action: .daemonStart, result: .success, detail: "schema \(Store.schemaVersion)")
         await authority.reconcileSensor()
         await authority.startOnline()
@@ -283,6 +284,10 @@ public enum Daemon {
             .init(
                 service: TimekeepingService(
                     authority: authority, wakeup: onlineServices.sessionWakeup, events: onlineServices.events)))
+        // Idle (no connection) until the terminal is in a fleet.
+        services.append(
+            .init(
+                service: FleetSyncService(agent: authority.fleet, configuration: configuration.fleet, logger: logger)))
         if configuration.metrics.writesTextfile {
             services.append(
                 .init(

@@ -290,6 +290,17 @@ extension Store {
         }
     }
 
+    /// Runs `body` (store calls and transactions, on this thread) as writes that came from the
+    /// directory: applied locally but not queued to be pushed back.
+    public func applyingFleetChanges<T>(_ body: () throws(StoreError) -> T) throws(StoreError) -> T {
+        try locked {
+            let before = isApplyingFleetChanges
+            isApplyingFleetChanges = true
+            defer { isApplyingFleetChanges = before }
+            return try body()
+        }
+    }
+
     // MARK: The queue
 
     /// The queued pushes, oldest first.
@@ -456,5 +467,12 @@ extension Store {
         try db.query(
             "INSERT INTO fleet_outbox (idempotency_key, sealed, created_at) VALUES (?, ?, ?)",
             [.text(key), .blob(sealed), .real(Date().timeIntervalSince1970)])
+    }
+}
+
+extension StoreError {
+    /// A change pulled from the fleet directory that cannot be applied here.
+    public static func fleetChange(_ reason: String) -> StoreError {
+        StoreError(.integrity("fleet: \(reason)"))
     }
 }

@@ -1,0 +1,193 @@
+import Foundation
+import KioskAuthCore
+import KioskAuthFleet
+import KioskAuthStore
+
+extension CredentialAuthority {
+    /// The reason recorded for a person suspended somewhere in the fleet.
+    static let fleetSuspensionReason = "suspended in the fleet"
+
+    /// Applies changes pulled from the directory to the local store, in change order, through the
+    /// same store calls and audit trail as an admin's action here (audited as `fleet.apply`).
+    /// Nothing applied is queued back to the directory. A removal or suspension takes effect at
+    /// once: the person's tickets die and their sessions end. Secrets are opened with the fleet
+    /// keyring and sealed again under the store key by the store. Only the local store is
+    /// touched; the caller (the fleet agent) did the network I/O.
+    func applyFleetChanges(_ changes: [FleetChange], _ fleet: FleetApplyContext) -> FleetApplyOutcome {
+        var outcome = FleetApplyOutcome()
+        for change in changes {
+            do {
+                let applied: Bool
+                switch change.entity {
+                case "people": applied = try applyFleetPerson(change)
+                case "passcode_verifiers": applied = try applyFleetVerifier(change, fleet)
+                case "person_lockout": applied = try applyFleetLockout(change)
+                default: applied = false
+                }
+                if applied { outcome.applied += 1 }
+            } catch {
+                // One change that cannot be applied (a name taken here, a value that does not
+                // open) is audited and skipped; the rest still arrive.
+                logger.error(
+                    "fleet change not applied", metadata: ["change": "\(change.id)", "error": "\(error.message)"])
+                audit(
+                    nil, action: .fleetApply, result: .failure,
+                    detail: "change \(change.id) (\(change.entity)): \(error.message)")
+                outcome.problem = error.message
+            }
+        }
+        return outcome
+    }
+
+    private func applyingFleet<T>(_ body: () throws(StoreError) -> T) throws(StoreError) -> T {
+        try store.applyingFleetChanges(body)
+    }
+
+    /// The local person a directory person is, linking a local person of the same name who is
+    /// in no fleet yet.
+    private func fleetPerson(_ fleetID: String, name: LoginName?) throws(StoreError) -> StoredPerson? {
+        if let person = try store.person(fleetID: fleetID) { return person }
+        guard let name, let local = try store.person(named: name), local.origin == .local,
+            try store.fleetID(of: local) == nil
+        else { return nil }
+        return local
+    }
+
+    private func applyFleetPerson(_ change: FleetChange) throws(StoreError) -> Bool {
+        let fields = change.fields
+        guard let fleetID = fields["person_id"] ?? Optional(change.key), let text = fields["name"],
+            let name = try? LoginName(text), let state = fields["state"]
+        else { return false }
+        let existing = try fleetPerson(fleetID, name: name)
+        if state == "removed" {
+            guard let person = existing else { return false }
+            let templates = try applyingFleet { () throws(StoreError) in
+                try audited { tx throws(StoreError) in
+                    let templates = try store.removePerson(person)
+                    try tx.audit(
+                        nil, action: .fleetApply, result: .success, person: person.name.rawValue,
+                        detail: "removed in the fleet; secrets erased")
+                    return templates
+                }
+            }
+            context.tickets.void(personID: person.id)
+            _ = online.endSessions(of: person.id, reason: .securityLogout)
+            context.fingersMissingFromSensor[person.id] = nil
+            Task { await self.deleteFromSensor(templates) }
+            return true
+        }
+        var roles: [Role] = []
+        for role in (fields["role"] ?? "").split(separator: ",") {
+            guard let parsed = Role(rawValue: String(role)) else {
+                throw StoreError.fleet("unknown role \(role) for \(name.rawValue)")
+            }
+            roles.append(parsed)
+        }
+        let roleSet: RoleSet
+        do { roleSet = try RoleSet(roles) } catch { throw StoreError.fleet("bad roles for \(name.rawValue)") }
+        let uid = fields["uid"].flatMap { Int($0) }
+        let suspended = state == "suspended"
+        let person = try applyingFleet { () throws(StoreError) -> StoredPerson in
+            try audited { tx throws(StoreError) -> StoredPerson in
+                var person: StoredPerson
+                if let existing {
+                    person = existing
+                    if existing.uid != uid {
+                        var free = true
+                        if let uid { free = try store.person(boundTo: uid) == nil }
+                        if free { try store.setUID(uid, for: person, now: now()) }
+                    }
+                } else {
+                    var free = true
+                    if let uid { free = try store.person(boundTo: uid) == nil }
+                    person = try store.addPerson(
+                        name: name, displayName: name.rawValue, roles: roleSet, origin: .local,
+                        state: suspended ? .suspended : .active, uid: free ? uid : nil, now: now())
+                }
+                try store.linkFleetPerson(person, fleetID: fleetID)
+                if suspended, person.state != .suspended || existing == nil {
+                    try store.setSuspension(Self.fleetSuspensionReason, for: person, now: now())
+                } else if !suspended, person.state == .suspended {
+                    try store.setSuspension(nil, for: person, now: now())
+                } else if !suspended, person.state == .pendingActivation {
+                    try store.setState(.active, for: person, now: now())
+                }
+                try tx.audit(
+                    nil, action: .fleetApply, result: .success, person: name.rawValue,
+                    detail: "\(existing == nil ? "added" : "updated") from the fleet: state=\(state)")
+                return try store.person(named: name) ?? person
+            }
+        }
+        if suspended {
+            context.tickets.void(personID: person.id)
+            _ = online.endSessions(of: person.id, reason: .securityLogout)
+        }
+        return true
+    }
+
+    private func applyFleetVerifier(_ change: FleetChange, _ fleet: FleetApplyContext) throws(StoreError) -> Bool {
+        guard !change.isDeletion, let fleetID = change.fields["person_id"], let uuid = UUID(uuidString: fleetID),
+            let sealed = change.sealedBlob, let person = try store.person(fleetID: fleetID)
+        else { return false }
+        let plaintext: [UInt8]
+        do { plaintext = try fleet.keyring.open(sealed, binding: .verifier(person: uuid)) } catch {
+            throw StoreError.fleet("the verifier of \(person.name.rawValue) does not open: \(error)")
+        }
+        let verifier: PasscodeVerifier
+        do { verifier = try JSONDecoder().decode(PasscodeVerifier.self, from: Data(plaintext)) } catch {
+            throw StoreError.fleet("the verifier of \(person.name.rawValue) does not decode")
+        }
+        try applyingFleet { () throws(StoreError) in
+            try audited { tx throws(StoreError) in
+                try store.setPasscodeVerifier(verifier, for: person, now: now())
+                try tx.audit(
+                    nil, action: .fleetApply, result: .success, person: person.name.rawValue, method: "passcode",
+                    detail: "passcode set in the fleet")
+            }
+        }
+        return true
+    }
+
+    /// The fleet-wide failure sum (docs/fleet.md §5): this terminal counts the sum pulled plus
+    /// its own failures not yet pushed (`FleetPasscodeBudget`), hard-locks at HardLockAfter, and
+    /// clears when the fleet was reset and nothing is pending here.
+    private func applyFleetLockout(_ change: FleetChange) throws(StoreError) -> Bool {
+        guard let fleetID = change.fields["person_id"], let sum = change.fields["fleet_failures"].flatMap({ Int($0) }),
+            let person = try store.person(fleetID: fleetID)
+        else { return false }
+        let unpushed = try store.unpushedFleetFailures(of: person)
+        let budget = FleetPasscodeBudget(
+            hardLockAfter: configuration.passcode.hardLockAfter,
+            delaysSeconds: configuration.passcode.lockoutDelays.map { Int($0) })
+        let count = budget.failures(fleetSum: sum, unpushedLocal: unpushed)
+        var failures = person.failures
+        if count == 0 {
+            failures.passcodeFailures = 0
+            failures.passcodeLockedUntil = nil
+            failures.passcodeHardLocked = false
+        } else {
+            failures.passcodeFailures = count
+            if !budget.mayAttempt(fleetSum: sum, unpushedLocal: unpushed) { failures.passcodeHardLocked = true }
+        }
+        guard failures != person.failures else {
+            try store.setFleetFailureSum(sum, of: person)
+            return false
+        }
+        try applyingFleet { () throws(StoreError) in
+            try audited { tx throws(StoreError) in
+                try store.setFleetFailureSum(sum, of: person)
+                try store.saveFailures(failures, for: person, now: now())
+                try tx.audit(
+                    nil, action: .fleetApply, result: .success, person: person.name.rawValue, method: "passcode",
+                    detail:
+                        "fleet failures=\(sum), unpushed here=\(unpushed)\(failures.passcodeHardLocked ? ", hard-locked" : "")"
+                )
+            }
+        }
+        return true
+    }
+}
+
+extension StoreError {
+    static func fleet(_ reason: String) -> StoreError { fleetChange(reason) }
+}

@@ -1,0 +1,223 @@
+"""Two real kioskauthd terminals against one real PostgreSQL directory that the test starts
+(docs/fleet.md): create, token, join and admission, a person and passcode made at A that unlock
+at B, a suspension at A refused at B, a hard lock at B that reaches A, and a terminal in no
+fleet that behaves as before."""
+
+import json
+import os
+import pwd
+import shutil
+import socket
+import subprocess
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from kioskauth_testing import FAST_HASH_CONFIG, Daemon
+
+FLEET_CONFIG = FAST_HASH_CONFIG + """
+[Passcode]
+LockoutDelaysSec=0
+HardLockAfter=4
+
+[Fleet]
+PollIntervalSec=3600
+"""
+
+PASSCODE = "47112358"
+
+
+def _postgres_bin() -> Path | None:
+    configured = os.environ.get("KIOSKAUTH_PG_BIN")
+    if configured:
+        return Path(configured)
+    root = Path("/usr/lib/postgresql")
+    versions = sorted((int(p.name) for p in root.iterdir() if p.name.isdigit()), reverse=True) if root.exists() else []
+    for version in versions:
+        if (root / str(version) / "bin" / "initdb").exists():
+            return root / str(version) / "bin"
+    return None
+
+
+class Postgres:
+    """A throw-away PostgreSQL on a Unix socket in a temporary directory, run as nobody when the
+    test runs as root, with trust authentication (the socket directory is private)."""
+
+    def __init__(self):
+        self.bin = _postgres_bin()
+        self.base = Path(tempfile.mkdtemp(prefix="kioskauth-fleet-"))
+        self.run_as = None
+        if os.getuid() == 0:
+            self.run_as = pwd.getpwnam("nobody")
+            os.chown(self.base, self.run_as.pw_uid, self.run_as.pw_gid)
+        self.base.chmod(0o711)
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            self.port = probe.getsockname()[1]
+        self.data = self.base / "data"
+
+    def _run(self, *args: str) -> None:
+        command = [str(self.bin / args[0]), *args[1:]]
+        if self.run_as is not None:
+            command = ["setpriv", f"--reuid={self.run_as.pw_uid}", f"--regid={self.run_as.pw_gid}",
+                       "--clear-groups", "--"] + command
+        subprocess.run(command, check=True, capture_output=True, timeout=120, cwd=self.base,
+                       env={"PATH": "/usr/bin:/bin", "LC_ALL": "C", "HOME": str(self.base)})
+
+    def start(self) -> "Postgres":
+        self._run("initdb", "-D", str(self.data), "-U", "fleet", "--auth=trust", "-E", "UTF8", "--no-sync")
+        self._run("pg_ctl", "-D", str(self.data), "-l", str(self.base / "server.log"), "-w", "-t", "60",
+                  "-o", f"-k {self.base} -c listen_addresses='' -p {self.port} -F", "start")
+        return self
+
+    def stop(self) -> None:
+        try:
+            self._run("pg_ctl", "-D", str(self.data), "-m", "fast", "-w", "stop")
+        finally:
+            shutil.rmtree(self.base, ignore_errors=True)
+
+    @property
+    def url(self) -> str:
+        return f"postgres://fleet@/postgres?host={self.base}&port={self.port}"
+
+
+@pytest.fixture(scope="module")
+def postgres():
+    if _postgres_bin() is None:
+        pytest.skip("PostgreSQL's initdb is not installed")
+    server = Postgres().start()
+    yield server
+    server.stop()
+
+
+def terminal(make_daemon, config: str = FLEET_CONFIG) -> Daemon:
+    """A daemon with a store key and a fresh fleet key in its credentials directory."""
+    d = make_daemon(config=config, credential_key=os.urandom(32))
+    result = d.ctl("fleet", "keygen", "--output", str(d.credentials / "kioskauth.fleet-key"))
+    assert result.returncode == 0, result.stderr
+    assert len(result.stdout.strip()) == 64
+    assert (d.credentials / "kioskauth.fleet-key").stat().st_mode & 0o777 == 0o600
+    return d.start()
+
+
+def ok(d: Daemon, *args: str, input: str | None = None) -> str:
+    result = d.ctl(*args, input=input)
+    assert result.returncode == 0, f"{args}: {result.stderr}\n{d.log_text()[-3000:]}"
+    return result.stdout
+
+
+def status(d: Daemon) -> dict:
+    return json.loads(ok(d, "fleet", "status", "--json"))
+
+
+def call(d: Daemon, method: str, **parameters) -> dict:
+    return d.call(f"io.kioskauth.{method}", parameters)
+
+
+@pytest.fixture(scope="module")
+def fleet(postgres, tmp_path_factory):
+    """Terminals A (created the fleet) and B (joined with A's token and was admitted)."""
+    made = []
+
+    def factory(**kwargs):
+        d = Daemon(**kwargs)
+        made.append(d)
+        return d
+
+    a = terminal(factory)
+    b = terminal(factory)
+    ok(a, "fleet", "create", postgres.url, "--name", "a")
+    token = ok(a, "fleet", "token", "issue", "--valid", "10m").strip()
+    assert token.startswith("kat1.")
+    joined = ok(b, "fleet", "join", postgres.url, "--name", "b", input=token + "\n")
+    assert "pending" in joined
+    # A is woken by the directory's NOTIFY and may already have admitted B; these make sure.
+    assert status(b)["state"] in ("pending", "member")
+    ok(a, "fleet", "sync")  # A sees B pending, checks its proof, wraps the data key to it
+    ok(b, "fleet", "sync")  # B picks its wrapped key up
+    yield a, b
+    for d in made:
+        d.close()
+
+
+def test_joinedTerminal_isAdmitted_andHoldsTheDataKey(fleet):
+    a, b = fleet
+    sa, sb = status(a), status(b)
+    assert sa["configured"] and sa["state"] == "member" and sa["generation"] == 1, sa
+    assert sb["state"] == "member" and sb["generation"] == 1 and sb["reachable"], sb
+    assert sb["lag"] == 0 and sb["queuedPushes"] == 0, sb
+    # The token was used: a second join with it is refused.
+    assert sa["terminalId"] != sb["terminalId"]
+
+
+def test_personAndPasscodeMadeAtA_unlockAtB_andASuspensionAtA_isRefusedAtB(fleet):
+    a, b = fleet
+    assert "error" not in call(a, "AddPerson", name="carol")
+    assert "error" not in call(a, "SetPasscode", name="carol", passcode=PASSCODE, confirmation=PASSCODE)
+    assert status(a)["queuedPushes"] >= 1
+    ok(a, "fleet", "sync")
+    assert status(a)["queuedPushes"] == 0
+    # (B may already have pulled carol, woken by the directory's NOTIFY; the sync makes sure.)
+    ok(b, "fleet", "sync")
+    reply = call(b, "VerifyPasscode", name="carol", passcode=PASSCODE)
+    assert "error" not in reply, reply
+    assert reply["parameters"]["person"]["state"] == "active"
+    # B's own unlock is not pushed back as a change of carol, and B has nothing left queued.
+    ok(b, "fleet", "sync")
+    assert status(b)["queuedPushes"] == 0
+
+    assert "error" not in call(a, "SuspendPerson", name="carol", reason="badge lost")
+    ok(a, "fleet", "sync")
+    ok(b, "fleet", "sync")
+    reply = call(b, "VerifyPasscode", name="carol", passcode=PASSCODE)
+    assert reply["error"] == "io.kioskauth.PersonNotActive", reply
+    assert reply["parameters"]["state"] == "suspended"
+    audit = call(b, "GetAudit")["parameters"]["events"]
+    assert any(e["action"] == "fleet.apply" and e.get("person") == "carol" and "suspended" in (e.get("detail") or "")
+               for e in audit), audit[-5:]
+
+
+def test_aHardLockAtB_reachesA_afterSync_andAResetClearsItEverywhere(fleet):
+    a, b = fleet
+    assert "error" not in call(a, "AddPerson", name="dave")
+    assert "error" not in call(a, "SetPasscode", name="dave", passcode=PASSCODE, confirmation=PASSCODE)
+    ok(a, "fleet", "sync")
+    ok(b, "fleet", "sync")
+    for _ in range(4):
+        reply = call(b, "VerifyPasscode", name="dave", passcode="90817263")
+        assert reply["error"] in ("io.kioskauth.WrongPasscode", "io.kioskauth.PasscodeLocked"), reply
+    assert call(b, "VerifyPasscode", name="dave", passcode=PASSCODE)["error"] == "io.kioskauth.PasscodeLocked"
+    ok(b, "fleet", "sync")  # pushes B's failures
+    ok(a, "fleet", "sync")  # A pulls the fleet-wide sum
+    reply = call(a, "VerifyPasscode", name="dave", passcode=PASSCODE)
+    assert reply["error"] == "io.kioskauth.PasscodeLocked" and reply["parameters"]["hardLocked"], reply
+    # An admin's reset at A is pushed as a fleet-wide reset.
+    assert "error" not in call(a, "ResetLockout", name="dave")
+    ok(a, "fleet", "sync")
+    ok(b, "fleet", "sync")
+    assert "error" not in call(b, "VerifyPasscode", name="dave", passcode=PASSCODE)
+
+
+def test_fleetMethods_refuseCallersWhoAreNotAdmins(fleet):
+    a, _ = fleet
+    for method in ("FleetStatus", "FleetSync", "FleetIssueJoinToken", "FleetLeave"):
+        reply = a.call(f"io.kioskauth.{method}", {}, user="nobody")
+        assert reply["error"] == "org.varlink.service.PermissionDenied" or reply["error"].endswith("PermissionDenied"), reply
+    assert status(a)["state"] == "member"
+
+
+def test_aTerminalInNoFleet_isUnchanged(make_daemon):
+    d = make_daemon(config=FLEET_CONFIG).start()
+    assert status(d) == {**status(d), "configured": False, "queuedPushes": 0, "generation": 0}
+    assert "not in a fleet" in ok(d, "fleet", "status")
+    assert call(d, "FleetSync")["error"] == "io.kioskauth.FleetNotConfigured"
+    assert "error" not in call(d, "AddPerson", name="erin")
+    assert "error" not in call(d, "SetPasscode", name="erin", passcode=PASSCODE, confirmation=PASSCODE)
+    assert "error" not in call(d, "VerifyPasscode", name="erin", passcode=PASSCODE)
+    assert status(d)["queuedPushes"] == 0
+    # No connection to anything: the daemon holds no socket but its own.
+    sockets = [os.readlink(f"/proc/{d.proc.pid}/fd/{fd}") for fd in os.listdir(f"/proc/{d.proc.pid}/fd")]
+    inet = Path(f"/proc/{d.proc.pid}/net/tcp").read_text().splitlines()[1:]
+    assert not any(line.split()[3] == "01" for line in inet), inet  # no ESTABLISHED TCP connection
+    assert sum(1 for s in sockets if s.startswith("socket:")) <= 3, sockets
