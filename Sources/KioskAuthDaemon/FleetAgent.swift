@@ -113,7 +113,8 @@ actor FleetAgent {
     // MARK: Connection
 
     private func connect(_ directory: String) async throws(FleetError) -> FleetDirectory {
-        if let connection { return connection }
+        if let connection, !connection.isClosed { return connection }
+        connection = nil
         let endpoint = try FleetEndpoint(url: directory)
         do {
             let connection = try await FleetDirectory.connect(to: endpoint, password: password, logger: logger)
@@ -140,15 +141,43 @@ actor FleetAgent {
         return try await FleetDirectory.connect(to: endpoint, password: password, logger: logger)
     }
 
+    /// The longest one directory operation may take before the connection is given up as dead
+    /// (a server that went away without closing it, a network that drops packets).
+    static let operationDeadline: Duration = .seconds(20)
+
     private func withDirectory<T: Sendable>(
-        _ directory: String, _ body: (FleetDirectory) async throws(FleetError) -> T
+        _ directory: String, _ body: @escaping @Sendable (FleetDirectory) async throws(FleetError) -> T
     ) async throws(APIError) -> T {
-        do {
-            let connection = try await connect(directory)
-            return try await body(connection)
-        } catch {
+        let connection: FleetDirectory
+        do { connection = try await connect(directory) } catch {
+            await disconnect()
+            throw APIError.fleet(error)
+        }
+        let outcome: Result<T, FleetError>? = await withTaskGroup(of: Result<T, FleetError>?.self) { group in
+            group.addTask {
+                do throws(FleetError) { return .success(try await body(connection)) } catch {
+                    return .failure(error)
+                }
+            }
+            group.addTask {
+                try? await Task.sleep(for: Self.operationDeadline)
+                return nil
+            }
+            let first = await group.next() ?? nil
+            group.cancelAll()
+            if first == nil { await connection.close() }
+            return first
+        }
+        switch outcome {
+        case .success(let value)?: return value
+        case .failure(let error)?:
             if error.code == .directoryUnavailable { await disconnect() }
             throw APIError.fleet(error)
+        case nil:
+            await disconnect()
+            throw APIError.own(
+                "FleetUnreachable", ["reason": .string("the directory did not answer within \(Self.operationDeadline)")]
+            )
         }
     }
 
@@ -264,8 +293,9 @@ actor FleetAgent {
         try await loadKeyring(membership)
         var cursor = membership.cursor
         while true {
+            let after = cursor
             let changes = try await withDirectory(membership.directory) { connection throws(FleetError) in
-                try await connection.pull(after: cursor)
+                try await connection.pull(after: after)
             }
             guard let last = changes.last else { break }
             // Keys first: a pending terminal becomes a member when its wrapped key arrives, and a
@@ -281,8 +311,9 @@ actor FleetAgent {
             membership.cursor = cursor
             if changes.count < FleetDirectory.maximumPullSize { break }
         }
+        let reached = cursor
         let position = try await withDirectory(membership.directory) { connection throws(FleetError) in
-            try await connection.recordCursor(cursor, for: terminal)
+            try await connection.recordCursor(reached, for: terminal)
             return try await connection.feedPosition(for: terminal)
         }
         head = position.head
@@ -340,15 +371,13 @@ actor FleetAgent {
             }
             let admitted: UUID
             do {
-                let connection = try await connect(membership.directory)
-                admitted = try await connection.admit(joinedWith: token, dataKey: dataKey)
+                admitted = try await withDirectory(membership.directory) { connection throws(FleetError) in
+                    try await connection.admit(joinedWith: token, dataKey: dataKey)
+                }
             } catch {
                 // A proof that does not match is refused and logged; the token stays unused.
                 logger.error("fleet admission refused", metadata: ["token": "\(tokenID)", "error": "\(error)"])
-                if error.code == .directoryUnavailable {
-                    await disconnect()
-                    throw APIError.fleet(error)
-                }
+                if error.name.hasSuffix(".FleetUnreachable") { throw error }
                 continue
             }
             try storeCall { () throws(StoreError) in
@@ -366,12 +395,12 @@ actor FleetAgent {
             for batch in batches {
                 let push = try pushBatch(batch, terminal: terminal)
                 do {
-                    let connection = try await connect(membership.directory)
-                    _ = try await connection.push(push)
+                    _ = try await withDirectory(membership.directory) { connection throws(FleetError) in
+                        try await connection.push(push)
+                    }
                 } catch {
-                    _ = try? store.fleetBatchFailed(batch, error: error.description)
-                    if error.code == .directoryUnavailable { await disconnect() }
-                    throw APIError.fleet(error)
+                    _ = try? store.fleetBatchFailed(batch, error: "\(error.name): \(error.parameters)")
+                    throw error
                 }
                 // Applied now or before: either way the directory has it.
                 try storeCall { () throws(StoreError) in try store.acknowledgeFleetBatch(batch) }

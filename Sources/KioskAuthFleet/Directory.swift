@@ -70,6 +70,10 @@ public actor FleetDirectory {
         }
     }
 
+    /// Whether the connection has closed (the server went away, or `close()`): a caller keeping
+    /// the directory open connects again instead of queueing on a dead connection.
+    public nonisolated var isClosed: Bool { connection.isClosed }
+
     /// Closes the connection.
     public func close() async {
         try? await connection.close()
