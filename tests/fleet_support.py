@@ -195,6 +195,8 @@ class Proxy:
         self._pairs: list[tuple[socket.socket, socket.socket]] = []
         self._listener: socket.socket | None = None
         self._stalled = False
+        self._marker: bytes | None = None
+        self._held: set[socket.socket] = set()
         self._closed = False
         self.accepted = 0
         self._listen()
@@ -242,7 +244,8 @@ class Proxy:
         try:
             while not self._closed:
                 # While stalled the server's answers stay unread (held back in the kernel).
-                watch = [client] if self._stalled else [client, server]
+                stalled = self._stalled or client in self._held
+                watch = [client] if stalled else [client, server]
                 ready, _, _ = select.select(watch, [], [], 0.1)
                 for source in ready:
                     data = source.recv(65536)
@@ -250,6 +253,10 @@ class Proxy:
                         return
                     if source is client:
                         server.sendall(data)
+                        marker = self._marker
+                        if marker is not None and marker in data:
+                            with self._lock:
+                                self._held.add(client)
                     else:
                         client.sendall(data)
         except (OSError, ValueError):
@@ -290,12 +297,20 @@ class Proxy:
         """Requests still reach the directory, but its answers are held back (a lost reply)."""
         self._stalled = True
 
+    def stall_after(self, marker: bytes) -> None:
+        """Like `stall`, but only for a connection once a request containing `marker` (e.g. the
+        name of the function a push calls) went through it: that request is applied, its answer
+        and everything after it on that connection is held back. Other traffic flows."""
+        self._marker = marker
+
     def restore(self) -> None:
         """Back to normal: held answers are dropped with their connections, new ones accepted."""
-        if self._stalled:
+        if self._stalled or self._marker is not None:
             self._stalled = False
+            self._marker = None
             with self._lock:
                 pairs = list(self._pairs)
+                self._held.clear()
             for client, server in pairs:
                 self._drop(client, server)
         with self._lock:
