@@ -301,7 +301,10 @@ def test_directory_restart_mid_traffic_loses_no_acknowledged_write_and_applies_n
                 problems.append(f"{terminal.name}: {reply}")
             if "error" in client.call("VerifyPasscode", {"name": "sarah", "passcode": PASSCODE}):
                 problems.append(f"{terminal.name} refused sarah")
-            if adds and "error" not in client.call("AddPerson", {"name": f"p{n}"}):
+            # A new person is pushed once active (people pending activation stay local): the
+            # acknowledged write is the passcode an admin sets, which activates them.
+            if adds and "error" not in client.call("AddPerson", {"name": f"p{n}"}) and "error" not in client.call(
+                    "SetPasscode", {"name": f"p{n}", "passcode": PASSCODE, "confirmation": PASSCODE}):
                 with lock:
                     added.append(f"p{n}")
             time.sleep(0.05)  # a steady stream, far below HardLockAfter over the test
@@ -329,7 +332,7 @@ def test_directory_restart_mid_traffic_loses_no_acknowledged_write_and_applies_n
     names = {row[0] for row in fleet.postgres.fleet("SELECT name FROM people")}
     assert set(added) <= names, sorted(set(added) - names)
     for name in added:
-        wait_knows(b, name)
+        wait_knows(b, name, hasPasscode=True, state="active")
     for terminal in (a, b):
         assert_audit_mirrored(fleet, terminal, must_include=made[terminal.name])
     print(f"\n{len(added)} people added and {wrong['A'] + wrong['B']} failures across a directory restart; none lost")
