@@ -23,7 +23,7 @@ still a member) before its scans add up to 90 s.
 Prints median, p95 and max per measurement, in milliseconds; the resolution is --interval.
 
     KIOSKAUTH_BIN_DIR=.build/debug .build-venv/bin/python bench/fleet_propagation.py [--runs 20]
-        [--interval 0.01] [--no-identify]
+        [--interval 0.01] [--no-identify] [--poll SECONDS]
 """
 
 from __future__ import annotations
@@ -74,7 +74,8 @@ def poll(condition, interval: float, timeout: float = 120.0) -> float:
 def run(args: argparse.Namespace) -> dict[str, list[float]]:
     results: dict[str, list[float]] = {"passcode": [], "identify": [], "revocation": []}
     heat = Heat()
-    with Fleet(["virtual_image", "virtual_image"], fleet_config="ReconnectMaxSec=2\n") as fleet:
+    fleet_config = "ReconnectMaxSec=2\n" + (f"PollIntervalSec={args.poll}\n" if args.poll else "")
+    with Fleet(["virtual_image", "virtual_image"], fleet_config=fleet_config) as fleet:
         a, b = fleet.terminals
         for n in range(args.runs):
             name = f"bench{n}"
@@ -121,6 +122,8 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=20)
     parser.add_argument("--interval", type=float, default=0.01, help="B's polling interval, seconds")
     parser.add_argument("--no-identify", dest="identify", action="store_false")
+    parser.add_argument("--poll", type=float, default=None,
+                        help="[Fleet] PollIntervalSec for both terminals (default: the daemon's, 30 s)")
     args = parser.parse_args()
     results = run(args)
     labels = {
@@ -128,7 +131,8 @@ def main() -> None:
         "identify": "finger enrolled at A -> identify at B",
         "revocation": "suspended at A -> refused at B",
     }
-    print(f"\n{'propagation (ms)':<40} {'runs':>5} {'median':>8} {'p95':>8} {'max':>8}")
+    print(f"\npoll: {args.poll or 'default (30 s)'}; runs: {args.runs}; B polls every {args.interval} s")
+    print(f"{'propagation (ms)':<40} {'runs':>5} {'median':>8} {'p95':>8} {'max':>8}")
     for key, values in results.items():
         if not values:
             continue
