@@ -114,8 +114,7 @@ let package = Package(
         .executableTarget(
             name: "kioskauthctl",
             dependencies: [
-                "KioskAuthCore", "KioskAuthProtocol",
-                .product(name: "Crypto", package: "swift-crypto"),
+                "KioskAuthCore", "KioskAuthProtocol", "CKioskAuthSystem",
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
             ],
             swiftSettings: strictSettings),

@@ -103,8 +103,17 @@ def terminal(make_daemon, config: str = FLEET_CONFIG) -> Daemon:
     d = make_daemon(config=config, credential_key=os.urandom(32))
     result = d.ctl("fleet", "keygen", "--output", str(d.credentials / "kioskauth.fleet-key"))
     assert result.returncode == 0, result.stderr
-    assert len(result.stdout.strip()) == 64
-    assert (d.credentials / "kioskauth.fleet-key").stat().st_mode & 0o777 == 0o600
+    key = d.credentials / "kioskauth.fleet-key"
+    assert key.stat().st_mode & 0o777 == 0o600 and len(key.read_bytes()) == 32
+    # The public key printed is X25519(private, 9), as an independent implementation computes it.
+    from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
+    from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
+    expected = X25519PrivateKey.from_private_bytes(key.read_bytes()).public_key().public_bytes(
+        Encoding.Raw, PublicFormat.Raw).hex()
+    assert result.stdout.strip() == expected
+    # It never overwrites a key.
+    again = d.ctl("fleet", "keygen", "--output", str(key))
+    assert again.returncode != 0 and len(key.read_bytes()) == 32
     return d.start()
 
 

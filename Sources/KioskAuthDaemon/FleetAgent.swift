@@ -204,6 +204,8 @@ actor FleetAgent {
                 FleetMembership(
                     directory: directory, terminalID: terminal.id.uuidString.lowercased(), name: terminal.name,
                     state: "member", joinedAt: now()))
+            // The first member brings its people into the (empty) directory.
+            try store.queueLocalPeopleForFleet()
         }
         dataKeys = [dataKey]
         wakeup.signal()

@@ -124,6 +124,19 @@ extension Store {
         }
     }
 
+    /// Queues every local person (active or suspended) with their passcode verifier, in one
+    /// batch: what the terminal that creates a fleet brings into it.
+    public func queueLocalPeopleForFleet() throws(StoreError) {
+        try transaction { db in
+            for row in try db.query(
+                "SELECT id FROM people WHERE origin = ? ORDER BY id", [.text(Origin.local.rawValue)])
+            {
+                let id = Int64(row["id"].int ?? 0)
+                noteFleetVerifierChange(id)
+            }
+        }
+    }
+
     /// Changes the membership's state, cursor and sync record.
     public func updateFleetMembership(
         state: String? = nil, cursor: Int64? = nil, syncedAt: Date? = nil, error: String?? = nil,

@@ -1,5 +1,5 @@
 import ArgumentParser
-import Crypto
+import CKioskAuthSystem
 import FoundationEssentials
 import KioskAuthProtocol
 
@@ -25,8 +25,12 @@ struct FleetCommand: ParsableCommand {
         @OptionGroup var global: GlobalOptions
 
         func run() throws {
-            let key = Curve25519.KeyAgreement.PrivateKey()
-            let bytes = Array(key.rawRepresentation)
+            var bytes = [UInt8](repeating: 0, count: 32)
+            var publicKey = [UInt8](repeating: 0, count: 32)
+            guard kioskauth_x25519_keygen(&bytes, &publicKey) == 0 else {
+                throw ValidationError("no randomness for the key (getrandom failed)")
+            }
+            defer { for index in bytes.indices { bytes[index] = 0 } }
             let fd = open(output, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0o600)
             guard fd >= 0 else {
                 throw ValidationError("cannot create \(output): \(String(cString: strerror(errno)))")
@@ -44,7 +48,7 @@ struct FleetCommand: ParsableCommand {
             }
             guard fsync(fd) == 0, close(fd) == 0 else { throw ValidationError("cannot write \(output)") }
             print(
-                key.publicKey.rawRepresentation.map { byte in
+                publicKey.map { byte in
                     let digits = String(byte, radix: 16)
                     return digits.count == 1 ? "0" + digits : digits
                 }.joined())

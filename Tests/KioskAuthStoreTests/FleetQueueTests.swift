@@ -146,6 +146,42 @@ struct FleetQueueTests {
         }
     }
 
+    @Test func theCreatingTerminal_queuesItsExistingPeople_inOneBatch() throws {
+        let fixture = try StoreFixture()
+        try fixture.withStore { store in
+            let sarah = try store.addTestPerson("sarah")
+            try store.setTestPasscode("4711-2345", for: sarah)
+            _ = try store.addTestPerson("tom")
+            try member(store)
+            #expect(try store.fleetOutboxCount() == 0)
+            try store.queueLocalPeopleForFleet()
+            #expect(kinds(try store.fleetOutbox(limit: 10)) == [["person:active", "verifier", "person:active"]])
+        }
+    }
+
+    @Test func concurrentWriters_eachGetTheirBatch_inCommitOrder() throws {
+        let fixture = try StoreFixture()
+        try fixture.withStore { store in
+            try member(store)
+            let writers = 8
+            let perWriter = 10
+            DispatchQueue.concurrentPerform(iterations: writers) { writer in
+                for index in 0..<perWriter {
+                    _ = try? store.addTestPerson("w\(writer)x\(index)")
+                }
+            }
+            let batches = try store.fleetOutbox(limit: 1000)
+            #expect(batches.count == writers * perWriter)
+            // The queue's order is the order the people rows were committed in.
+            let names = batches.compactMap { batch -> String? in
+                if case .person(_, let name, _, _, _) = batch.operations[0] { return name }
+                return nil
+            }
+            let committed = try store.people().sorted { $0.id < $1.id }.map(\.name.rawValue)
+            #expect(names == committed)
+        }
+    }
+
     @Test func keysAndTokens_areSealed_andTheMembershipEnds() throws {
         let fixture = try StoreFixture()
         try fixture.withStore { store in
