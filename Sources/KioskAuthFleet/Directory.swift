@@ -462,6 +462,27 @@ public actor FleetDirectory {
         }
     }
 
+    /// Who this connection is, as the directory sees it: a terminal should log in as its own
+    /// role (a member of `kioskauth_terminal`), never as the owner or a superuser, whose power
+    /// it would otherwise carry (docs/fleet.md §2.1).
+    public func sessionRole() async throws(FleetError) -> FleetSessionRole {
+        try await exclusive { connection, logger in
+            let row = try await connection.query(
+                """
+                SELECT session_user::text,
+                       COALESCE((SELECT rolsuper FROM pg_roles WHERE rolname = session_user), false),
+                       COALESCE((SELECT pg_has_role(session_user, oid, 'MEMBER') FROM pg_roles
+                                 WHERE rolname = 'kioskauth_terminal'), false),
+                       COALESCE((SELECT tableowner = session_user FROM pg_tables
+                                 WHERE schemaname = current_schema() AND tablename = 'terminals'), false)
+                """, logger: logger
+            ).collect().first
+            let (name, isSuperuser, isTerminal, isOwner) =
+                try row?.decode((String, Bool, Bool, Bool).self) ?? ("", false, false, false)
+            return FleetSessionRole(name: name, isSuperuser: isSuperuser, isTerminalRole: isTerminal, isOwner: isOwner)
+        }
+    }
+
     /// The named error for a directory's refusal: 42501 (insufficient privilege: a terminal
     /// acting for another, or touching what terminals may not) is `permissionDenied`; the
     /// schema's own KA001 is `notMember`; KA409 and unique violations are `conflict`.
@@ -593,4 +614,19 @@ public struct FleetWakeups: AsyncSequence, Sendable {
             try await base.next() == nil ? nil : ()
         }
     }
+}
+
+/// The database role a directory connection logged in as (`FleetDirectory.sessionRole`).
+public struct FleetSessionRole: Sendable, Equatable {
+    /// `session_user`.
+    public var name: String
+    /// A superuser: bypasses every check and row-level security.
+    public var isSuperuser: Bool
+    /// A member of `kioskauth_terminal` (superusers count as members of every role).
+    public var isTerminalRole: Bool
+    /// Owns the directory's tables.
+    public var isOwner: Bool
+
+    /// Whether a terminal may use this role: its own, with no more than a terminal's rights.
+    public var isTerminalOnly: Bool { isTerminalRole && !isSuperuser && !isOwner }
 }
