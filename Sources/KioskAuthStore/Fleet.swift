@@ -22,11 +22,18 @@ public struct FleetMembership: Sendable, Equatable {
     public var lastError: String?
     /// The last audit entry pushed to the directory.
     public var auditPushedThrough: Int
+    /// How many pulled changes were refused (forged, replayed or unverifiable rows).
+    public var rejectedChanges: Int
+    /// Why the last one was refused.
+    public var lastRejection: String?
 
     public init(
         directory: String, terminalID: String, name: String, state: String, cursor: Int64 = 0, joinedAt: Date,
-        lastSyncAt: Date? = nil, lastError: String? = nil, auditPushedThrough: Int = 0
+        lastSyncAt: Date? = nil, lastError: String? = nil, auditPushedThrough: Int = 0, rejectedChanges: Int = 0,
+        lastRejection: String? = nil
     ) {
+        self.rejectedChanges = rejectedChanges
+        self.lastRejection = lastRejection
         self.directory = directory
         self.terminalID = terminalID
         self.name = name
@@ -104,7 +111,8 @@ extension Store {
                 cursor: Int64(row["cursor"].int ?? 0),
                 joinedAt: Date(timeIntervalSince1970: row["joined_at"].double ?? 0),
                 lastSyncAt: row["last_sync_at"].double.map(Date.init(timeIntervalSince1970:)),
-                lastError: row["last_error"].string, auditPushedThrough: row["audit_pushed_through"].int ?? 0)
+                lastError: row["last_error"].string, auditPushedThrough: row["audit_pushed_through"].int ?? 0,
+                rejectedChanges: row["rejected_changes"].int ?? 0, lastRejection: row["last_rejection"].string)
         }
     }
 
@@ -177,6 +185,7 @@ extension Store {
         try transaction { db in
             for table in [
                 "fleet_outbox", "fleet_templates", "fleet_people", "fleet_join_tokens", "fleet_keys",
+                "fleet_row_versions",
                 "fleet_membership",
             ] {
                 try db.query("DELETE FROM \(table)")
@@ -184,6 +193,38 @@ extension Store {
             isFleetMember = false
         }
         try checkpointTruncating()
+    }
+
+    // MARK: Row versions and refusals
+
+    /// Records the version of a directory row this terminal trusted (`Int64.max`: the row was
+    /// deleted). Only ever raised: an older version never replaces a newer one.
+    public func setFleetRowVersion(_ version: Int64, entity: String, key: String) throws(StoreError) {
+        try transaction { db in
+            try db.query(
+                """
+                INSERT INTO fleet_row_versions (entity, row_key, version) VALUES (?, ?, ?)
+                ON CONFLICT (entity, row_key) DO UPDATE SET version = MAX(version, excluded.version)
+                """, [.text(entity), .text(key), .integer(version)])
+        }
+    }
+
+    /// The row versions recorded, for the directory connection after a restart.
+    public func fleetRowVersions() throws(StoreError) -> [(entity: String, key: String, version: Int64)] {
+        try locked {
+            try connection.query("SELECT entity, row_key, version FROM fleet_row_versions").map { row in
+                (row["entity"].string ?? "", row["row_key"].string ?? "", Int64(row["version"].int ?? 0))
+            }
+        }
+    }
+
+    /// Counts a pulled change that was refused, and keeps why.
+    public func recordFleetRejection(_ reason: String) throws(StoreError) {
+        try transaction { db in
+            try db.query(
+                "UPDATE fleet_membership SET rejected_changes = rejected_changes + 1, last_rejection = ?",
+                [.text(String(reason.prefix(500)))])
+        }
     }
 
     // MARK: Keys and tokens

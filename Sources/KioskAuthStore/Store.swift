@@ -37,7 +37,7 @@ public struct StoredPerson: Sendable, Equatable {
 /// connection, serialised by a lock; calls are short.
 public final class Store: @unchecked Sendable {
     /// The schema version this code writes.
-    public static let schemaVersion = 5
+    public static let schemaVersion = 6
     /// File name of the database in the state directory.
     public static let databaseFileName = "kioskauth.sqlite"
 
@@ -387,6 +387,19 @@ public final class Store: @unchecked Sendable {
           attempts INTEGER NOT NULL DEFAULT 0,
           last_error TEXT
         );
+        """,
+        // 6: the fleet's hardened directory (docs/fleet.md §9.5): the version of every directory
+        // row this terminal trusted (handed back to the directory connection after a restart, so
+        // an older row written back is refused), and the changes it refused.
+        """
+        CREATE TABLE fleet_row_versions (
+          entity TEXT NOT NULL,
+          row_key TEXT NOT NULL,
+          version INTEGER NOT NULL,
+          PRIMARY KEY (entity, row_key)
+        ) WITHOUT ROWID;
+        ALTER TABLE fleet_membership ADD COLUMN rejected_changes INTEGER NOT NULL DEFAULT 0;
+        ALTER TABLE fleet_membership ADD COLUMN last_rejection TEXT;
         """,
     ]
 
