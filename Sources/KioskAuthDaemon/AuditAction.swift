@@ -81,6 +81,8 @@ public struct AuditAction: Sendable, Hashable, CustomStringConvertible {
     static let fleetCreate = AuditAction("fleet.create")
     static let fleetJoin = AuditAction("fleet.join")
     static let fleetLeave = AuditAction("fleet.leave")
+    static let fleetMigrate = AuditAction("fleet.migrate")
+    static let fleetReject = AuditAction("fleet.reject")
     static let fleetStatus = AuditAction("fleet.status")
     static let fleetSync = AuditAction("fleet.sync")
     static let fleetToken = AuditAction("fleet.token")

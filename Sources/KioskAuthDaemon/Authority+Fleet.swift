@@ -26,6 +26,16 @@ extension Authority {
         }
     }
 
+    /// Migrates the directory as its owner; the URL and password are used once and not kept,
+    /// and neither is audited (the URL may name a host, never a password: the endpoint refuses
+    /// one).
+    func fleetMigrate(_ caller: Caller, _ input: Message.FleetMigrate) async throws(APIError) -> Message.FleetMigrated {
+        try await fleetCall(caller, action: .fleetMigrate) { agent throws(APIError) in
+            Message.FleetMigrated(
+                version: try await agent.migrate(directory: input.directory, password: input.password))
+        }
+    }
+
     func fleetCreate(_ caller: Caller, _ input: Message.FleetCreate) async throws(APIError) -> Message.FleetCreated {
         try await fleetCall(caller, action: .fleetCreate) { agent throws(APIError) in
             Message.FleetCreated(terminalId: try await agent.create(directory: input.directory, name: input.name))

@@ -13,9 +13,20 @@ extension CredentialAuthority {
     /// once: the person's tickets die and their sessions end. Secrets are opened with the fleet
     /// keyring and sealed again under the store key by the store. Only the local store is
     /// touched; the caller (the fleet agent) did the network I/O.
+    ///
+    /// A change the directory connection did not trust (a row whose MAC is missing or wrong,
+    /// an older version of a row than one already seen, or one MACed under a key this terminal
+    /// does not hold) is never applied: it is audited as `fleet.reject` and counted for
+    /// `FleetStatus`. Each trusted row's version is kept, so that after a restart the directory
+    /// connection still refuses an older one.
     func applyFleetChanges(_ changes: [FleetChange], _ fleet: FleetApplyContext) -> FleetApplyOutcome {
         var outcome = FleetApplyOutcome()
         for change in changes {
+            guard change.isTrusted else {
+                rejectFleetChange(change)
+                outcome.rejected += 1
+                continue
+            }
             do {
                 let applied: Bool
                 switch change.entity {
@@ -26,6 +37,7 @@ extension CredentialAuthority {
                 default: applied = false
                 }
                 if applied { outcome.applied += 1 }
+                try recordFleetRowVersion(change)
             } catch {
                 // One change that cannot be applied (a name taken here, a value that does not
                 // open) is audited and skipped; the rest still arrive.
@@ -39,6 +51,46 @@ extension CredentialAuthority {
         }
         return outcome
     }
+
+    /// Why a change was not trusted, in words for the audit trail and `FleetStatus`.
+    static func fleetRejection(_ change: FleetChange) -> String {
+        let why: String
+        switch change.integrity {
+        case .forged(let reason): why = "forged: \(reason)"
+        case .replayed(let reason): why = "replayed: \(reason)"
+        case .unverifiable(let reason): why = "unverifiable: \(reason)"
+        case .verified, .notCovered: why = "not trusted"
+        }
+        return "change \(change.id) (\(change.entity) \(change.key)) refused, \(why)"
+    }
+
+    /// Audits a change that is not applied because it is not trusted, and counts it.
+    private func rejectFleetChange(_ change: FleetChange) {
+        let reason = Self.fleetRejection(change)
+        logger.error("fleet change refused", metadata: ["change": "\(change.id)", "reason": "\(reason)"])
+        do {
+            try audited { tx throws(StoreError) in
+                try tx.audit(nil, action: .fleetReject, result: .refused, detail: reason)
+                try store.recordFleetRejection(reason)
+            }
+        } catch {
+            logger.error("cannot record a refused fleet change", metadata: ["error": "\(error.message)"])
+        }
+    }
+
+    /// Keeps the version of a trusted row of a MACed table (`Int64.max` for a deleted one).
+    /// Called inside the transaction that applies the row, and again after it (idempotent), so
+    /// rows that needed no local change are remembered too.
+    private func recordFleetRowVersion(_ change: FleetChange) throws(StoreError) {
+        if let version = change.rowVersion, change.isTrusted, !change.isDeletion {
+            try store.setFleetRowVersion(version, entity: change.entity, key: change.key)
+        } else if change.isDeletion, Self.fleetMACedTables.contains(change.entity) {
+            try store.setFleetRowVersion(Int64.max, entity: change.entity, key: change.key)
+        }
+    }
+
+    /// The directory tables whose rows carry a row MAC (docs/fleet.md §3).
+    static let fleetMACedTables: Set<String> = ["people", "passcode_verifiers", "templates"]
 
     private func applyingFleet<T>(_ body: () throws(StoreError) -> T) throws(StoreError) -> T {
         try store.applyingFleetChanges(body)
@@ -65,6 +117,7 @@ extension CredentialAuthority {
             let templates = try applyingFleet { () throws(StoreError) in
                 try audited { tx throws(StoreError) in
                     let templates = try store.removePerson(person)
+                    try recordFleetRowVersion(change)
                     try tx.audit(
                         nil, action: .fleetApply, result: .success, person: person.name.rawValue,
                         detail: "removed in the fleet; secrets erased")
@@ -107,6 +160,7 @@ extension CredentialAuthority {
                         state: suspended ? .suspended : .active, uid: free ? uid : nil, now: now())
                 }
                 try store.linkFleetPerson(person, fleetID: fleetID)
+                try recordFleetRowVersion(change)
                 if suspended, person.state != .suspended || existing == nil {
                     try store.setSuspension(Self.fleetSuspensionReason, for: person, now: now())
                 } else if !suspended, person.state == .suspended {
@@ -142,6 +196,7 @@ extension CredentialAuthority {
         try applyingFleet { () throws(StoreError) in
             try audited { tx throws(StoreError) in
                 try store.setPasscodeVerifier(verifier, for: person, now: now())
+                try recordFleetRowVersion(change)
                 try tx.audit(
                     nil, action: .fleetApply, result: .success, person: person.name.rawValue, method: "passcode",
                     detail: "passcode set in the fleet")
@@ -161,6 +216,7 @@ extension CredentialAuthority {
             try applyingFleet { () throws(StoreError) in
                 try audited { tx throws(StoreError) in
                     try store.removeFingers(finger, of: person)
+                    try recordFleetRowVersion(change)
                     try tx.audit(
                         nil, action: .fleetApply, result: .success, person: person.name.rawValue, method: "fingerprint",
                         detail: "finger \(finger) removed in the fleet")
@@ -184,6 +240,7 @@ extension CredentialAuthority {
                 if person.fingers.contains(finger) { try store.removeFingers(finger, of: person) }
                 try store.addFinger(finger, template: template, for: person, now: now())
                 try store.linkFleetTemplate(templateID, person: person, finger: finger)
+                try recordFleetRowVersion(change)
                 try tx.audit(
                     nil, action: .fleetApply, result: .success, person: person.name.rawValue, method: "fingerprint",
                     detail: "finger \(finger) enrolled in the fleet")

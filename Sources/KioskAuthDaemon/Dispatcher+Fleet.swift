@@ -3,6 +3,9 @@ import KioskAuthProtocol
 extension Dispatcher {
     /// The Fleet methods (see Authority+Fleet.swift and FleetAgent.swift).
     mutating func registerFleetMethods(authority: Authority) {
+        register(KioskAuthMethod.fleetMigrate) { (input, caller, _) in
+            try await authority.fleetMigrate(caller, input)
+        }
         register(KioskAuthMethod.fleetCreate) { (input, caller, _) in
             try await authority.fleetCreate(caller, input)
         }

@@ -19,6 +19,7 @@ extension APIError {
         switch error.code {
         case .directoryUnavailable: .own("FleetUnreachable", ["reason": .string(error.description)])
         case .joinRefused: .own("FleetTokenInvalid", ["reason": .string(error.description)])
+        case .permissionDenied: .fleetPermissionDenied(error.description)
         default: .own("FleetError", ["reason": .string(error.description)])
         }
     }
@@ -26,6 +27,10 @@ extension APIError {
     static func fleetError(_ reason: String) -> APIError { .own("FleetError", ["reason": .string(reason)]) }
 
     static let fleetNotConfigured = APIError.own("FleetNotConfigured")
+
+    static func fleetPermissionDenied(_ reason: String) -> APIError {
+        .own("FleetPermissionDenied", ["reason": .string(reason)])
+    }
 }
 
 /// The fleet's network side of one terminal: the directory connection used for pulls and pushes,
@@ -49,7 +54,8 @@ actor FleetAgent {
     private var connection: FleetDirectory?
     private var keyPair: TerminalKeyPair?
     private var keyring = FleetKeyring([])
-    /// The data-key generations held (the keyring derives its sealing keys from them).
+    /// The data-key generations held (the keyring derives its sealing keys from them). Set
+    /// through `hold(_:)`, which hands them to the directory connection too.
     private var dataKeys: [FleetDataKey] = [] {
         didSet { keyring = FleetKeyring(dataKeys) }
     }
@@ -118,12 +124,89 @@ actor FleetAgent {
         let endpoint = try FleetEndpoint(url: directory)
         do {
             let connection = try await FleetDirectory.connect(to: endpoint, password: password, logger: logger)
+            // A new connection knows no keys and no rows: give it the keyring (pushes MAC rows
+            // with it, pulls verify them) and the version of every row this terminal already
+            // trusted, so an older version written back into the directory is refused as replayed.
+            if !dataKeys.isEmpty { await connection.useKeyring(keyring) }
+            if let versions = try? store.fleetRowVersions() {
+                for row in versions {
+                    await connection.rememberRowVersion(row.version, entity: row.entity, key: row.key)
+                }
+            }
             self.connection = connection
             reachable = true
             return connection
         } catch {
             reachable = false
             throw error
+        }
+    }
+
+    /// Holds `keys` as this terminal's data keys, on the directory connection too.
+    private func hold(_ keys: [FleetDataKey]) async {
+        dataKeys = keys
+        if let connection, !keys.isEmpty { await connection.useKeyring(keyring) }
+    }
+
+    /// Refuses a directory role that is not a terminal's own: the owner or a superuser would
+    /// give this terminal the power to rewrite the directory (docs/fleet.md §2.1).
+    private static func requireTerminalRole(_ connection: FleetDirectory) async throws(FleetError) -> String? {
+        let role = try await connection.sessionRole()
+        if role.isTerminalOnly { return nil }
+        let what =
+            role.isSuperuser
+            ? "a superuser" : role.isOwner ? "the directory's owner" : "not a member of kioskauth_terminal"
+        return
+            "the directory URL names the role \(role.name), which is \(what): connect as this terminal's own role (created with fleet_create_terminal_role)"
+    }
+
+    /// Migrates the directory's schema with the owner's URL and password, given for this call
+    /// only: the connection is closed afterwards and neither is kept.
+    func migrate(directory: String, password: String?) async throws(APIError) -> Int {
+        let endpoint: FleetEndpoint
+        do { endpoint = try FleetEndpoint(url: directory) } catch { throw APIError.fleet(error) }
+        let owner: FleetDirectory
+        do { owner = try await FleetDirectory.connect(to: endpoint, password: password, logger: logger) } catch {
+            throw APIError.fleet(error)
+        }
+        do {
+            let version = try await owner.migrate()
+            await owner.close()
+            return Int(version)
+        } catch {
+            await owner.close()
+            throw APIError.fleet(error)
+        }
+    }
+
+    /// Checks, before the terminal registers, that it connects as its own role and that the
+    /// schema is current (a terminal role cannot migrate it).
+    private func prepareTerminal(_ directory: String) async throws(APIError) {
+        // Not yet in a fleet: a connection left from an earlier attempt may name another
+        // directory or role.
+        await disconnect()
+        do {
+            try await checkTerminal(directory)
+        } catch {
+            await disconnect()
+            throw error
+        }
+    }
+
+    private func checkTerminal(_ directory: String) async throws(APIError) {
+        let refusal = try await withDirectory(directory) { connection throws(FleetError) in
+            try await Self.requireTerminalRole(connection)
+        }
+        if let refusal { throw APIError.fleetPermissionDenied(refusal) }
+        do {
+            try await withDirectory(directory) { connection throws(FleetError) in
+                _ = try await connection.migrate()
+            }
+        } catch {
+            guard error.name.hasSuffix(".FleetPermissionDenied") else { throw error }
+            throw APIError.fleetPermissionDenied(
+                "the directory's schema is not current, and only its owner can migrate it: run kioskauthctl fleet migrate with the owner's URL first"
+            )
         }
     }
 
@@ -189,9 +272,9 @@ actor FleetAgent {
         }
         do { _ = try FleetEndpoint(url: directory) } catch { throw APIError.fleet(error) }
         let terminal = try await registration(id: UUID(), name: name)
+        try await prepareTerminal(directory)
         let dataKey = try await withDirectory(directory) { connection throws(FleetError) in
-            try await connection.migrate()
-            return try await connection.bootstrap(terminal)
+            try await connection.bootstrap(terminal)
         }
         let wrapped = try await withDirectory(directory) { connection throws(FleetError) in
             try await connection.wrappedDataKeys(for: terminal.id)
@@ -207,7 +290,7 @@ actor FleetAgent {
             // The first member brings its people into the (empty) directory.
             try store.queueLocalPeopleForFleet()
         }
-        dataKeys = [dataKey]
+        await hold([dataKey])
         wakeup.signal()
         return terminal.id.uuidString.lowercased()
     }
@@ -236,8 +319,8 @@ actor FleetAgent {
         do { token = try JoinToken(text: tokenText) } catch { throw APIError.fleet(error) }
         do { _ = try FleetEndpoint(url: directory) } catch { throw APIError.fleet(error) }
         let terminal = try await registration(id: UUID(), name: name)
+        try await prepareTerminal(directory)
         try await withDirectory(directory) { connection throws(FleetError) in
-            try await connection.migrate()
             try await connection.join(with: token, as: terminal)
         }
         try storeCall { () throws(StoreError) in
@@ -293,27 +376,60 @@ actor FleetAgent {
             throw APIError.fleetError("the stored terminal id is not a UUID")
         }
         try await loadKeyring(membership)
+        if dataKeys.isEmpty {
+            // Pending: rows pulled now could not be verified (no data key yet) and would be
+            // refused, so only look for this terminal's wrapped key; the feed is read from the
+            // start once it is here.
+            try await receiveKeys(terminal: terminal, membership: &membership)
+            if dataKeys.isEmpty { return }
+        }
         var cursor = membership.cursor
+        // The newest removal of another terminal and the newest data key wrapped to this one,
+        // by change id: a removal after the newest key means nobody has rotated since (§3).
+        var latestRemoval: Int64 = 0
+        var latestOwnKey: Int64 = 0
         while true {
             let after = cursor
             let changes = try await withDirectory(membership.directory) { connection throws(FleetError) in
                 try await connection.pull(after: after)
             }
             guard let last = changes.last else { break }
-            // Keys first: a pending terminal becomes a member when its wrapped key arrives, and a
-            // member takes new generations before the values sealed under them.
+            // Keys first: a member takes new generations before the values sealed under them.
+            // Rows of this page MACed under a generation that just arrived were pulled before it
+            // and came back unverifiable: pull the page again with the new keys.
             if changes.contains(where: { $0.entity == "wrapped_keys" && $0.key.hasPrefix(membership.terminalID) }) {
+                let held = dataKeys.count
                 try await receiveKeys(terminal: terminal, membership: &membership)
+                if dataKeys.count > held,
+                    changes.contains(where: { if case .unverifiable = $0.integrity { true } else { false } })
+                {
+                    continue
+                }
+            }
+            for change in changes where !change.isDeletion {
+                if change.entity == "wrapped_keys", change.key.hasPrefix(membership.terminalID) {
+                    latestOwnKey = max(latestOwnKey, change.id)
+                } else if change.entity == "terminals", change.key != membership.terminalID,
+                    change.fields["state"] == "removed"
+                {
+                    latestRemoval = max(latestRemoval, change.id)
+                }
             }
             try await admitPending(changes, membership: membership)
             let outcome = await apply(
                 changes,
                 FleetApplyContext(keyring: keyring, terminalID: membership.terminalID, reader: await readerTags()))
             if let problem = outcome.problem { logger.warning("fleet apply", metadata: ["problem": "\(problem)"]) }
+            if outcome.rejected > 0 {
+                logger.error("fleet rows refused", metadata: ["count": "\(outcome.rejected)"])
+            }
             cursor = last.id
             try storeCall { () throws(StoreError) in try store.updateFleetMembership(cursor: cursor) }
             membership.cursor = cursor
             if changes.count < FleetDirectory.maximumPullSize { break }
+        }
+        if membership.state == "member", latestRemoval > latestOwnKey {
+            try await rotateAfterRemoval(terminal: terminal, membership: &membership)
         }
         let reached = cursor
         let position = try await withDirectory(membership.directory) { connection throws(FleetError) in
@@ -321,6 +437,38 @@ actor FleetAgent {
             return try await connection.feedPosition(for: terminal)
         }
         head = position.head
+    }
+
+    /// Publishes a new data-key generation after a terminal was removed, so what is written
+    /// from now on is sealed and MACed under a key the removed terminal never had. Several
+    /// members may see the removal at once: the directory takes one generation once
+    /// (`conflict` for the others), and refuses a rotation whose wraps do not match the members
+    /// (`conflict` too). After a conflict this terminal takes the keys wrapped to it; if a new
+    /// generation is among them someone else rotated, otherwise it tries again, three times.
+    private func rotateAfterRemoval(terminal: UUID, membership: inout FleetMembership) async throws(APIError) {
+        for attempt in 1...3 {
+            let newest = dataKeys.map(\.generation).max() ?? 0
+            let key = FleetDataKey.random(generation: newest + 1)
+            let rotated = try await withDirectory(membership.directory) { connection throws(FleetError) -> Bool in
+                do throws(FleetError) {
+                    try await connection.rotateDataKey(to: key, by: terminal, reason: "a terminal was removed")
+                    return true
+                } catch {
+                    if error.code == .conflict { return false }
+                    throw error
+                }
+            }
+            try await receiveKeys(terminal: terminal, membership: &membership)
+            if rotated {
+                logger.notice("fleet data key rotated", metadata: ["generation": "\(key.generation)"])
+                return
+            }
+            if (dataKeys.map(\.generation).max() ?? 0) > newest {
+                logger.info("fleet data key rotated by another member", metadata: ["attempt": "\(attempt)"])
+                return
+            }
+        }
+        throw APIError.fleetError("the data key could not be rotated after a removal: the members kept changing")
     }
 
     private func loadKeyring(_ membership: FleetMembership) async throws(APIError) {
@@ -334,7 +482,7 @@ actor FleetAgent {
             }
             do { keys.append(try wrapped.unwrap(with: pair)) } catch { throw APIError.fleet(error) }
         }
-        dataKeys = keys
+        await hold(keys)
     }
 
     private func receiveKeys(terminal: UUID, membership: inout FleetMembership) async throws(APIError) {
@@ -355,7 +503,7 @@ actor FleetAgent {
             }
         }
         if !wrapped.isEmpty { membership.state = "member" }
-        dataKeys = keys
+        if !keys.isEmpty { await hold(keys) }
     }
 
     /// Admits the pending terminals that joined with a token this terminal issued.
@@ -497,7 +645,8 @@ actor FleetAgent {
             head: Int(shownHead), lag: Int(shownHead - membership.cursor), queuedPushes: queued,
             generation: Int(generations.max() ?? 0),
             lastSyncAt: membership.lastSyncAt.map { $0.formatted(Date.ISO8601FormatStyle()) },
-            lastError: membership.lastError)
+            lastError: membership.lastError, rejectedChanges: membership.rejectedChanges,
+            lastRejection: membership.lastRejection)
     }
 
     /// Whether the terminal is in a fleet (the sync service idles otherwise).
@@ -571,5 +720,7 @@ struct FleetReaderTags: Sendable, Equatable {
 /// What applying pulled changes came to.
 struct FleetApplyOutcome: Sendable {
     var applied = 0
+    /// Changes refused: not trusted (forged, replayed, unverifiable), audited as `fleet.reject`.
+    var rejected = 0
     var problem: String?
 }

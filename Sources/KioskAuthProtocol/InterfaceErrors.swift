@@ -135,6 +135,7 @@ public enum KioskAuthError {
     public static let fleetTokenInvalid = VarlinkErrorDescriptor(own: "FleetTokenInvalid", ["reason"])
     public static let fleetAlreadyMember = VarlinkErrorDescriptor(own: "FleetAlreadyMember", ["directory"])
     public static let fleetError = VarlinkErrorDescriptor(own: "FleetError", ["reason"])
+    public static let fleetPermissionDenied = VarlinkErrorDescriptor(own: "FleetPermissionDenied", ["reason"])
 
     public static let all: [VarlinkErrorDescriptor] = [
         noSuchPerson, personExists, bindingRefused, accountNotAllowed, permissionDenied, invalidInput, weakPasscode,
@@ -151,6 +152,7 @@ public enum KioskAuthError {
         noSuchSession, sessionEnded, sessionLocked, sessionNotAuthenticated, staleAuthentication, noAccessToken,
         onlineLoginNotAllowed, onlineLoginPaused,
         fleetNotConfigured, fleetUnreachable, fleetTokenInvalid, fleetAlreadyMember, fleetError,
+        fleetPermissionDenied,
     ]
 
     /// Every error of the interface by its name within the interface.

@@ -1,4 +1,20 @@
 extension Message {
+    /// `FleetMigrate`'s input: the owner's URL and password, used once and forgotten.
+    public struct FleetMigrate: Codable, Sendable {
+        public var directory: String
+        public var password: String?
+        public init(directory: String, password: String? = nil) {
+            self.directory = directory
+            self.password = password
+        }
+    }
+
+    /// `FleetMigrate`'s reply.
+    public struct FleetMigrated: Codable, Sendable {
+        public var version: Int
+        public init(version: Int) { self.version = version }
+    }
+
     /// `FleetCreate`'s input.
     public struct FleetCreate: Codable, Sendable {
         public var directory: String
@@ -63,12 +79,17 @@ extension Message {
         public var generation: Int
         public var lastSyncAt: String?
         public var lastError: String?
+        public var rejectedChanges: Int
+        public var lastRejection: String?
 
         public init(
             configured: Bool, state: String? = nil, terminalId: String? = nil, directory: String? = nil,
             reachable: Bool = false, cursor: Int = 0, head: Int = 0, lag: Int = 0, queuedPushes: Int = 0,
-            generation: Int = 0, lastSyncAt: String? = nil, lastError: String? = nil
+            generation: Int = 0, lastSyncAt: String? = nil, lastError: String? = nil, rejectedChanges: Int = 0,
+            lastRejection: String? = nil
         ) {
+            self.rejectedChanges = rejectedChanges
+            self.lastRejection = lastRejection
             self.configured = configured
             self.state = state
             self.terminalId = terminalId

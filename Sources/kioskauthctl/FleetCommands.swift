@@ -12,7 +12,9 @@ import KioskAuthProtocol
 struct FleetCommand: ParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "fleet", abstract: "Join this terminal to a fleet directory, and see how it syncs (admins).",
-        subcommands: [Keygen.self, Create.self, Token.self, Join.self, Status.self, Sync.self, Leave.self])
+        subcommands: [
+            Keygen.self, Migrate.self, Create.self, Token.self, Join.self, Status.self, Sync.self, Leave.self,
+        ])
 
     struct Keygen: ParsableCommand {
         static let configuration = CommandConfiguration(
@@ -55,10 +57,37 @@ struct FleetCommand: ParsableCommand {
         }
     }
 
+    struct Migrate: ParsableCommand {
+        static let configuration = CommandConfiguration(
+            abstract: "Migrate the directory's schema as its owner role (before the first create).",
+            discussion: """
+                The daemon connects once with the owner's URL, migrates and forgets the URL and the \
+                password; terminals then use roles of their own. With --password-stdin the owner's \
+                password is read from standard input, never from the command line.
+                """)
+        @Argument(
+            help:
+                "The directory as its owner: postgres://OWNER@HOST[:PORT]/DATABASE or postgres://OWNER@/DATABASE?host=DIR"
+        )
+        var directory: String
+        @Flag(help: "Read the owner role's password from standard input.") var passwordStdin = false
+        @OptionGroup var global: GlobalOptions
+
+        func run() throws {
+            let password = passwordStdin ? String(try readSecret(prompt: "Owner password: ")) : nil
+            let reply = try global.call(
+                KioskAuthMethod.fleetMigrate, Message.FleetMigrate(directory: directory, password: password))
+            if !global.json { print("directory schema at version \(reply.version)") }
+        }
+    }
+
     struct Create: ParsableCommand {
         static let configuration = CommandConfiguration(
-            abstract: "Create a fleet in an empty directory, with this terminal as its first member.")
-        @Argument(help: "postgres://USER@HOST[:PORT]/DATABASE[?sslmode=…] or postgres://USER@/DATABASE?host=DIR")
+            abstract: "Create a fleet in an empty, migrated directory, with this terminal as its first member.")
+        @Argument(
+            help:
+                "As this terminal's own role: postgres://ROLE@HOST[:PORT]/DATABASE[?sslmode=…] or postgres://ROLE@/DATABASE?host=DIR"
+        )
         var directory: String
         @Option(help: "This terminal's name in the directory (default: [Fleet] TerminalName, or the host name).")
         var name: String?
@@ -128,6 +157,10 @@ struct FleetCommand: ParsableCommand {
             print("generation: \(status.generation)")
             print("last sync:  \(safe(status.lastSyncAt ?? "never"))")
             if let error = status.lastError { print("last error: \(safe(error))") }
+            if status.rejectedChanges > 0 {
+                print("refused:    \(status.rejectedChanges) directory row(s) not applied")
+                if let why = status.lastRejection { print("last refusal: \(safe(why))") }
+            }
         }
     }
 
