@@ -84,16 +84,26 @@ class Postgres:
         finally:
             shutil.rmtree(self.base, ignore_errors=True)
 
-    def query(self, sql: str) -> str:
-        """One value, through psql on the socket."""
+    def query(self, sql: str, database: str = "postgres") -> str:
+        """One value, through psql on the socket, as the superuser."""
         out = subprocess.run([str(self.bin / "psql"), "-h", str(self.base), "-p", str(self.port), "-U", "fleet",
-                              "-d", "postgres", "-At", "-c", sql], check=True, capture_output=True, text=True,
+                              "-d", database, "-At", "-c", sql], check=True, capture_output=True, text=True,
                              timeout=30)
         return out.stdout.strip()
 
     @property
     def url(self) -> str:
-        return f"postgres://fleet@/postgres?host={self.base}&port={self.port}"
+        """The directory as its owner (here the cluster's superuser): for FleetMigrate only."""
+        return self.url_as("fleet")
+
+    def url_as(self, role: str, database: str = "postgres") -> str:
+        return f"postgres://{role}@/{database}?host={self.base}&port={self.port}"
+
+    def terminal_url(self, role: str, database: str = "postgres") -> str:
+        """A new login role for one terminal (docs/fleet.md §6: the owner's
+        fleet_create_terminal_role, in a migrated directory), and the URL naming it."""
+        self.query(f"SELECT fleet_create_terminal_role('{role}', NULL)", database)
+        return self.url_as(role, database)
 
 
 @pytest.fixture(scope="module")
@@ -155,10 +165,14 @@ def fleet(postgres, tmp_path_factory):
 
     a = terminal(factory)
     b = terminal(factory)
-    ok(a, "fleet", "create", postgres.url, "--name", "a")
+    # The owner migrates (through A's daemon, which keeps nothing of it); then each terminal
+    # gets a role of its own.
+    assert "version 2" in ok(a, "fleet", "migrate", postgres.url)
+    a.url, b.url = postgres.terminal_url("kt_a"), postgres.terminal_url("kt_b")
+    ok(a, "fleet", "create", a.url, "--name", "a")
     token = ok(a, "fleet", "token", "issue", "--valid", "10m").strip()
     assert token.startswith("kat1.")
-    joined = ok(b, "fleet", "join", postgres.url, "--name", "b", input=token + "\n")
+    joined = ok(b, "fleet", "join", b.url, "--name", "b", input=token + "\n")
     assert "pending" in joined
     # A is woken by the directory's NOTIFY and may already have admitted B; these make sure.
     assert status(b)["state"] in ("pending", "member")
@@ -183,8 +197,9 @@ def test_joinedTerminal_isAdmitted_andHoldsTheDataKey(fleet):
 def test_aUsedToken_andAMalformedOne_areRefused_andLeaveNoMembership(fleet, postgres):
     a, _ = fleet
     c = terminal(a.factory)
+    c_url = postgres.terminal_url("kt_c")
     for token in (a.used_token, "kat1.not-a-token"):
-        refused = c.ctl("fleet", "join", postgres.url, "--name", "c", input=token + "\n")
+        refused = c.ctl("fleet", "join", c_url, "--name", "c", input=token + "\n")
         assert refused.returncode != 0 and "FleetTokenInvalid" in refused.stderr, refused.stderr
         assert token not in refused.stderr
     assert status(c)["configured"] is False
@@ -300,11 +315,12 @@ def test_aFingerEnrolledAtA_verifiesAtB_withTheSameKindOfReader_andItsRemovalFol
     from test_fingerprint_e2e import enroll, verify_on
     from kioskauth_testing import connect
     postgres.query("CREATE DATABASE fingers")
-    url = postgres.url.replace("/postgres?", "/fingers?")
     a = terminal(make_daemon, reader="virtual_device")
     b = terminal(make_daemon, reader="virtual_device")
-    ok(a, "fleet", "create", url, "--name", "fa")
-    ok(b, "fleet", "join", url, "--name", "fb", input=ok(a, "fleet", "token", "issue").strip() + "\n")
+    ok(a, "fleet", "migrate", postgres.url_as("fleet", "fingers"))
+    ok(a, "fleet", "create", postgres.terminal_url("kt_fa", "fingers"), "--name", "fa")
+    ok(b, "fleet", "join", postgres.terminal_url("kt_fb", "fingers"), "--name", "fb",
+       input=ok(a, "fleet", "token", "issue").strip() + "\n")
     ok(a, "fleet", "sync")
     ok(b, "fleet", "sync")
     assert status(b)["state"] == "member"
@@ -322,7 +338,8 @@ def test_aFingerEnrolledAtA_verifiesAtB_withTheSameKindOfReader_andItsRemovalFol
     s.close()
     # A terminal with another kind of reader takes the person but not the template.
     c = terminal(make_daemon, reader="virtual_image")
-    ok(c, "fleet", "join", url, "--name", "fc", input=ok(a, "fleet", "token", "issue").strip() + "\n")
+    ok(c, "fleet", "join", postgres.terminal_url("kt_fc", "fingers"), "--name", "fc",
+       input=ok(a, "fleet", "token", "issue").strip() + "\n")
     ok(a, "fleet", "sync")
     ok(c, "fleet", "sync")
     assert status(c)["state"] == "member"
@@ -331,6 +348,140 @@ def test_aFingerEnrolledAtA_verifiesAtB_withTheSameKindOfReader_andItsRemovalFol
     ok(a, "fleet", "sync")
     ok(b, "fleet", "sync")
     assert call(b, "GetPerson", name="sarah")["parameters"]["person"]["fingers"] == []
+
+
+def test_terminalsUseTheirOwnRoles_theOwnerOrASuperuserIsRefused_andTheOwnersURLIsNotKept(fleet, postgres):
+    a, b = fleet
+    # A and B hold the roles they were given; no connection to the directory is the owner's,
+    # although A's daemon migrated it with the owner's URL.
+    roles = dict(postgres.query("SELECT name, db_role FROM terminals ORDER BY name").split("\n")[i].split("|")
+                 for i in range(2))
+    assert roles == {"a": "kt_a", "b": "kt_b"}, roles
+    ok(a, "fleet", "sync")
+    users = set(postgres.query(
+        "SELECT DISTINCT usename FROM pg_stat_activity WHERE backend_type = 'client backend' "
+        "AND pid <> pg_backend_pid() AND datname = 'postgres'").split())
+    assert users and all(user.startswith("kt_") for user in users), users
+    assert status(a)["directory"] == a.url
+
+    c = terminal(a.factory)
+    # The superuser (here also the owner) is refused as a terminal's role, before anything is
+    # registered.
+    refused = c.ctl("fleet", "create", postgres.url, "--name", "c-owner")
+    assert refused.returncode != 0 and "FleetPermissionDenied" in refused.stderr, refused.stderr
+    assert "superuser" in refused.stderr
+    # A terminal role on a directory nobody migrated cannot migrate it itself.
+    postgres.query("CREATE DATABASE unmigrated")
+    postgres.query("CREATE ROLE kt_unmigrated LOGIN IN ROLE kioskauth_terminal")
+    refused = c.ctl("fleet", "create", postgres.url_as("kt_unmigrated", "unmigrated"), "--name", "c-early")
+    assert refused.returncode != 0 and "FleetPermissionDenied" in refused.stderr, refused.stderr
+    assert "fleet migrate" in refused.stderr
+    assert postgres.query("SELECT to_regclass('terminals') IS NULL", "unmigrated") == "t"
+    assert status(c)["configured"] is False
+    assert postgres.query("SELECT count(*) FROM terminals WHERE name LIKE 'c-%'") == "0"
+    # Migrating is for root and admins.
+    reply = c.call("io.kioskauth.FleetMigrate", {"directory": postgres.url}, user="nobody")
+    assert reply["error"].endswith("PermissionDenied"), reply
+
+
+def test_aForgedPeopleRow_isNotApplied_andIsReported_andAReplayIsRefusedAfterARestart(fleet, postgres):
+    """The directory's superuser edits a person's row. The terminals refuse what the row MAC
+    does not cover, audit it and show it in fleet status; an older genuine row copied back is
+    refused as replayed, after a restart too (the versions are kept in the store)."""
+    a, b = fleet
+    assert "error" not in call(a, "AddPerson", name="mallory")
+    assert "error" not in call(a, "SetPasscode", name="mallory", passcode=PASSCODE, confirmation=PASSCODE)
+    ok(a, "fleet", "sync")
+    ok(b, "fleet", "sync")
+    assert "error" not in call(b, "VerifyPasscode", name="mallory", passcode=PASSCODE)
+    # Keep her genuine, active row, MAC and all, for the replay.
+    postgres.query("CREATE TABLE saved_mallory AS SELECT * FROM people WHERE name = 'mallory'")
+    assert "error" not in call(a, "SuspendPerson", name="mallory", reason="left")
+    ok(a, "fleet", "sync")
+    ok(b, "fleet", "sync")
+    assert call(b, "VerifyPasscode", name="mallory", passcode=PASSCODE)["error"] == "io.kioskauth.PersonNotActive"
+    before = status(b)["rejectedChanges"]
+
+    # 1. Flip her back to active, and bind her to another uid, as the superuser.
+    postgres.query("UPDATE people SET state = 'active' WHERE name = 'mallory'")
+    ok(b, "fleet", "sync")
+    reply = call(b, "VerifyPasscode", name="mallory", passcode=PASSCODE)
+    assert reply["error"] == "io.kioskauth.PersonNotActive", reply
+    sb = status(b)
+    assert sb["rejectedChanges"] == before + 1, sb
+    assert "forged" in sb["lastRejection"] and "people" in sb["lastRejection"], sb
+    assert "refused:" in ok(b, "fleet", "status")
+    postgres.query("UPDATE people SET uid = 4242 WHERE name = 'mallory'")
+    ok(b, "fleet", "sync")
+    person = call(b, "GetPerson", name="mallory")["parameters"]["person"]
+    assert person["state"] == "suspended" and person.get("uid") is None, person
+    assert status(b)["rejectedChanges"] == before + 2
+    audit = call(b, "GetAudit")["parameters"]["events"]
+    refusals = [e for e in audit if e["action"] == "fleet.reject"]
+    assert len(refusals) >= 2 and all(e["result"] == "refused" and "forged" in e["detail"] for e in refusals[-2:])
+    # A, which wrote the row, refuses the forgeries too and still has her suspended.
+    ok(a, "fleet", "sync")
+    assert status(a)["rejectedChanges"] >= 2
+    assert call(a, "VerifyPasscode", name="mallory", passcode=PASSCODE)["error"] == "io.kioskauth.PersonNotActive"
+
+    # 2. After B restarts, copy her older genuine row (active, correctly MACed) back.
+    b.restart()
+    assert status(b)["state"] == "member" and status(b)["generation"] == 1
+    postgres.query(
+        "UPDATE people p SET state = s.state, uid = s.uid, role = s.role, generation = s.generation, "
+        "version = s.version, mac = s.mac FROM saved_mallory s WHERE p.person_id = s.person_id")
+    ok(b, "fleet", "sync")
+    reply = call(b, "VerifyPasscode", name="mallory", passcode=PASSCODE)
+    assert reply["error"] == "io.kioskauth.PersonNotActive", reply
+    sb = status(b)
+    assert sb["rejectedChanges"] == before + 3 and "replayed" in sb["lastRejection"], sb
+    # A genuine change still arrives: the feed did not stall on the refused rows.
+    assert "error" not in call(a, "ResumePerson", name="mallory")
+    ok(a, "fleet", "sync")
+    ok(b, "fleet", "sync")
+    assert "error" not in call(b, "VerifyPasscode", name="mallory", passcode=PASSCODE)
+
+
+def test_aTerminalThatLeaves_makesTheOthersRotate_once_andItHoldsNothingWrittenAfter(make_daemon, postgres):
+    """C leaves; A and B, syncing at the same time, publish one new generation between them (the
+    directory takes it once; the other finds it after a conflict), and what A writes next is
+    sealed under it and still unlocks at B."""
+    import threading
+    postgres.query("CREATE DATABASE rotation")
+    a, b, c = (terminal(make_daemon) for _ in range(3))
+    ok(a, "fleet", "migrate", postgres.url_as("fleet", "rotation"))
+    ok(a, "fleet", "create", postgres.terminal_url("kt_ra", "rotation"), "--name", "ra")
+    for d, role in ((b, "kt_rb"), (c, "kt_rc")):
+        ok(d, "fleet", "join", postgres.terminal_url(role, "rotation"), "--name", role[3:],
+           input=ok(a, "fleet", "token", "issue").strip() + "\n")
+        ok(a, "fleet", "sync")
+        ok(d, "fleet", "sync")
+        assert status(d)["state"] == "member"
+    ok(b, "fleet", "sync")
+    ok(c, "fleet", "leave")
+    assert postgres.query("SELECT state FROM terminals WHERE name = 'rc'", "rotation") == "removed"
+    results = []
+    threads = [threading.Thread(target=lambda d=d: results.append(d.ctl("fleet", "sync", timeout=90))) for d in (a, b)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert all(r.returncode == 0 for r in results), [r.stderr for r in results]
+    ok(a, "fleet", "sync")
+    ok(b, "fleet", "sync")
+    assert postgres.query("SELECT string_agg(generation::text, ',' ORDER BY generation) FROM data_keys",
+                          "rotation") == "1,2"
+    assert status(a)["generation"] == 2 and status(b)["generation"] == 2
+    wrapped = postgres.query("SELECT string_agg(DISTINCT t.name, ',' ORDER BY t.name) FROM wrapped_keys w "
+                             "JOIN terminals t USING (terminal_id) WHERE w.generation = 2", "rotation")
+    assert wrapped == "ra,rb", wrapped
+    assert "error" not in call(a, "AddPerson", name="rita")
+    assert "error" not in call(a, "SetPasscode", name="rita", passcode=PASSCODE, confirmation=PASSCODE)
+    ok(a, "fleet", "sync")
+    ok(b, "fleet", "sync")
+    assert postgres.query("SELECT v.generation FROM passcode_verifiers v JOIN people p USING (person_id) "
+                          "WHERE p.name = 'rita'", "rotation") == "2"
+    assert "error" not in call(b, "VerifyPasscode", name="rita", passcode=PASSCODE)
 
 
 def test_fleetMethods_refuseCallersWhoAreNotAdmins(fleet):
