@@ -118,7 +118,9 @@ class Postgres:
                   "-E", "UTF8", "--no-sync")
         self._run("pg_ctl", "-D", str(self.data), "-l", str(self.log), "-w", "-t", "120", "-o", self._options(), "start")
         self.started = True
-        self.sql(f"CREATE ROLE {ROLE} LOGIN PASSWORD '{self.password}'")
+        # The directory's owner (docs/fleet.md §6): it migrates, and CREATEROLE lets migration 2
+        # create the kioskauth_terminal group. Terminals never log in as it.
+        self.sql(f"CREATE ROLE {ROLE} LOGIN CREATEROLE PASSWORD '{self.password}'")
         self.sql(f"CREATE DATABASE {DATABASE} OWNER {ROLE}")
         return self
 
@@ -384,12 +386,22 @@ class Terminal(Daemon):
                                 capture_output=True, text=True, timeout=60)
         assert result.returncode == 0, f"fleet keygen failed: {result.stderr}"
         self.public_key = result.stdout.strip().split()[-1] if result.stdout.strip() else ""
-        (self.credentials / "kioskauth.fleet-password").write_text(postgres.password)
+        # Its own database role (made by Fleet.provision once the schema is migrated), with
+        # its own password in its credential.
+        self.role = f"kt_{name.lower()}"
+        self.role_password = secrets.token_urlsafe(18)
+        (self.credentials / "kioskauth.fleet-password").write_text(self.role_password)
         self._client: Client | None = None
 
     @property
     def url(self) -> str:
-        """The directory as this terminal reaches it: through its own proxy, loopback, no TLS."""
+        """The directory as this terminal reaches it, as its own role: through its own proxy,
+        loopback, no TLS."""
+        return f"postgres://{self.role}@127.0.0.1:{self.proxy.port}/{DATABASE}?sslmode=disable"
+
+    @property
+    def owner_url(self) -> str:
+        """The directory as its owner, for FleetMigrate only (the password goes in the call)."""
         return f"postgres://{ROLE}@127.0.0.1:{self.proxy.port}/{DATABASE}?sslmode=disable"
 
     def start(self, timeout: float = 60.0, expect_ready: bool = True) -> "Terminal":
@@ -605,14 +617,27 @@ class Fleet:
         return self
 
     def form(self) -> None:
-        """The first terminal creates the fleet; each other one joins with a token it issued."""
+        """The owner migrates the directory through the first terminal (which keeps nothing of
+        it), each terminal gets a role of its own, the first creates the fleet, and each other
+        one joins with a token it issued."""
         first, *others = self.terminals
+        migrated = ok(first.rpc("FleetMigrate", {"directory": first.owner_url, "password": self.postgres.password}))
+        assert migrated["version"] >= 2, migrated
+        for terminal in self.terminals:
+            self.provision(terminal)
         created = ok(first.rpc("FleetCreate", {"directory": first.url, "name": first.name}))
         assert created["terminalId"]
         for terminal in others:
             self.join(terminal, issuer=first)
 
+    def provision(self, terminal: Terminal) -> None:
+        """The DBA's step for one terminal: its login role, a member of kioskauth_terminal."""
+        if self.postgres.fleet(f"SELECT 1 FROM pg_roles WHERE rolname = '{terminal.role}'"):
+            return
+        self.postgres.fleet(f"SELECT fleet_create_terminal_role('{terminal.role}', '{terminal.role_password}')")
+
     def join(self, terminal: Terminal, issuer: Terminal) -> None:
+        self.provision(terminal)
         token = ok(issuer.rpc("FleetIssueJoinToken", {"validSeconds": 600}))["token"]
         assert token.startswith("kat1."), token
         # Through the CLI, as an admin would: the token on standard input, never in argv.
