@@ -104,7 +104,14 @@ extension Store {
     /// The membership, or nil when this terminal is in no fleet.
     public func fleetMembership() throws(StoreError) -> FleetMembership? {
         try locked {
-            guard let row = try connection.query("SELECT * FROM fleet_membership").first else { return nil }
+            guard
+                let row = try connection.query(
+                    """
+                    SELECT m.*, r.count AS rejected_changes, r.last_reason AS last_rejection
+                    FROM fleet_membership m LEFT JOIN fleet_rejections r ON r.singleton = 1
+                    """
+                ).first
+            else { return nil }
             return FleetMembership(
                 directory: row["directory"].string ?? "", terminalID: row["terminal_id"].string ?? "",
                 name: row["name"].string ?? "", state: row["state"].string ?? "",
@@ -185,7 +192,7 @@ extension Store {
         try transaction { db in
             for table in [
                 "fleet_outbox", "fleet_templates", "fleet_people", "fleet_join_tokens", "fleet_keys",
-                "fleet_row_versions",
+                "fleet_row_versions", "fleet_rejections",
                 "fleet_membership",
             ] {
                 try db.query("DELETE FROM \(table)")
@@ -222,8 +229,10 @@ extension Store {
     public func recordFleetRejection(_ reason: String) throws(StoreError) {
         try transaction { db in
             try db.query(
-                "UPDATE fleet_membership SET rejected_changes = rejected_changes + 1, last_rejection = ?",
-                [.text(String(reason.prefix(500)))])
+                """
+                INSERT INTO fleet_rejections (singleton, count, last_reason) VALUES (1, 1, ?)
+                ON CONFLICT (singleton) DO UPDATE SET count = count + 1, last_reason = excluded.last_reason
+                """, [.text(String(reason.prefix(500)))])
         }
     }
 

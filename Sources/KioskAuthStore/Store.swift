@@ -390,16 +390,20 @@ public final class Store: @unchecked Sendable {
         """,
         // 6: the fleet's hardened directory (docs/fleet.md §9.5): the version of every directory
         // row this terminal trusted (handed back to the directory connection after a restart, so
-        // an older row written back is refused), and the changes it refused.
+        // an older row written back is refused), and the changes it refused. Idempotent, like
+        // every migration here: a store set back to an older version runs it again.
         """
-        CREATE TABLE fleet_row_versions (
+        CREATE TABLE IF NOT EXISTS fleet_row_versions (
           entity TEXT NOT NULL,
           row_key TEXT NOT NULL,
           version INTEGER NOT NULL,
           PRIMARY KEY (entity, row_key)
         ) WITHOUT ROWID;
-        ALTER TABLE fleet_membership ADD COLUMN rejected_changes INTEGER NOT NULL DEFAULT 0;
-        ALTER TABLE fleet_membership ADD COLUMN last_rejection TEXT;
+        CREATE TABLE IF NOT EXISTS fleet_rejections (
+          singleton INTEGER PRIMARY KEY CHECK (singleton = 1),
+          count INTEGER NOT NULL,
+          last_reason TEXT NOT NULL
+        );
         """,
     ]
 

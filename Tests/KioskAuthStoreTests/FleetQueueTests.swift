@@ -214,6 +214,32 @@ struct FleetQueueTests {
         }
         #expect(try !fixture.databaseBytes().contains(subsequence: Array("kat1.secret".utf8)))
     }
+
+    /// Schema 6: the versions of trusted directory rows only ever rise and survive reopening;
+    /// refused changes are counted with the last reason; leaving forgets both.
+    @Test func rowVersions_onlyRise_surviveReopening_andRefusalsAreCounted() throws {
+        let fixture = try StoreFixture()
+        try fixture.withStore { store in
+            try member(store)
+            try store.setFleetRowVersion(20, entity: "people", key: "p1")
+            try store.setFleetRowVersion(10, entity: "people", key: "p1")
+            try store.setFleetRowVersion(Int64.max, entity: "templates", key: "t1")
+            try store.recordFleetRejection("change 7 (people p1) refused, forged")
+            try store.recordFleetRejection("change 9 (people p1) refused, replayed")
+        }
+        try fixture.withStore { store in
+            let versions = try store.fleetRowVersions().sorted { $0.key < $1.key }
+            #expect(versions.map(\.key) == ["p1", "t1"])
+            #expect(versions.map(\.version) == [20, Int64.max])
+            let membership = try #require(try store.fleetMembership())
+            #expect(membership.rejectedChanges == 2)
+            #expect(membership.lastRejection?.hasSuffix("replayed") == true)
+            try store.endFleetMembership()
+            #expect(try store.fleetRowVersions().isEmpty)
+            try member(store)
+            #expect(try store.fleetMembership()?.rejectedChanges == 0)
+        }
+    }
 }
 
 extension Store {
