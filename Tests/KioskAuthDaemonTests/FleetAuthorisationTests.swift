@@ -25,6 +25,13 @@ struct FleetAuthorisationTests {
                 "token": .string("kat1.00000000-0000-4000-8000-000000000000.AAAA"),
             ]
         ),
+        (
+            "FleetMigrate",
+            [
+                "directory": .string("postgres://owner@/fleet?host=/nonexistent"),
+                "password": .string("owner-secret"),
+            ]
+        ),
     ]
 
     @Test func everyoneButRootAndAdmins_isRefused_andTheRefusalIsAudited() async throws {
@@ -58,7 +65,12 @@ struct FleetAuthorisationTests {
             // No kioskauth.fleet-key credential: refused before any connection is made.
             #expect(await fixture.error("FleetCreate", Self.calls[4].1, as: caller) == "FleetError")
             #expect(await fixture.error("FleetJoin", Self.calls[5].1, as: caller) == "FleetTokenInvalid")
+            // The owner's URL is tried once; nothing of it is kept, and its password is never audited.
+            #expect(await fixture.error("FleetMigrate", Self.calls[6].1, as: caller) == "FleetUnreachable")
         }
+        let trail = try fixture.store.auditEntries()
+        #expect(trail.contains { $0.record.action == "fleet.migrate" && $0.record.result == "failure" })
+        #expect(!trail.contains { "\($0.record)".contains("owner-secret") })
         let status = try await fixture.call("FleetStatus", [:], as: fixture.admin).get()
         guard case .object(let fields) = status else {
             Issue.record("FleetStatus did not answer an object")
