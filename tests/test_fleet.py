@@ -194,7 +194,6 @@ def test_personAndPasscodeMadeAtA_unlockAtB_andASuspensionAtA_isRefusedAtB(fleet
     a, b = fleet
     assert "error" not in call(a, "AddPerson", name="carol")
     assert "error" not in call(a, "SetPasscode", name="carol", passcode=PASSCODE, confirmation=PASSCODE)
-    assert status(a)["queuedPushes"] >= 1
     ok(a, "fleet", "sync")
     assert status(a)["queuedPushes"] == 0
     # (B may already have pulled carol, woken by the directory's NOTIFY; the sync makes sure.)
@@ -236,6 +235,23 @@ def test_aHardLockAtB_reachesA_afterSync_andAResetClearsItEverywhere(fleet):
     ok(a, "fleet", "sync")
     ok(b, "fleet", "sync")
     assert "error" not in call(b, "VerifyPasscode", name="dave", passcode=PASSCODE)
+
+
+def test_withoutAnyFleetSync_aWriteAtA_wakesItsPush_andTheNotificationWakesB(fleet):
+    """The poll is an hour here: only A's wake-up on its own write and B's NOTIFY can do it."""
+    import time
+    a, b = fleet
+    assert "error" not in call(a, "AddPerson", name="hana")
+    assert "error" not in call(a, "SetPasscode", name="hana", passcode=PASSCODE, confirmation=PASSCODE)
+    deadline = time.monotonic() + 30
+    while "error" in call(b, "VerifyPasscode", name="hana", passcode=PASSCODE):
+        assert time.monotonic() < deadline, "hana never reached B"
+        time.sleep(0.1)
+    assert "error" not in call(a, "SuspendPerson", name="hana")
+    deadline = time.monotonic() + 30
+    while call(b, "VerifyPasscode", name="hana", passcode=PASSCODE).get("error") != "io.kioskauth.PersonNotActive":
+        assert time.monotonic() < deadline, "the suspension never reached B"
+        time.sleep(0.1)
 
 
 def test_aRemovalAtA_erasesThePersonAtB(fleet):
