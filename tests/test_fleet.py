@@ -349,6 +349,26 @@ def test_aFingerEnrolledAtA_verifiesAtB_withTheSameKindOfReader_andItsRemovalFol
     assert call(b, "GetPerson", name="sarah")["parameters"]["person"]["fingers"] == []
 
 
+def test_leaving_marksTheTerminalRemoved_forgetsTheFleet_andKeepsItsPeople(fleet, postgres):
+    a, _ = fleet
+    d = terminal(a.factory)
+    ok(d, "fleet", "join", postgres.url, "--name", "d", input=ok(a, "fleet", "token", "issue").strip() + "\n")
+    ok(a, "fleet", "sync")
+    ok(d, "fleet", "sync")
+    sd = status(d)
+    assert sd["state"] == "member", sd
+    assert "error" not in call(d, "VerifyPasscode", name="dave", passcode=PASSCODE)
+    ok(d, "fleet", "leave")
+    assert status(d)["configured"] is False
+    assert postgres.query(f"SELECT state FROM terminals WHERE terminal_id = '{sd['terminalId']}'") == "removed"
+    assert postgres.query(f"SELECT count(*) FROM wrapped_keys WHERE terminal_id = '{sd['terminalId']}'") == "0"
+    # Local people stay, and nothing is queued for a fleet any more.
+    assert "error" not in call(d, "VerifyPasscode", name="dave", passcode=PASSCODE)
+    assert "error" not in call(d, "SuspendPerson", name="dave")
+    assert status(d)["queuedPushes"] == 0
+    assert call(d, "FleetSync")["error"] == "io.kioskauth.FleetNotConfigured"
+
+
 def test_fleetMethods_refuseCallersWhoAreNotAdmins(fleet):
     a, _ = fleet
     for method in ("FleetStatus", "FleetSync", "FleetIssueJoinToken", "FleetLeave"):
