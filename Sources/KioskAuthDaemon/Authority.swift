@@ -91,6 +91,9 @@ public final class Authority {
     /// Loads the online state (see `OnlineAuthority.startOnline`).
     public func startOnline() { online.startOnline() }
 
+    /// Records the accounts of bindings made before the store kept them.
+    func recordLegacyBindings() { credentials.recordLegacyBindings() }
+
     /// Reconciles the storage readers with the store (see `CredentialAuthority.reconcileSensor`).
     func reconcileSensor() async { await credentials.reconcileSensor() }
 

@@ -4,7 +4,7 @@ import Testing
 
 @testable import KioskAuthStore
 
-/// The fleet queue (schema 5): a local write and the push that reports it commit in one SQLite
+/// The fleet queue (schema 6): a local write and the push that reports it commit in one SQLite
 /// transaction, in order; changes pulled from the directory are not queued back.
 @Suite("Fleet queue in the writing transaction")
 struct FleetQueueTests {
