@@ -72,7 +72,9 @@ NIST_TARGETS = ("loop-right", "tented_arch")
 NIST_FILLERS = ("whorl", "whorl-mirror")
 NIST_STRANGERS = ("loop-right-mirror",)
 CASES = ("pos 1", "pos 2", "pos 3", "pos 4", "pos 5", "random", "none")
-TIMING = re.compile(rb"pass=(\S+) [^\n]*touch_to_result_ms=(\d+)[^\n]*identify finished")
+# The daemon's "identify finished" debug line, its metadata before or after the message
+# (the journal handler and the plain one order them differently).
+TIMING = re.compile(rb"(?=[^\n]*identify finished)[^\n]*pass=(\S+) [^\n]*touch_to_result_ms=(\d+)")
 
 
 def gray(path: Path) -> PrintImage:

@@ -11,12 +11,11 @@
 #include <string.h>
 #include <unistd.h>
 
-#include <systemd/sd-login.h>
-
 #include <security/pam_modutil.h>
 
 #include "json.h"
 #include "login.h"
+#include "logind.h"
 
 /* Logs and returns `ret`, so a failure is reported and returned in one statement. */
 int log_ret(const struct login *l, int ret, int priority, const char *format, ...) {
@@ -51,15 +50,14 @@ static bool host_is_local(const char *host) {
 }
 
 /* PAM_RHOST is empty for su or sudo inside an SSH login: where logind runs, it knows whether the
- * session of the process calling PAM is remote (sd_pid_get_session reads the session from the
- * process's cgroup, sd_session_is_remote reads /run/systemd/sessions/ID). Where it does not run,
- * the calls fail; the daemon is told so and audits it, and PAM_RHOST alone decides. */
+ * session of the process calling PAM is remote (the session is read from the process's cgroup,
+ * whether it is remote from /run/systemd/sessions/ID; logind.c). Where it does not run, that
+ * fails; the daemon is told so and audits it, and PAM_RHOST alone decides. */
 static void ask_logind(struct login *l) {
-    char *session = NULL;
-    int r = sd_pid_get_session(getpid(), &session);
+    char session[LOGIND_SESSION_ID_MAX];
+    int r = logind_own_session(session, sizeof(session));
     if (r >= 0) {
-        r = sd_session_is_remote(session);
-        free(session);
+        r = logind_session_is_remote(session);
         if (r > 0) {
             l->remote = true;
             snprintf(l->logind, sizeof(l->logind), "remote");
@@ -75,6 +73,7 @@ static void ask_logind(struct login *l) {
 
 void login_init(struct login *l, pam_handle_t *pamh, int flags, const struct options *options) {
     *l = (struct login){.pamh = pamh, .options = *options, .flags = flags, .ruid = getuid()};
+    l->account = &l->account_storage;
     const char *service = string_item(pamh, PAM_SERVICE);
     const char *tty = string_item(pamh, PAM_TTY);
     const char *host = string_item(pamh, PAM_RHOST);
@@ -121,13 +120,30 @@ void json_context(struct buffer *b, const struct login *l) {
     /* The Unix account PAM_USER names, if it names one: the daemon refuses anyone not bound to it.
      */
     const char *user = string_item(l->pamh, PAM_USER);
-    const struct passwd *account =
-        user && strlen(user) <= MAX_ITEM_LENGTH ? pam_modutil_getpwnam(l->pamh, user) : NULL;
-    if (account) {
+    uid_t uid;
+    if (user && strlen(user) <= MAX_ITEM_LENGTH && unix_account(l, user, &uid)) {
         buffer_puts(b, ",\"targetUid\":");
-        json_unsigned(b, account->pw_uid);
+        json_unsigned(b, uid);
     }
     buffer_puts(b, "}");
+}
+
+bool unix_account(const struct login *l, const char *user, uid_t *uid) {
+    struct account_lookup *kept = l->account;
+    size_t length = strlen(user);
+    if (kept && kept->done && strcmp(kept->name, user) == 0) {
+        *uid = kept->uid;
+        return kept->exists;
+    }
+    const struct passwd *account = pam_modutil_getpwnam(l->pamh, user);
+    if (kept && length < sizeof(kept->name)) {
+        *kept = (struct account_lookup){
+            .done = true, .exists = account != NULL, .uid = account ? account->pw_uid : 0};
+        memcpy(kept->name, user, length + 1);
+    }
+    if (account)
+        *uid = account->pw_uid;
+    return account != NULL;
 }
 
 void free_data(pam_handle_t *pamh, void *data, int error_status) {

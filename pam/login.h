@@ -54,6 +54,14 @@ struct person_info {
 
 struct handover;
 
+/* The Unix account one PAM_USER names, as looked up once in the conversation (login.c). */
+struct account_lookup {
+    bool done;
+    bool exists;
+    uid_t uid;
+    char name[MAX_ITEM_LENGTH + 1];
+};
+
 /* The login being served: the PAM handle, the options, what the daemon is told about the
  * caller (the varlink CallerContext), and where auth notes whom it authenticated and keeps the
  * connection that did it (for open_session). */
@@ -69,6 +77,10 @@ struct login {
     char logind[96]; /* what logind says of the caller's session: local, remote, unavailable: ... */
     struct person_info *person; /* auth only; NULL elsewhere */
     struct handover *handover;  /* auth only; NULL elsewhere */
+    /* The account PAM_USER names, looked up at most once per name (points at `account_storage`,
+     * so that the lookup can be kept through a const login). */
+    struct account_lookup *account;
+    struct account_lookup account_storage;
 };
 
 /* Fills in `l` for one entry point: the handle, the flags, the options already parsed, and the
@@ -90,6 +102,13 @@ const char *string_item(pam_handle_t *pamh, int item);
 /* Login names as the daemon accepts them: a-z 0-9 . _ - @ +, starting with a letter or a digit,
  * at most 64 bytes. Anything else is nobody the daemon manages. */
 bool login_name_is_valid(const char *name);
+
+/* Whether `user` names a Unix account, and its uid (in *uid) when it does. The password
+ * database is asked once per name in a conversation: a name it does not hold goes through every
+ * NSS source (for systemd's, loading libnss_systemd and searching the userdb directories or
+ * asking systemd-userdbd), and the conversation asks the same question before its first call
+ * (the CallerContext's targetUid) and again before it returns success (check_binding). */
+bool unix_account(const struct login *l, const char *user, uid_t *uid);
 
 /* Writes the CallerContext of every authenticating call. */
 void json_context(struct buffer *b, const struct login *l);

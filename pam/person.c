@@ -112,16 +112,16 @@ int check_binding(const struct login *l, const struct person_info *who) {
     const char *user = string_item(l->pamh, PAM_USER);
     if (!user)
         return log_ret(l, PAM_AUTH_ERR, LOG_ERR, "Authenticated, but PAM_USER is not set");
-    const struct passwd *account = pam_modutil_getpwnam(l->pamh, user);
-    if (!account)
+    uid_t account_uid;
+    if (!unix_account(l, user, &account_uid))
         return PAM_SUCCESS;
-    if (who && who->known && who->bound && who->uid == account->pw_uid)
+    if (who && who->known && who->bound && who->uid == account_uid)
         return PAM_SUCCESS;
     complain(l, MESSAGE_NOT_THIS_ACCOUNT);
     if (who && who->known && who->bound)
         return log_ret(l, PAM_AUTH_ERR, LOG_NOTICE,
                        "%s: the person is bound to uid %u, the account is uid %u; refusing", user,
-                       (unsigned)who->uid, (unsigned)account->pw_uid);
+                       (unsigned)who->uid, (unsigned)account_uid);
     return log_ret(l, PAM_AUTH_ERR, LOG_NOTICE,
                    "%s: the person is bound to no Unix account; refusing", user);
 }

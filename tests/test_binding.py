@@ -112,6 +112,45 @@ def test_su_and_gdm_need_the_account_the_invoking_user_and_the_binding_to_agree(
     assert "not allowed on this account" in reply["parameters"]["reason"]
 
 
+def test_a_uid_given_to_a_new_account_does_not_inherit_the_binding(make_daemon, pam, unix_user):
+    """userdel frees a uid and useradd hands it to the next account: that account's processes are
+    not the person bound to the old one, and the binding lets no login through until rebound."""
+    d, _ = start(make_daemon)
+    alice, uid = unix_user()
+    add_person(d, alice, uid=uid)
+    add_person(d, "carer", uid=None)
+    own = {"name": alice}
+    verify = {"name": alice, "passcode": PASSCODE}
+    assert error(d.call("io.kioskauth.GetPerson", own, user=alice)) == ""
+    assert error(d.call("io.kioskauth.VerifyPasscode", verify, user=alice)) == ""
+
+    subprocess.run(["userdel", alice], check=True)
+    mallory, mallory_uid = unix_user(f"km{uuid.uuid4().hex[:8]}")
+    if mallory_uid != uid:  # useradd picked another uid: move mallory onto alice's old one
+        subprocess.run(["usermod", "-u", str(uid), mallory], check=True)
+    # The same uid, another account: nothing of alice's through the socket.
+    assert error(d.call("io.kioskauth.GetPerson", own, user=mallory)) == "PermissionDenied"
+    assert error(d.call("io.kioskauth.VerifyPasscode", verify, user=mallory)) == "PermissionDenied"
+    shown = person(d, alice)
+    assert shown.get("uid") is None
+    assert f"account {alice}" in shown["staleBinding"] and mallory in shown["staleBinding"]
+    r = d.ctl("user", "show", alice)
+    assert "binding:       STALE" in r.stdout, r.stdout
+    # Nor through PAM: su into mallory's account by mallory with alice's passcode.
+    pam.kioskauth("su", d.socket, "mode=passcode")
+    c = Client(pam, "su", alice, "authenticate", "acct_mgmt", run_as=["setpriv", f"--ruid={uid}", "--"])
+    c.send(PASSCODE)
+    assert c.results()[0]["rc"] != PAM_SUCCESS
+    reply = call(d, "CheckAccount", {"name": alice, "context": {"service": "login", "targetUid": uid}})
+    assert reply["parameters"]["allowed"] is False
+    assert "an admin must bind again" in reply["parameters"]["reason"]
+
+    # Binding again is an admin's decision, made knowing whose uid it is now.
+    assert "error" not in call(d, "BindAccount", {"name": alice, "uid": uid})
+    assert error(d.call("io.kioskauth.GetPerson", own, user=mallory)) == ""
+    assert person(d, alice)["uid"] == uid and "staleBinding" not in person(d, alice)
+
+
 BANG = ("!secu1@clinic.example", "pw-secu1", "caregiver", "nurses")
 
 

@@ -58,6 +58,9 @@ public final class Authority {
                 return FleetReaderTags(driver: first.driver, deviceType: first.name, isMatchOnChip: first.hasStorage)
             },
             apply: { changes, fleet in await credentials.applyFleetChanges(changes, fleet) })
+        // A local write that queued a push wakes the sync service, which sends it at once.
+        let wakeup = fleet.wakeup
+        store.fleetBatchQueued = { wakeup.signal() }
     }
 
     // MARK: Routing for the daemon and the server
@@ -87,6 +90,9 @@ public final class Authority {
 
     /// Loads the online state (see `OnlineAuthority.startOnline`).
     public func startOnline() { online.startOnline() }
+
+    /// Records the accounts of bindings made before the store kept them.
+    func recordLegacyBindings() { credentials.recordLegacyBindings() }
 
     /// Reconciles the storage readers with the store (see `CredentialAuthority.reconcileSensor`).
     func reconcileSensor() async { await credentials.reconcileSensor() }

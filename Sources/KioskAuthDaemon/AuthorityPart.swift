@@ -196,7 +196,7 @@ extension AuthorityPart {
         var record = PersonRecord(
             name: person.name.rawValue, displayName: person.displayName, primaryRole: person.roles.primary.rawValue,
             roles: person.roles.all.map(\.rawValue), origin: person.origin.rawValue,
-            state: person.state.rawValue.replacingOccurrences(of: "-", with: "_"), uid: person.uid,
+            state: person.state.rawValue.replacingOccurrences(of: "-", with: "_"), uid: access.boundUID(person),
             hasPasscode: person.hasPasscode, fingers: person.fingers,
             passcodeFailures: person.failures.passcodeFailures,
             passcodeLockedUntil: person.failures.passcodeLockedUntil.flatMap {
@@ -205,6 +205,7 @@ extension AuthorityPart {
             passcodeHardLocked: person.failures.passcodeHardLocked,
             fingerprintFailures: person.failures.fingerprintFailures,
             createdAt: Self.timestamp(person.createdAt), lastUnlockAt: person.lastUnlockAt.map { Self.timestamp($0) })
+        record.staleBinding = access.staleBinding(person)
         let missing = missingFromSensor(person)
         record.fingersMissingFromSensor = missing.isEmpty ? nil : missing
         addIdentityProviderFields(to: &record, of: person)

@@ -96,7 +96,7 @@ final class CredentialAuthority: AuthorityPart {
             (person, code, expires) = try audited { tx throws(StoreError) in
                 let person = try store.addPerson(
                     name: name, displayName: displayName, roles: roleSet, origin: .local, state: .pendingActivation,
-                    uid: input.uid, now: now())
+                    uid: input.uid, boundAccount: access.accountForBinding(input.uid), now: now())
                 try tx.audit(
                     caller, action: .personAdd, result: .success, person: name.rawValue,
                     detail: "roles=\(roleSet.all.map(\.rawValue).joined(separator: ","))")
@@ -245,7 +245,7 @@ final class CredentialAuthority: AuthorityPart {
 
     /// Why a passcode may not be used for this login, if it may not.
     func passcodeRefusal(_ caller: Caller, _ person: StoredPerson, _ context: CallerContext?) -> String? {
-        loginPolicy.passcodeRefusal(context?.loginContext, personUID: person.uid)
+        loginPolicy.passcodeRefusal(context?.loginContext, personUID: access.boundUID(person))
     }
 
     /// The person a 1:1 authentication is for, once everything but the credential itself allows

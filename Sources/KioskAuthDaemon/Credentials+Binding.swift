@@ -29,7 +29,8 @@ extension CredentialAuthority {
         }
         do {
             try audited { tx throws(StoreError) in
-                try store.setUID(input.uid, for: person, now: now())
+                let account = access.accountForBinding(input.uid)
+                try store.setUID(input.uid, account: account, for: person, now: now())
                 try tx.audit(
                     caller, action: .personBind, result: .success, person: name.rawValue,
                     detail: "uid \(person.uid.map(String.init) ?? "none") -> \(input.uid.map(String.init) ?? "none")")
@@ -42,5 +43,34 @@ extension CredentialAuthority {
             throw try failStore(caller, .personBind, error)
         }
         return record(try existingPerson(name, caller: caller, action: .personBind))
+    }
+
+    /// Records, for bindings made before the store kept it (schema < 5), the account that has
+    /// each bound uid now: from here on a uid given to another account no longer carries the
+    /// binding. Once per binding, at the first start on schema 5; each record is audited.
+    func recordLegacyBindings() {
+        let people: [StoredPerson]
+        do { people = try store.peopleWithUnrecordedAccounts() } catch {
+            logger.error("cannot read bindings to record their accounts", metadata: ["error": "\(error)"])
+            return
+        }
+        for person in people {
+            guard let account = access.accountForBinding(person.uid) else { continue }
+            do {
+                try audited { tx throws(StoreError) in
+                    try store.recordBoundAccount(account, for: person, now: now())
+                    try tx.audit(
+                        nil, action: .personBind, result: .success, person: person.name.rawValue,
+                        detail:
+                            "uid \(person.uid.map(String.init) ?? "none"): recorded "
+                            + (account.isEmpty ? "that no account has it" : "account \(account)")
+                            + " (bound before accounts were recorded)")
+                }
+            } catch {
+                logger.error(
+                    "cannot record a binding's account",
+                    metadata: ["person": "\(person.name)", "error": "\(error.message)"])
+            }
+        }
     }
 }

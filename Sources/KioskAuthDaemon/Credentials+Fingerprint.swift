@@ -503,7 +503,11 @@ extension CredentialAuthority {
         return state
     }
 
+    /// Saves the state durably, unless it is the state already saved: a match after no unknown
+    /// finger changes nothing, and the unlock path then makes no commit (and waits for no
+    /// `fsync`) for the throttle.
     func saveFingerThrottleState(_ state: IdentifyThrottleState) {
+        guard state != fingerThrottleState else { return }
         fingerThrottleState = state
         saveTerminalValue(state, forKey: Self.identifyThrottleKey, action: .fingerThrottle)
     }

@@ -150,14 +150,17 @@ extension CredentialAuthority {
                     if existing.uid != uid {
                         var free = true
                         if let uid { free = try store.person(boundTo: uid) == nil }
-                        if free { try store.setUID(uid, for: person, now: now()) }
+                        if free {
+                            try store.setUID(uid, account: access.accountForBinding(uid), for: person, now: now())
+                        }
                     }
                 } else {
                     var free = true
                     if let uid { free = try store.person(boundTo: uid) == nil }
                     person = try store.addPerson(
                         name: name, displayName: name.rawValue, roles: roleSet, origin: .local,
-                        state: suspended ? .suspended : .active, uid: free ? uid : nil, now: now())
+                        state: suspended ? .suspended : .active, uid: free ? uid : nil,
+                        boundAccount: free ? access.accountForBinding(uid) : nil, now: now())
                 }
                 try store.linkFleetPerson(person, fleetID: fleetID)
                 try recordFleetRowVersion(change)

@@ -247,6 +247,7 @@ public enum Daemon {
             reader: reader, logger: logger, services: onlineServices,
             credentialsDirectory: paths.credentialsDirectory, now: { clock.now() })
         await authority.audit(nil, action: .daemonStart, result: .success, detail: "schema \(Store.schemaVersion)")
+        await authority.recordLegacyBindings()
         await authority.reconcileSensor()
         await authority.startOnline()
 

@@ -376,12 +376,13 @@ actor FleetAgent {
             throw APIError.fleetError("the stored terminal id is not a UUID")
         }
         try await loadKeyring(membership)
-        if dataKeys.isEmpty {
-            // Pending: rows pulled now could not be verified (no data key yet) and would be
-            // refused, so only look for this terminal's wrapped key; the feed is read from the
-            // start once it is here.
+        // A pending terminal holds no data key: it could open none of the secrets in the feed
+        // and verify none of its rows (they would be refused as unverifiable). So it only asks
+        // whether its wrapped key has arrived, and pulls nothing until then (its cursor stays
+        // where it is, so it applies everything once it is a member).
+        if membership.state != "member" || dataKeys.isEmpty {
             try await receiveKeys(terminal: terminal, membership: &membership)
-            if dataKeys.isEmpty { return }
+            guard membership.state == "member", !dataKeys.isEmpty else { return }
         }
         var cursor = membership.cursor
         // The newest removal of another terminal and the newest data key wrapped to this one,

@@ -36,7 +36,8 @@ extension OnlineAuthority {
                 try ruid.flatMap { ruid throws(APIError) in
                     try withStore(nil, action: .idpLogin) { () throws(StoreError) in try store.person(boundTo: ruid) }
                 }
-            guard let bound, bound.origin == .idp, name == nil || name == bound.name else {
+            guard let bound, bound.origin == .idp, access.boundUID(bound) == ruid, name == nil || name == bound.name
+            else {
                 return ("\(service) accepts an online login only for the invoking user", nil)
             }
             return (nil, bound)

@@ -361,7 +361,7 @@ extension OnlineAuthority {
             ? nil
             : try withStore(caller, action: .sessionList) { () throws(StoreError) in
                 try store.person(boundTo: caller.uid)
-            }
+            }.flatMap { access.isSelf(caller, $0) ? $0 : nil }
         let filter = try input.name.map { text throws(APIError) in try loginName(text) }
         return online.sessions.values
             .filter { seesEveryone || $0.personID == own?.id }
@@ -438,7 +438,7 @@ extension OnlineAuthority {
     func mayReceive(_ caller: Caller, _ event: EventRecord) -> Bool {
         if groups.isAuthenticator(caller) || groups.isAdmin(caller) { return true }
         guard let name = event.name else { return true }
-        guard let person = try? store.person(boundTo: caller.uid) else { return false }
+        guard let person = try? store.person(boundTo: caller.uid), access.isSelf(caller, person) else { return false }
         return person.name.rawValue == name
     }
 }

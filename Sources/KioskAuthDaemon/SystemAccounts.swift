@@ -10,11 +10,17 @@ import KioskAuthCore
 public struct SystemAccounts: Sendable {
     /// The uid of the Unix account with this name, or nil when there is none.
     public var uidOfAccount: @Sendable (String) -> Int?
+    /// The name of the Unix account with this uid, or nil when there is none.
+    public var accountOfUID: @Sendable (Int) -> String?
     /// The highest system uid (`SYS_UID_MAX`); system uids are never bound to people.
     public var systemUIDMax: Int
 
-    public init(uidOfAccount: @escaping @Sendable (String) -> Int?, systemUIDMax: Int) {
+    public init(
+        uidOfAccount: @escaping @Sendable (String) -> Int?, accountOfUID: @escaping @Sendable (Int) -> String?,
+        systemUIDMax: Int
+    ) {
         self.uidOfAccount = uidOfAccount
+        self.accountOfUID = accountOfUID
         self.systemUIDMax = systemUIDMax
     }
 
@@ -24,6 +30,7 @@ public struct SystemAccounts: Sendable {
         let text = (try? String(contentsOfFile: loginDefs, encoding: .utf8)) ?? ""
         return SystemAccounts(
             uidOfAccount: { name in passwordEntryUID(name) },
+            accountOfUID: { uid in passwordEntryName(uid) },
             systemUIDMax: AccountBinding.systemUIDMax(loginDefs: text))
     }
 
@@ -34,5 +41,15 @@ public struct SystemAccounts: Sendable {
         let rc = getpwnam_r(name, &entry, &buffer, buffer.count, &result)
         guard rc == 0, result != nil else { return nil }
         return Int(entry.pw_uid)
+    }
+
+    static func passwordEntryName(_ uid: Int) -> String? {
+        guard let id = uid_t(exactly: uid) else { return nil }
+        var entry = passwd()
+        var result: UnsafeMutablePointer<passwd>?
+        var buffer = [CChar](repeating: 0, count: 16 * 1024)
+        let rc = getpwuid_r(id, &entry, &buffer, buffer.count, &result)
+        guard rc == 0, result != nil, let name = entry.pw_name else { return nil }
+        return String(cString: name)
     }
 }

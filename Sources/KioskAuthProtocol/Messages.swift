@@ -10,6 +10,8 @@ public struct PersonRecord: Codable, Sendable, Equatable {
     public var origin: String
     public var state: String
     public var uid: Int?
+    /// Why the binding no longer stands (its uid now names another account); nil when it stands.
+    public var staleBinding: String? = nil
     public var hasPasscode: Bool
     public var fingers: [String]
     /// Enrolled fingers the reader's on-sensor storage lacked at its last check; nil when none.

@@ -19,6 +19,10 @@ public struct StoredPerson: Sendable, Equatable {
     public var state: PersonState
     /// The Unix uid bound to this person.
     public var uid: Int?
+    /// The name of the Unix account that had `uid` when the binding was made: "" when the uid
+    /// had no account then, nil for a binding made before the store recorded it (schema < 5)
+    /// or no binding. A uid that later belongs to another account is not this person's.
+    public var boundAccount: String?
     public var createdAt: Date
     public var lastUnlockAt: Date?
     /// Persisted failure counters.
@@ -37,7 +41,7 @@ public struct StoredPerson: Sendable, Equatable {
 /// connection, serialised by a lock; calls are short.
 public final class Store: @unchecked Sendable {
     /// The schema version this code writes.
-    public static let schemaVersion = 6
+    public static let schemaVersion = 7
     /// File name of the database in the state directory.
     public static let databaseFileName = "kioskauth.sqlite"
 
@@ -76,6 +80,9 @@ public final class Store: @unchecked Sendable {
     /// The people changed by the transaction in progress, pushed as one batch when it commits.
     /// Guarded by the store's lock.
     var fleetPending = FleetPendingChanges()
+    /// Called (under the store's lock, so it must only signal) after a transaction that queued a
+    /// fleet batch committed: the daemon wakes its sync service with it. Set once, before use.
+    public nonisolated(unsafe) var fleetBatchQueued: (@Sendable () -> Void)?
     /// `statusFigures()` as last read, and the connection's change count then.
     private var statusCache: (changes: Int64, dataVersion: Int, figures: StoreStatusFigures)?
     /// A truncating checkpoint asked for inside a transaction, run once the outermost commits.
@@ -336,7 +343,13 @@ public final class Store: @unchecked Sendable {
         ALTER TABLE sessions ADD COLUMN mac BLOB;
         ALTER TABLE terminal_state ADD COLUMN mac BLOB;
         """,
-        // 5: fleet membership (docs/fleet.md §9): the terminal's membership and cursor, the
+        // 5: the name of the Unix account a bound uid belonged to at binding, under the row MAC,
+        // so that a uid reused for a new account does not inherit the binding (rows bound before
+        // are recorded by the daemon at its first start on this schema).
+        """
+        ALTER TABLE people ADD COLUMN bound_account TEXT;
+        """,
+        // 6: fleet membership (docs/fleet.md §9): the terminal's membership and cursor, the
         // data-key generations it received and the join tokens it issued (both sealed), the
         // mapping of local people to directory person ids, and the durable queue of pushes.
         """
@@ -388,7 +401,7 @@ public final class Store: @unchecked Sendable {
           last_error TEXT
         );
         """,
-        // 6: the fleet's hardened directory (docs/fleet.md §9.5): the version of every directory
+        // 7: the fleet's hardened directory (docs/fleet.md §9.5): the version of every directory
         // row this terminal trusted (handed back to the directory connection after a restart, so
         // an older row written back is refused), and the changes it refused. Idempotent, like
         // every migration here: a store set back to an older version runs it again.
@@ -437,6 +450,8 @@ public final class Store: @unchecked Sendable {
                     }
                     if version > 0 && version < 4 {
                         try upgradeRowMACs(from: version)
+                    } else if version == 4 {
+                        try upgradePeopleMACs(columns: Self.peopleMACColumnNamesV4)
                     }
                     try connection.execute("PRAGMA user_version=\(Self.migrations.count)")
                 }
@@ -471,6 +486,19 @@ public final class Store: @unchecked Sendable {
         }
         for table in Self.macTables {
             try resealRows(table, where: "1", [], in: connection)
+        }
+    }
+
+    /// Recomputes the people row MACs after a migration added a covered column, checking each
+    /// row against the MAC over the columns it had first (`columns`).
+    private func upgradePeopleMACs(columns: [String]) throws {
+        for row in try connection.query("SELECT id, \(columns.joined(separator: ", ")), mac FROM people") {
+            let id = Int64(row["id"].int ?? 0)
+            guard row["mac"].bytes == personRowMAC(id: id, row, columns: columns) else {
+                throw StoreError(
+                    .integrity("people row \(id) does not match its MAC (found while upgrading the store)"))
+            }
+            try resealPersonRow(id, in: connection)
         }
     }
 
@@ -554,12 +582,14 @@ public final class Store: @unchecked Sendable {
                 pendingHead = nil
                 checkpointAfterCommit = false
             }
+            var queuedFleetBatch = false
             let result = try connection.transaction(synchronous: synchronous) { () throws -> T in
                 defer { fleetPending = FleetPendingChanges() }
                 let result = try body(connection)
-                try flushFleetChanges(in: connection)
+                queuedFleetBatch = try flushFleetChanges(in: connection)
                 return result
             }
+            if queuedFleetBatch { fleetBatchQueued?() }
             if !synchronous { deferredSyncCommits += 1 }
             return (result, pendingHead, checkpointAfterCommit)
         }
@@ -626,10 +656,12 @@ public final class Store: @unchecked Sendable {
     static let peopleMACColumnNames = [
         "name", "roles", "origin", "state", "uid", "passcode_failures", "passcode_locked_until",
         "passcode_hard_locked", "fingerprint_failures", "idp_subject", "idp_contact", "suspended_reason",
-        "refresh_state", "biometric_offer", "has_passcode",
+        "refresh_state", "biometric_offer", "has_passcode", "bound_account",
     ]
+    /// The columns schema 4 covered (before `bound_account`), for checking at the upgrade.
+    static let peopleMACColumnNamesV4 = Array(peopleMACColumnNames.dropLast())
     /// The columns schema 3 covered (before `has_passcode`), for checking at the upgrade.
-    static let peopleMACColumnNamesV3 = Array(peopleMACColumnNames.dropLast())
+    static let peopleMACColumnNamesV3 = Array(peopleMACColumnNamesV4.dropLast())
     static let peopleMACColumns = peopleMACColumnNames.joined(separator: ", ")
 
     /// The MAC over a person's row: table, row id, and each covered column with its type, in a
@@ -692,7 +724,7 @@ public final class Store: @unchecked Sendable {
     }
 
     static let personColumns =
-        "id, name, display_name, roles, origin, state, uid, created_at, last_unlock_at, passcode_failures, passcode_locked_until, passcode_hard_locked, fingerprint_failures, idp_subject, idp_contact, suspended_reason, refresh_state, biometric_offer, has_passcode, mac, (SELECT COUNT(*) FROM secrets s WHERE s.person_id = people.id AND s.kind = 'passcode') AS passcode_rows, (SELECT group_concat(finger) FROM (SELECT finger FROM fingers f WHERE f.person_id = people.id ORDER BY f.id)) AS fingers"
+        "id, name, display_name, roles, origin, state, uid, bound_account, created_at, last_unlock_at, passcode_failures, passcode_locked_until, passcode_hard_locked, fingerprint_failures, idp_subject, idp_contact, suspended_reason, refresh_state, biometric_offer, has_passcode, mac, (SELECT COUNT(*) FROM secrets s WHERE s.person_id = people.id AND s.kind = 'passcode') AS passcode_rows, (SELECT group_concat(finger) FROM (SELECT finger FROM fingers f WHERE f.person_id = people.id ORDER BY f.id)) AS fingers"
 
     func decodePerson(_ row: SQLRow) throws -> StoredPerson {
         try checkPersonRow(row)
@@ -720,6 +752,7 @@ public final class Store: @unchecked Sendable {
             origin: origin,
             state: state,
             uid: row["uid"].int,
+            boundAccount: row["bound_account"].string,
             createdAt: Date(timeIntervalSince1970: row["created_at"].double ?? 0),
             lastUnlockAt: row["last_unlock_at"].double.map(Date.init(timeIntervalSince1970:)),
             failures: failures,
@@ -727,9 +760,11 @@ public final class Store: @unchecked Sendable {
             fingers: (row["fingers"].string ?? "").split(separator: ",").map(String.init))
     }
 
-    /// Creates a person. Names and bound uids are unique.
+    /// Creates a person. Names and bound uids are unique. `boundAccount` is the name of the Unix
+    /// account that has `uid` now ("" when none has it; nil: not known).
     public func addPerson(
-        name: LoginName, displayName: String, roles: RoleSet, origin: Origin, state: PersonState, uid: Int?, now: Date
+        name: LoginName, displayName: String, roles: RoleSet, origin: Origin, state: PersonState, uid: Int?,
+        boundAccount: String? = nil, now: Date
     ) throws(StoreError) -> StoredPerson {
         try transaction { db in
             if try !db.query("SELECT id FROM people WHERE name = ?", [.text(name.rawValue)]).isEmpty {
@@ -739,10 +774,11 @@ public final class Store: @unchecked Sendable {
                 throw StoreError(.personExists("uid \(uid)"))
             }
             try db.query(
-                "INSERT INTO people (name, display_name, roles, origin, state, uid, created_at, updated_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                "INSERT INTO people (name, display_name, roles, origin, state, uid, bound_account, created_at, updated_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 [
                     .text(name.rawValue), .text(displayName), .text(roles.all.map(\.rawValue).joined(separator: ",")),
                     .text(origin.rawValue), .text(state.rawValue), uid.map { .integer(Int64($0)) } ?? .null,
+                    uid == nil ? .null : boundAccount.map { .text($0) } ?? .null,
                     .real(now.timeIntervalSince1970), .real(now.timeIntervalSince1970),
                 ])
             let id = db.lastInsertRowID
@@ -872,7 +908,9 @@ public final class Store: @unchecked Sendable {
     }
 
     /// Binds a person to a Unix uid, or unbinds them (nil). A uid is bound to one person at most.
-    public func setUID(_ uid: Int?, for person: StoredPerson, now: Date) throws(StoreError) {
+    /// Binds `person` to `uid` (nil: unbinds), recording `account`, the name of the Unix account
+    /// that has `uid` now ("" when none has it; nil: not known).
+    public func setUID(_ uid: Int?, account: String?, for person: StoredPerson, now: Date) throws(StoreError) {
         try transaction { db in
             if let uid,
                 try !db.query(
@@ -884,8 +922,34 @@ public final class Store: @unchecked Sendable {
             }
             try updatingPerson(person.id, in: db) {
                 try db.query(
-                    "UPDATE people SET uid = ?, updated_at = ? WHERE id = ?",
-                    [uid.map { .integer(Int64($0)) } ?? .null, .real(now.timeIntervalSince1970), .integer(person.id)])
+                    "UPDATE people SET uid = ?, bound_account = ?, updated_at = ? WHERE id = ?",
+                    [
+                        uid.map { .integer(Int64($0)) } ?? .null,
+                        uid == nil ? .null : account.map { .text($0) } ?? .null,
+                        .real(now.timeIntervalSince1970), .integer(person.id),
+                    ])
+            }
+        }
+    }
+
+    /// The people bound to a uid whose account at binding was never recorded (bound before
+    /// schema 5).
+    public func peopleWithUnrecordedAccounts() throws(StoreError) -> [StoredPerson] {
+        try locked {
+            try connection.query(
+                "SELECT \(Self.personColumns) FROM people WHERE uid IS NOT NULL AND bound_account IS NULL ORDER BY id"
+            ).map(decodePerson)
+        }
+    }
+
+    /// Records the account that has `person`'s uid now ("" when none has it), for a binding made
+    /// before schema 5. A binding whose account is already recorded is left as it is.
+    public func recordBoundAccount(_ account: String, for person: StoredPerson, now: Date) throws(StoreError) {
+        try transaction { db in
+            try updatingPerson(person.id, in: db) {
+                try db.query(
+                    "UPDATE people SET bound_account = ? WHERE id = ? AND uid IS NOT NULL AND bound_account IS NULL",
+                    [.text(account), .integer(person.id)])
             }
         }
     }

@@ -150,6 +150,7 @@ struct User: ParsableCommand {
             print("origin:        \(p.origin)")
             print("state:         \(p.state)")
             print("uid:           \(p.uid.map(String.init) ?? "-")")
+            if let stale = p.staleBinding { print("binding:       STALE, \(safe(stale))") }
             print(
                 "passcode:      \(p.hasPasscode ? "set" : "not set")\(p.passcodeHardLocked ? ", HARD-LOCKED" : "")\(p.passcodeLockedUntil.map { ", delayed until \($0)" } ?? "")"
             )

@@ -34,6 +34,17 @@ struct AccountBindingTests {
         #expect(AccountBinding.nameRefusal(alice, uid: nil, accountUID: nil) == nil)
     }
 
+    @Test func aBinding_standsOnlyWhileItsUidNamesTheSameAccount() {
+        #expect(AccountBinding.staleBindingRefusal(uid: 5001, recorded: "alice", current: "alice") == nil)
+        #expect(AccountBinding.staleBindingRefusal(uid: 5001, recorded: "", current: nil) == nil)
+        // Recorded before the store kept accounts: stands until the daemon records it.
+        #expect(AccountBinding.staleBindingRefusal(uid: 5001, recorded: nil, current: "mallory") == nil)
+        let reused = AccountBinding.staleBindingRefusal(uid: 5001, recorded: "alice", current: "mallory")
+        #expect(reused?.contains("account alice") == true && reused?.contains("mallory") == true)
+        #expect(AccountBinding.staleBindingRefusal(uid: 5001, recorded: "", current: "eve") != nil)
+        #expect(AccountBinding.staleBindingRefusal(uid: 5001, recorded: "alice", current: nil) != nil)
+    }
+
     @Test func aLoginToAUnixAccount_needsTheBindingToItsUid() {
         #expect(AccountBinding.loginRefusal(boundUID: nil, accountUID: nil) == nil)
         #expect(AccountBinding.loginRefusal(boundUID: 1000, accountUID: nil) == nil)

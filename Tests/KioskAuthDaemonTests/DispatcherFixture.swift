@@ -26,6 +26,13 @@ final class TestClock: Sendable {
     }
 }
 
+/// A password database a test edits: account names by uid.
+final class PasswordTable: Sendable {
+    private let entries = Mutex<[Int: String]>([:])
+
+    func withLock<T>(_ body: (inout [Int: String]) -> T) -> T { entries.withLock { body(&$0) } }
+}
+
 /// The real dispatcher over a real authority and a real store in a temporary directory, called
 /// in-process: no socket, no reader, a test clock.
 final class DispatcherFixture {
@@ -38,6 +45,9 @@ final class DispatcherFixture {
     let clock = TestClock()
     let authority: Authority
     let dispatcher: Dispatcher
+    /// The system's accounts as the daemon sees them, by uid; tests change it to delete and
+    /// create accounts.
+    let passwd = PasswordTable()
     private var nextConnection: UInt64 = 1
 
     init() throws {
@@ -46,6 +56,7 @@ final class DispatcherFixture {
         try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: false)
         let logger = Logger(label: "kioskauth.tests") { _ in SwiftLogNoOpLogHandler() }
         let clock = self.clock
+        let passwd = self.passwd
         store = try Store(
             path: directory + "/" + Store.databaseFileName, key: .random(), logger: logger, now: clock.reading().wall)
         pool = HashingPool(workers: 1, queueLimit: 16)
@@ -60,7 +71,9 @@ final class DispatcherFixture {
             groups: AccessGroups(admin: Self.adminGID, authenticator: Self.kioskGID), hashingPool: pool,
             isSocketActivated: false, usesDevelopmentKey: false, reader: nil, logger: logger,
             services: OnlineServices(clock: .readings(bootID: "test-boot") { clock.reading() }, provider: nil),
-            accounts: SystemAccounts(uidOfAccount: { _ in nil }, systemUIDMax: 999),
+            accounts: SystemAccounts(
+                uidOfAccount: { name in passwd.withLock { $0.first { $0.value == name }?.key } },
+                accountOfUID: { uid in passwd.withLock { $0[uid] } }, systemUIDMax: 999),
             now: { clock.reading().wall })
         dispatcher = Dispatcher(authority: authority)
     }

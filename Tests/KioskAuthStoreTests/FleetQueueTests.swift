@@ -4,7 +4,7 @@ import Testing
 
 @testable import KioskAuthStore
 
-/// The fleet queue (schema 5): a local write and the push that reports it commit in one SQLite
+/// The fleet queue (schema 6): a local write and the push that reports it commit in one SQLite
 /// transaction, in order; changes pulled from the directory are not queued back.
 @Suite("Fleet queue in the writing transaction")
 struct FleetQueueTests {
@@ -215,7 +215,7 @@ struct FleetQueueTests {
         #expect(try !fixture.databaseBytes().contains(subsequence: Array("kat1.secret".utf8)))
     }
 
-    /// Schema 6: the versions of trusted directory rows only ever rise and survive reopening;
+    /// Schema 7: the versions of trusted directory rows only ever rise and survive reopening;
     /// refused changes are counted with the last reason; leaving forgets both.
     @Test func rowVersions_onlyRise_surviveReopening_andRefusalsAreCounted() throws {
         let fixture = try StoreFixture()

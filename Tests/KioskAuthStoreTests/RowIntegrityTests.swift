@@ -24,6 +24,7 @@ struct RowIntegrityTests {
         ("suspended_reason", "UPDATE people SET suspended_reason = 'x'"),
         ("refresh_state", "UPDATE people SET refresh_state = '{}'"),
         ("biometric_offer", "UPDATE people SET biometric_offer = 'declined'"),
+        ("bound_account", "UPDATE people SET bound_account = 'mallory'"),
         ("mac", "UPDATE people SET mac = NULL"),
     ]
 
@@ -73,7 +74,8 @@ struct RowIntegrityTests {
         let raw = try fixture.raw()
         try raw.query("ALTER TABLE people DROP COLUMN mac")
         for (table, column) in [
-            ("people", "has_passcode"), ("activation_codes", "mac"), ("sessions", "mac"), ("terminal_state", "mac"),
+            ("people", "bound_account"), ("people", "has_passcode"), ("activation_codes", "mac"), ("sessions", "mac"),
+            ("terminal_state", "mac"),
         ] {
             try raw.query("ALTER TABLE \(table) DROP COLUMN \(column)")
         }

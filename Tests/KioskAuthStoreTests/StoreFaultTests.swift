@@ -120,11 +120,47 @@ struct StoreFaultTests {
         }
     }
 
+    @Test func upgradeFromSchema4_recordsNoAccount_andFindsAnEarlierEdit() throws {
+        let (fixture, sarah) = try Self.populated()
+        try fixture.withStore { store throws in try store.setUID(4242, account: nil, for: sarah, now: testNow) }
+        let raw = try fixture.raw()
+        try raw.query("ALTER TABLE people DROP COLUMN bound_account")
+        try raw.query("PRAGMA user_version = 4")
+        raw.close()
+        // The people MACs were computed over bound_account too, so schema 4 rejects them: an
+        // earlier edit found at the upgrade.
+        #expect(storeErrorCode { _ = try fixture.open() } == .integrity)
+        // From schema 2 (no MACs to check) the upgrade keeps every row and records no account.
+        let raw2 = try fixture.raw()
+        for (table, column) in [
+            ("people", "mac"), ("people", "has_passcode"), ("activation_codes", "mac"), ("sessions", "mac"),
+            ("terminal_state", "mac"),
+        ] {
+            try raw2.query("ALTER TABLE \(table) DROP COLUMN \(column)")
+        }
+        try raw2.query("PRAGMA user_version = 2")
+        raw2.close()
+        try fixture.withStore { store throws in
+            let read = try #require(try store.person(id: sarah.id))
+            #expect(read.uid == 4242 && read.boundAccount == nil)
+            #expect(try store.peopleWithUnrecordedAccounts().map(\.id) == [sarah.id])
+            try store.recordBoundAccount("sarah", for: read, now: testNow)
+            #expect(try store.person(id: sarah.id)?.boundAccount == "sarah")
+            #expect(try store.peopleWithUnrecordedAccounts().isEmpty)
+        }
+        // The recorded account is under the row MAC: pointing it at another account is found.
+        try fixture.raw().query("UPDATE people SET bound_account = 'mallory'")
+        try fixture.withStore { store throws in
+            #expect(storeErrorCode { _ = try store.person(id: sarah.id) } == .integrity)
+        }
+    }
+
     @Test func upgradeFromSchema3_keepsEverythingReadable_andFindsAnEarlierEdit() throws {
         let (fixture, sarah) = try Self.populated()
         let raw = try fixture.raw()
         for (table, column) in [
-            ("people", "has_passcode"), ("activation_codes", "mac"), ("sessions", "mac"), ("terminal_state", "mac"),
+            ("people", "bound_account"), ("people", "has_passcode"), ("activation_codes", "mac"), ("sessions", "mac"),
+            ("terminal_state", "mac"),
         ] {
             try raw.query("ALTER TABLE \(table) DROP COLUMN \(column)")
         }

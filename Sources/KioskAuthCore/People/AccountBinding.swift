@@ -34,6 +34,20 @@ public enum AccountBinding {
         return "\(name) is a Unix account (uid \(accountUID)); a person of that name must be bound to it"
     }
 
+    /// Why a binding to `uid` no longer stands, or nil when it does. `recorded` is the name of the
+    /// account that had the uid when the binding was made ("" for none, nil when the binding
+    /// predates the record); `current` the account that has it now (nil for none). A uid freed
+    /// by deleting its account and given to a new one (or to an account created after binding)
+    /// is a different account: the binding does not pass to it.
+    public static func staleBindingRefusal(uid: Int, recorded: String?, current: String?) -> String? {
+        guard let recorded else { return nil }
+        let now = current ?? ""
+        guard recorded != now else { return nil }
+        let then = recorded.isEmpty ? "no account" : "account \(recorded)"
+        let today = now.isEmpty ? "no account has it now" : "it is account \(now)'s now"
+        return "the binding to uid \(uid) was made for \(then) and \(today): an admin must bind again"
+    }
+
     /// Why a person bound to `boundUID` may not log in to the Unix account whose uid is
     /// `accountUID` (nil when the login is for no Unix account), or nil when they may.
     public static func loginRefusal(boundUID: Int?, accountUID: Int?) -> String? {
