@@ -84,6 +84,13 @@ class Postgres:
         finally:
             shutil.rmtree(self.base, ignore_errors=True)
 
+    def query(self, sql: str) -> str:
+        """One value, through psql on the socket."""
+        out = subprocess.run([str(self.bin / "psql"), "-h", str(self.base), "-p", str(self.port), "-U", "fleet",
+                              "-d", "postgres", "-At", "-c", sql], check=True, capture_output=True, text=True,
+                             timeout=30)
+        return out.stdout.strip()
+
     @property
     def url(self) -> str:
         return f"postgres://fleet@/postgres?host={self.base}&port={self.port}"
@@ -98,9 +105,14 @@ def postgres():
     server.stop()
 
 
-def terminal(make_daemon, config: str = FLEET_CONFIG) -> Daemon:
-    """A daemon with a store key and a fresh fleet key in its credentials directory."""
+def terminal(make_daemon, config: str = FLEET_CONFIG, reader: str | None = None) -> Daemon:
+    """A daemon with a store key and a fresh fleet key in its credentials directory, and
+    libfprint's virtual `reader` when given."""
     d = make_daemon(config=config, credential_key=os.urandom(32))
+    if reader is not None:
+        from fprint_virtual import environment
+        d.sensor = d.root / "sensor.sock"
+        d.extra_env.update(environment(reader, d.sensor, base={}))
     result = d.ctl("fleet", "keygen", "--output", str(d.credentials / "kioskauth.fleet-key"))
     assert result.returncode == 0, result.stderr
     key = d.credentials / "kioskauth.fleet-key"
@@ -152,6 +164,8 @@ def fleet(postgres, tmp_path_factory):
     assert status(b)["state"] in ("pending", "member")
     ok(a, "fleet", "sync")  # A sees B pending, checks its proof, wraps the data key to it
     ok(b, "fleet", "sync")  # B picks its wrapped key up
+    a.used_token = token
+    a.factory = factory
     yield a, b
     for d in made:
         d.close()
@@ -163,8 +177,17 @@ def test_joinedTerminal_isAdmitted_andHoldsTheDataKey(fleet):
     assert sa["configured"] and sa["state"] == "member" and sa["generation"] == 1, sa
     assert sb["state"] == "member" and sb["generation"] == 1 and sb["reachable"], sb
     assert sb["lag"] == 0 and sb["queuedPushes"] == 0, sb
-    # The token was used: a second join with it is refused.
     assert sa["terminalId"] != sb["terminalId"]
+
+
+def test_aUsedToken_andAMalformedOne_areRefused_andLeaveNoMembership(fleet, postgres):
+    a, _ = fleet
+    c = terminal(a.factory)
+    for token in (a.used_token, "kat1.not-a-token"):
+        refused = c.ctl("fleet", "join", postgres.url, "--name", "c", input=token + "\n")
+        assert refused.returncode != 0 and "FleetTokenInvalid" in refused.stderr, refused.stderr
+        assert token not in refused.stderr
+    assert status(c)["configured"] is False
 
 
 def test_personAndPasscodeMadeAtA_unlockAtB_andASuspensionAtA_isRefusedAtB(fleet):
@@ -251,6 +274,63 @@ def test_withTheDirectoryDown_unlocksGoOn_writesQueue_andArriveAfterwards(fleet,
     assert status(a)["queuedPushes"] == 0
     ok(b, "fleet", "sync")
     assert call(b, "VerifyPasscode", name="gina", passcode=PASSCODE)["error"] == "io.kioskauth.PersonNotActive"
+
+
+def test_auditEvents_arePushed_once_withTheirTerminal(fleet, postgres):
+    a, b = fleet
+    ok(a, "fleet", "sync")
+    ok(b, "fleet", "sync")
+    for d in (a, b):
+        terminal_id = status(d)["terminalId"]
+        events = call(d, "GetAudit", limit=100000)["parameters"]["events"]
+        # Everything up to the last sync is in the directory (entries appended since may not be).
+        stored = int(postgres.query(f"SELECT count(*) FROM audit_events WHERE terminal_id = '{terminal_id}'"))
+        assert 0 < stored <= len(events)
+        distinct = int(postgres.query(
+            f"SELECT count(DISTINCT terminal_sequence) FROM audit_events WHERE terminal_id = '{terminal_id}'"))
+        assert distinct == stored
+    # Pushing again adds nothing that was already there.
+    before = int(postgres.query("SELECT count(*) FROM audit_events"))
+    ok(a, "fleet", "sync")
+    assert int(postgres.query("SELECT count(*) - count(DISTINCT (terminal_id, terminal_sequence)) FROM audit_events")) == 0
+    assert int(postgres.query("SELECT count(*) FROM audit_events")) >= before
+
+
+def test_aFingerEnrolledAtA_verifiesAtB_withTheSameKindOfReader_andItsRemovalFollows(make_daemon, postgres):
+    from test_fingerprint_e2e import enroll, verify_on
+    from kioskauth_testing import connect
+    postgres.query("CREATE DATABASE fingers")
+    url = postgres.url.replace("/postgres?", "/fingers?")
+    a = terminal(make_daemon, reader="virtual_device")
+    b = terminal(make_daemon, reader="virtual_device")
+    ok(a, "fleet", "create", url, "--name", "fa")
+    ok(b, "fleet", "join", url, "--name", "fb", input=ok(a, "fleet", "token", "issue").strip() + "\n")
+    ok(a, "fleet", "sync")
+    ok(b, "fleet", "sync")
+    assert status(b)["state"] == "member"
+    assert "error" not in call(a, "AddPerson", name="sarah")
+    assert "error" not in call(a, "SetPasscode", name="sarah", passcode=PASSCODE, confirmation=PASSCODE)
+    reply, _ = enroll(a, a.sensor, "sarah", "sarah-right-index")
+    assert "error" not in reply, reply
+    ok(a, "fleet", "sync")
+    ok(b, "fleet", "sync")
+    fingers = call(b, "ListFingers", name="sarah")
+    assert "error" not in fingers, fingers
+    s = connect(b.socket, timeout=30)
+    assert "error" not in verify_on(s, b.sensor, "sarah-right-index")
+    assert verify_on(s, b.sensor, "someone-else")["error"] == "io.kioskauth.FingerprintNotRecognized"
+    s.close()
+    # A terminal with another kind of reader takes the person but not the template.
+    c = terminal(make_daemon, reader="virtual_image")
+    ok(c, "fleet", "join", url, "--name", "fc", input=ok(a, "fleet", "token", "issue").strip() + "\n")
+    ok(a, "fleet", "sync")
+    ok(c, "fleet", "sync")
+    assert status(c)["state"] == "member"
+    assert call(c, "GetPerson", name="sarah")["parameters"]["person"]["fingers"] == []
+    assert "error" not in call(a, "RemoveFinger", name="sarah", finger="right-index")
+    ok(a, "fleet", "sync")
+    ok(b, "fleet", "sync")
+    assert call(b, "GetPerson", name="sarah")["parameters"]["person"]["fingers"] == []
 
 
 def test_fleetMethods_refuseCallersWhoAreNotAdmins(fleet):

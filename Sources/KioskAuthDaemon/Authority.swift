@@ -53,7 +53,10 @@ public final class Authority {
         self.fleet = FleetAgent(
             store: store, configuration: configuration.fleet, credentialsDirectory: credentialsDirectory,
             logger: logger, now: now,
-            readerDriver: { await reader?.readers.first?.driver },
+            readerTags: {
+                guard let first = await reader?.readers.first else { return nil }
+                return FleetReaderTags(driver: first.driver, deviceType: first.name, isMatchOnChip: first.hasStorage)
+            },
             apply: { changes, fleet in await credentials.applyFleetChanges(changes, fleet) })
     }
 

@@ -22,6 +22,7 @@ extension CredentialAuthority {
                 case "people": applied = try applyFleetPerson(change)
                 case "passcode_verifiers": applied = try applyFleetVerifier(change, fleet)
                 case "person_lockout": applied = try applyFleetLockout(change)
+                case "templates": applied = try applyFleetTemplate(change, fleet)
                 default: applied = false
                 }
                 if applied { outcome.applied += 1 }
@@ -92,6 +93,7 @@ extension CredentialAuthority {
                 var person: StoredPerson
                 if let existing {
                     person = existing
+                    if existing.roles != roleSet { try store.setRoles(roleSet, for: person, now: now()) }
                     if existing.uid != uid {
                         var free = true
                         if let uid { free = try store.person(boundTo: uid) == nil }
@@ -143,6 +145,48 @@ extension CredentialAuthority {
                 try tx.audit(
                     nil, action: .fleetApply, result: .success, person: person.name.rawValue, method: "passcode",
                     detail: "passcode set in the fleet")
+            }
+        }
+        return true
+    }
+
+    /// A template made on the same kind of reader as this terminal's (driver and device type) is
+    /// opened with the fleet keyring and stored under the store key; any other, and every
+    /// template at a terminal whose reader keeps prints on the sensor, is ignored. A removal
+    /// removes the finger it was applied as.
+    private func applyFleetTemplate(_ change: FleetChange, _ fleet: FleetApplyContext) throws(StoreError) -> Bool {
+        guard let reader = fleet.reader, !reader.isMatchOnChip else { return false }
+        if change.isDeletion {
+            guard let (person, finger) = try store.fleetTemplate(change.key) else { return false }
+            try applyingFleet { () throws(StoreError) in
+                try audited { tx throws(StoreError) in
+                    try store.removeFingers(finger, of: person)
+                    try tx.audit(
+                        nil, action: .fleetApply, result: .success, person: person.name.rawValue, method: "fingerprint",
+                        detail: "finger \(finger) removed in the fleet")
+                }
+            }
+            return true
+        }
+        let fields = change.fields
+        guard fields["driver"] == reader.driver, fields["device_type"] == reader.deviceType,
+            let templateID = fields["template_id"], let templateUUID = UUID(uuidString: templateID),
+            let fleetID = fields["person_id"], let personUUID = UUID(uuidString: fleetID),
+            let finger = fields["finger"], let sealed = change.sealedBlob,
+            let person = try store.person(fleetID: fleetID)
+        else { return false }
+        let template: [UInt8]
+        do {
+            template = try fleet.keyring.open(sealed, binding: .template(templateUUID, person: personUUID))
+        } catch { throw StoreError.fleet("the template of \(person.name.rawValue) does not open: \(error)") }
+        try applyingFleet { () throws(StoreError) in
+            try audited { tx throws(StoreError) in
+                if person.fingers.contains(finger) { try store.removeFingers(finger, of: person) }
+                try store.addFinger(finger, template: template, for: person, now: now())
+                try store.linkFleetTemplate(templateID, person: person, finger: finger)
+                try tx.audit(
+                    nil, action: .fleetApply, result: .success, person: person.name.rawValue, method: "fingerprint",
+                    detail: "finger \(finger) enrolled in the fleet")
             }
         }
         return true

@@ -44,7 +44,7 @@ actor FleetAgent {
     /// Applies pulled changes to the local store (the authority's credential part).
     private let apply: @Sendable ([FleetChange], FleetApplyContext) async -> FleetApplyOutcome
     /// The reader this terminal registers with, as libfprint names it.
-    private let readerDriver: @Sendable () async -> String?
+    private let readerTags: @Sendable () async -> FleetReaderTags?
 
     private var connection: FleetDirectory?
     private var keyPair: TerminalKeyPair?
@@ -60,10 +60,10 @@ actor FleetAgent {
 
     init(
         store: Store, configuration: DaemonConfiguration.Fleet, credentialsDirectory: String?, logger: Logger,
-        now: @escaping @Sendable () -> Date, readerDriver: @escaping @Sendable () async -> String?,
+        now: @escaping @Sendable () -> Date, readerTags: @escaping @Sendable () async -> FleetReaderTags?,
         apply: @escaping @Sendable ([FleetChange], FleetApplyContext) async -> FleetApplyOutcome
     ) {
-        self.readerDriver = readerDriver
+        self.readerTags = readerTags
         self.apply = apply
         self.store = store
         self.configuration = configuration
@@ -102,12 +102,12 @@ actor FleetAgent {
     }
 
     private func registration(id: UUID, name: String?) async throws(APIError) -> TerminalRegistration {
-        let driver = await readerDriver()
+        let tags = await readerTags()
         let chosen = name ?? (configuration.terminalName.isEmpty ? Daemon.hostName() : configuration.terminalName)
         return TerminalRegistration(
             id: id, name: chosen.isEmpty ? "terminal-\(id.uuidString.prefix(8).lowercased())" : chosen,
-            publicKey: try loadKeyPair().publicKey, readerDriver: driver, readerDeviceType: nil,
-            isMatchOnChip: false)
+            publicKey: try loadKeyPair().publicKey, readerDriver: tags?.driver,
+            readerDeviceType: tags?.deviceType, isMatchOnChip: tags?.isMatchOnChip ?? false)
     }
 
     // MARK: Connection
@@ -306,7 +306,9 @@ actor FleetAgent {
                 try await receiveKeys(terminal: terminal, membership: &membership)
             }
             try await admitPending(changes, membership: membership)
-            let outcome = await apply(changes, FleetApplyContext(keyring: keyring, terminalID: membership.terminalID))
+            let outcome = await apply(
+                changes,
+                FleetApplyContext(keyring: keyring, terminalID: membership.terminalID, reader: await readerTags()))
             if let problem = outcome.problem { logger.warning("fleet apply", metadata: ["problem": "\(problem)"]) }
             cursor = last.id
             try storeCall { () throws(StoreError) in try store.updateFleetMembership(cursor: cursor) }
@@ -395,7 +397,7 @@ actor FleetAgent {
             let batches = try storeCall { () throws(StoreError) in try store.fleetOutbox(limit: 16) }
             if batches.isEmpty { return }
             for batch in batches {
-                let push = try pushBatch(batch, terminal: terminal)
+                let push = try await pushBatch(batch, terminal: terminal)
                 do {
                     _ = try await withDirectory(membership.directory) { connection throws(FleetError) in
                         try await connection.push(push)
@@ -410,7 +412,8 @@ actor FleetAgent {
         }
     }
 
-    private func pushBatch(_ batch: FleetOutboxBatch, terminal: UUID) throws(APIError) -> PushBatch {
+    private func pushBatch(_ batch: FleetOutboxBatch, terminal: UUID) async throws(APIError) -> PushBatch {
+        let tags = await readerTags()
         guard let key = UUID(uuidString: batch.idempotencyKey) else {
             throw APIError.fleetError("queued batch \(batch.id) has no UUID key")
         }
@@ -433,6 +436,20 @@ actor FleetAgent {
             case .passcodeReset(let id):
                 guard let person = UUID(uuidString: id) else { continue }
                 writes.append(.passcodeReset(person: person))
+            case .template(let id, let finger, let template):
+                // Tagged with the reader it was made on; without one attached now it cannot be.
+                guard let person = UUID(uuidString: id), let tags else { continue }
+                let templateID = Self.templateID(person: id, finger: finger, tags: tags)
+                do {
+                    writes.append(
+                        .template(
+                            id: templateID, person: person, finger: finger, driver: tags.driver,
+                            deviceType: tags.deviceType,
+                            sealed: try keyring.seal(template, binding: .template(templateID, person: person))))
+                } catch { throw APIError.fleet(error) }
+            case .removeTemplate(let id, let finger):
+                guard let tags else { continue }
+                writes.append(.removeTemplate(id: Self.templateID(person: id, finger: finger, tags: tags)))
             }
         }
         return PushBatch(idempotencyKey: key, terminal: terminal, writes: writes)
@@ -499,6 +516,13 @@ actor FleetAgent {
         do { return try body() } catch { throw APIError.store(error) }
     }
 
+    /// A template's directory id: one per person, finger and kind of reader, so the same finger
+    /// enrolled on two kinds of reader is two templates.
+    static func templateID(person: String, finger: String, tags: FleetReaderTags) -> UUID {
+        derivedUUID(
+            terminal: person, label: "template\u{0}\(finger)\u{0}\(tags.driver)\u{0}\(tags.deviceType)", value: 0)
+    }
+
     static func derivedUUID(terminal: String, label: String, value: Int) -> UUID {
         let digest = Array(SHA256.hash(data: Data("kioskauth.fleet.\(label)\u{0}\(terminal)\u{0}\(value)".utf8)))
         var bytes = Array(digest.prefix(16))
@@ -532,6 +556,16 @@ actor FleetAgent {
 struct FleetApplyContext: Sendable {
     var keyring: FleetKeyring
     var terminalID: String
+    /// This terminal's reader, for templates; nil without one.
+    var reader: FleetReaderTags?
+}
+
+/// The reader a template is tagged with: libfprint's driver and the device within it.
+struct FleetReaderTags: Sendable, Equatable {
+    var driver: String
+    var deviceType: String
+    /// A reader that keeps prints on the sensor takes none from the directory.
+    var isMatchOnChip: Bool
 }
 
 /// What applying pulled changes came to.

@@ -50,6 +50,10 @@ public enum FleetLocalOperation: Codable, Sendable, Equatable {
     case passcodeFailures(fleetID: String, count: Int)
     /// A person's failures were cleared here (a success or an admin reset).
     case passcodeReset(fleetID: String)
+    /// A finger enrolled here (the template as the reader made it).
+    case template(fleetID: String, finger: String, template: [UInt8])
+    /// A finger removed here.
+    case removeTemplate(fleetID: String, finger: String)
 }
 
 /// A queued push: the operations of one local transaction, in order, with the key that makes
@@ -69,6 +73,8 @@ struct FleetPendingChanges {
     var verifiers: Set<Int64> = []
     /// People removed, with their last directory state.
     var removed: [Int64: FleetLocalOperation] = [:]
+    /// Fingers enrolled (true) or removed (false), per person.
+    var templates: [Int64: [String: Bool]] = [:]
 }
 
 extension Store {
@@ -169,7 +175,10 @@ extension Store {
     /// and the queue. Local people and their secrets stay.
     public func endFleetMembership() throws(StoreError) {
         try transaction { db in
-            for table in ["fleet_outbox", "fleet_people", "fleet_join_tokens", "fleet_keys", "fleet_membership"] {
+            for table in [
+                "fleet_outbox", "fleet_templates", "fleet_people", "fleet_join_tokens", "fleet_keys",
+                "fleet_membership",
+            ] {
                 try db.query("DELETE FROM \(table)")
             }
             isFleetMember = false
@@ -384,6 +393,38 @@ extension Store {
         noteFleetPersonChange(id)
     }
 
+    /// Called when a finger is enrolled or removed.
+    func noteFleetTemplateChange(_ id: Int64, finger: String, added: Bool) {
+        guard isFleetMember else { return }
+        fleetPending.templates[id, default: [:]][finger] = added
+        noteFleetPersonChange(id)
+    }
+
+    /// Links a directory template to a local finger (when a pulled template is applied).
+    public func linkFleetTemplate(_ templateID: String, person: StoredPerson, finger: String) throws(StoreError) {
+        try transaction { db in
+            try db.query(
+                "INSERT OR REPLACE INTO fleet_templates (template_id, person_id, finger) VALUES (?, ?, ?)",
+                [.text(templateID), .integer(person.id), .text(finger)])
+        }
+    }
+
+    /// The local person and finger a directory template was applied as.
+    public func fleetTemplate(_ templateID: String) throws(StoreError) -> (person: StoredPerson, finger: String)? {
+        try locked {
+            guard
+                let row = try connection.query(
+                    "SELECT p.name AS template_person, t.finger FROM fleet_templates t JOIN people p ON p.id = t.person_id WHERE t.template_id = ?",
+                    [.text(templateID)]
+                ).first, let finger = row["finger"].string, let name = row["template_person"].string,
+                let person = try connection.query(
+                    "SELECT \(Self.personColumns) FROM people WHERE name = ?", [.text(name)]
+                ).first.map(decodePerson)
+            else { return nil }
+            return (person, finger)
+        }
+    }
+
     /// Called before a person's row is deleted: the directory learns they are removed.
     func noteFleetRemoval(of id: Int64, in db: SQLiteConnection) throws {
         guard isFleetMember, !isApplyingFleetChanges,
@@ -457,6 +498,21 @@ extension Store {
                 let verifier = try sealer.open(
                     sealed, binding: Self.secretBinding(personID: id, name: try LoginName(name), kind: "passcode"))
                 operations.append(.verifier(fleetID: fleetID, verifier: verifier))
+            }
+            for (finger, added) in (fleetPending.templates[id] ?? [:]).sorted(by: { $0.key < $1.key }) {
+                if added {
+                    guard
+                        let sealed = try db.query(
+                            "SELECT template FROM fingers WHERE person_id = ? AND finger = ?",
+                            [.integer(id), .text(finger)]
+                        ).first?["template"].bytes
+                    else { continue }
+                    let template = try sealer.open(
+                        sealed, binding: Self.fingerBinding(personID: id, name: try LoginName(name), finger: finger))
+                    operations.append(.template(fleetID: fleetID, finger: finger, template: template))
+                } else {
+                    operations.append(.removeTemplate(fleetID: fleetID, finger: finger))
+                }
             }
             var unpushed = "unpushed_failures"
             if failures > reported {

@@ -373,6 +373,12 @@ public final class Store: @unchecked Sendable {
           unpushed_failures INTEGER NOT NULL DEFAULT 0,
           fleet_failures INTEGER NOT NULL DEFAULT 0
         );
+        CREATE TABLE IF NOT EXISTS fleet_templates (
+          template_id TEXT PRIMARY KEY NOT NULL,
+          person_id INTEGER NOT NULL REFERENCES people(id) ON DELETE CASCADE,
+          finger TEXT NOT NULL,
+          UNIQUE (person_id, finger)
+        );
         CREATE TABLE IF NOT EXISTS fleet_outbox (
           id INTEGER PRIMARY KEY AUTOINCREMENT,
           idempotency_key TEXT NOT NULL UNIQUE,

@@ -23,6 +23,8 @@ struct FleetQueueTests {
                 case .verifier: "verifier"
                 case .passcodeFailures(_, let count): "failures:\(count)"
                 case .passcodeReset: "reset"
+                case .template(_, let finger, _): "template:\(finger)"
+                case .removeTemplate(_, let finger): "remove-template:\(finger)"
                 }
             }
         }
@@ -179,6 +181,19 @@ struct FleetQueueTests {
             }
             let committed = try store.people().sorted { $0.id < $1.id }.map(\.name.rawValue)
             #expect(names == committed)
+        }
+    }
+
+    @Test func enrolmentsAndRemovals_areQueued_withTheTemplate() throws {
+        let fixture = try StoreFixture()
+        try fixture.withStore { store in
+            try member(store)
+            let sarah = try store.addTestPerson("sarah")
+            try store.addFinger("right-index", template: [1, 2, 3], for: sarah, now: testNow)
+            try store.removeFingers("right-index", of: sarah)
+            let batches = try store.fleetOutbox(limit: 10)
+            #expect(kinds(batches) == [["person:active"], ["template:right-index"], ["remove-template:right-index"]])
+            if case .template(_, _, let template) = batches[1].operations[0] { #expect(template == [1, 2, 3]) }
         }
     }
 
