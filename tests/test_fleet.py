@@ -194,7 +194,6 @@ def test_personAndPasscodeMadeAtA_unlockAtB_andASuspensionAtA_isRefusedAtB(fleet
     a, b = fleet
     assert "error" not in call(a, "AddPerson", name="carol")
     assert "error" not in call(a, "SetPasscode", name="carol", passcode=PASSCODE, confirmation=PASSCODE)
-    assert status(a)["queuedPushes"] >= 1
     ok(a, "fleet", "sync")
     assert status(a)["queuedPushes"] == 0
     # (B may already have pulled carol, woken by the directory's NOTIFY; the sync makes sure.)
@@ -236,6 +235,23 @@ def test_aHardLockAtB_reachesA_afterSync_andAResetClearsItEverywhere(fleet):
     ok(a, "fleet", "sync")
     ok(b, "fleet", "sync")
     assert "error" not in call(b, "VerifyPasscode", name="dave", passcode=PASSCODE)
+
+
+def test_withoutAnyFleetSync_aWriteAtA_wakesItsPush_andTheNotificationWakesB(fleet):
+    """The poll is an hour here: only A's wake-up on its own write and B's NOTIFY can do it."""
+    import time
+    a, b = fleet
+    assert "error" not in call(a, "AddPerson", name="hana")
+    assert "error" not in call(a, "SetPasscode", name="hana", passcode=PASSCODE, confirmation=PASSCODE)
+    deadline = time.monotonic() + 30
+    while "error" in call(b, "VerifyPasscode", name="hana", passcode=PASSCODE):
+        assert time.monotonic() < deadline, "hana never reached B"
+        time.sleep(0.1)
+    assert "error" not in call(a, "SuspendPerson", name="hana")
+    deadline = time.monotonic() + 30
+    while call(b, "VerifyPasscode", name="hana", passcode=PASSCODE).get("error") != "io.kioskauth.PersonNotActive":
+        assert time.monotonic() < deadline, "the suspension never reached B"
+        time.sleep(0.1)
 
 
 def test_aRemovalAtA_erasesThePersonAtB(fleet):
@@ -331,6 +347,26 @@ def test_aFingerEnrolledAtA_verifiesAtB_withTheSameKindOfReader_andItsRemovalFol
     ok(a, "fleet", "sync")
     ok(b, "fleet", "sync")
     assert call(b, "GetPerson", name="sarah")["parameters"]["person"]["fingers"] == []
+
+
+def test_leaving_marksTheTerminalRemoved_forgetsTheFleet_andKeepsItsPeople(fleet, postgres):
+    a, _ = fleet
+    d = terminal(a.factory)
+    ok(d, "fleet", "join", postgres.url, "--name", "d", input=ok(a, "fleet", "token", "issue").strip() + "\n")
+    ok(a, "fleet", "sync")
+    ok(d, "fleet", "sync")
+    sd = status(d)
+    assert sd["state"] == "member", sd
+    assert "error" not in call(d, "VerifyPasscode", name="dave", passcode=PASSCODE)
+    ok(d, "fleet", "leave")
+    assert status(d)["configured"] is False
+    assert postgres.query(f"SELECT state FROM terminals WHERE terminal_id = '{sd['terminalId']}'") == "removed"
+    assert postgres.query(f"SELECT count(*) FROM wrapped_keys WHERE terminal_id = '{sd['terminalId']}'") == "0"
+    # Local people stay, and nothing is queued for a fleet any more.
+    assert "error" not in call(d, "VerifyPasscode", name="dave", passcode=PASSCODE)
+    assert "error" not in call(d, "SuspendPerson", name="dave")
+    assert status(d)["queuedPushes"] == 0
+    assert call(d, "FleetSync")["error"] == "io.kioskauth.FleetNotConfigured"
 
 
 def test_fleetMethods_refuseCallersWhoAreNotAdmins(fleet):

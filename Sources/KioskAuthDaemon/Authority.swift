@@ -58,6 +58,9 @@ public final class Authority {
                 return FleetReaderTags(driver: first.driver, deviceType: first.name, isMatchOnChip: first.hasStorage)
             },
             apply: { changes, fleet in await credentials.applyFleetChanges(changes, fleet) })
+        // A local write that queued a push wakes the sync service, which sends it at once.
+        let wakeup = fleet.wakeup
+        store.fleetBatchQueued = { wakeup.signal() }
     }
 
     // MARK: Routing for the daemon and the server

@@ -293,6 +293,13 @@ actor FleetAgent {
             throw APIError.fleetError("the stored terminal id is not a UUID")
         }
         try await loadKeyring(membership)
+        // A pending terminal holds no data key, so it could open none of the secrets in the
+        // feed: it only asks whether its wrapped key has arrived, and pulls nothing until then
+        // (its cursor stays where it is, so it applies everything once it is a member).
+        if membership.state != "member" {
+            try await receiveKeys(terminal: terminal, membership: &membership)
+            guard membership.state == "member" else { return }
+        }
         var cursor = membership.cursor
         while true {
             let after = cursor

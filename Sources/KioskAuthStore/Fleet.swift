@@ -443,8 +443,9 @@ extension Store {
     /// changed as they now are, verifiers set, and passcode failures counted or cleared. Nothing
     /// when this terminal is in no fleet, or when the changes came from the directory (then
     /// only the bookkeeping follows them).
-    func flushFleetChanges(in db: SQLiteConnection) throws {
-        guard isFleetMember, !fleetPending.people.isEmpty else { return }
+    @discardableResult
+    func flushFleetChanges(in db: SQLiteConnection) throws -> Bool {
+        guard isFleetMember, !fleetPending.people.isEmpty else { return false }
         var operations: [FleetLocalOperation] = []
         for id in fleetPending.people {
             guard
@@ -526,7 +527,7 @@ extension Store {
                 "UPDATE fleet_people SET pushed_digest = ?, reported_failures = ?, unpushed_failures = \(unpushed) WHERE person_id = ?",
                 [.text(digest), .integer(Int64(failures)), .integer(id)])
         }
-        guard !operations.isEmpty else { return }
+        guard !operations.isEmpty else { return false }
         let key = UUID().uuidString.lowercased()
         let plaintext: Data
         do { plaintext = try JSONEncoder().encode(operations) } catch {
@@ -536,6 +537,7 @@ extension Store {
         try db.query(
             "INSERT INTO fleet_outbox (idempotency_key, sealed, created_at) VALUES (?, ?, ?)",
             [.text(key), .blob(sealed), .real(Date().timeIntervalSince1970)])
+        return true
     }
 }
 

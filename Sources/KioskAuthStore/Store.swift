@@ -76,6 +76,9 @@ public final class Store: @unchecked Sendable {
     /// The people changed by the transaction in progress, pushed as one batch when it commits.
     /// Guarded by the store's lock.
     var fleetPending = FleetPendingChanges()
+    /// Called (under the store's lock, so it must only signal) after a transaction that queued a
+    /// fleet batch committed: the daemon wakes its sync service with it. Set once, before use.
+    public nonisolated(unsafe) var fleetBatchQueued: (@Sendable () -> Void)?
     /// `statusFigures()` as last read, and the connection's change count then.
     private var statusCache: (changes: Int64, dataVersion: Int, figures: StoreStatusFigures)?
     /// A truncating checkpoint asked for inside a transaction, run once the outermost commits.
@@ -537,12 +540,14 @@ public final class Store: @unchecked Sendable {
                 pendingHead = nil
                 checkpointAfterCommit = false
             }
+            var queuedFleetBatch = false
             let result = try connection.transaction(synchronous: synchronous) { () throws -> T in
                 defer { fleetPending = FleetPendingChanges() }
                 let result = try body(connection)
-                try flushFleetChanges(in: connection)
+                queuedFleetBatch = try flushFleetChanges(in: connection)
                 return result
             }
+            if queuedFleetBatch { fleetBatchQueued?() }
             if !synchronous { deferredSyncCommits += 1 }
             return (result, pendingHead, checkpointAfterCommit)
         }
