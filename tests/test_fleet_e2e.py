@@ -519,3 +519,16 @@ def test_a_stolen_directory_dump_holds_no_template(make_fleet):
     assert sealed and sealed.encode() in dump.lower()  # the control
     assert_not_in_dump(dump, "template", template)
     assert_verifier_not_in_dump(dump, a.stored_secrets("sarah")["passcode"])
+
+
+# 8. A local write goes out at once --------------------------------------------------------------
+
+def test_a_local_write_is_pushed_without_waiting_for_the_poll(make_fleet):
+    """A's write reaches the directory when it is made, and B by NOTIFY: with both terminals
+    polling only every 300 s, B has a new person and her passcode within 20 s."""
+    fleet = make_fleet(["virtual_device"] * 2, fleet_config="PollIntervalSec=300\nReconnectMaxSec=1\n")
+    a, b = fleet.terminals
+    add_with_passcode(a, "sarah")
+    started = time.monotonic()
+    wait_knows(b, "sarah", timeout=20, hasPasscode=True, state="active")
+    print(f"\nB had sarah {time.monotonic() - started:.2f} s after A's reply")
