@@ -469,3 +469,66 @@ def test_passcode_guesses_over_three_terminals_stop_at_the_fleet_wide_bound(make
     for terminal in terminals:
         locked = terminal.verify_passcode("lou", PASSCODE)
         assert error_name(locked) == "PasscodeLocked" and locked["parameters"]["hardLocked"] is True, locked
+
+
+# 7. Templates follow the reader; and a stolen dump holds none ---------------------------------
+
+@pytest.mark.skipif(not have_nist_prints(), reason="NIST prints not found (set KIOSKAUTH_TESTDATA)")
+def test_enrolled_at_a_unlocks_at_b_and_a_different_reader_gets_no_template(make_fleet):
+    fleet = make_fleet(["virtual_image", "virtual_image", "virtual_device"], fleet_config=QUICK_RECONNECT)
+    a, b, c = fleet.terminals
+    add_with_passcode(a, "sarah")
+    enrolled = a.enroll_image("sarah", "whorl")
+    assert enrolled["parameters"]["finger"] == "right-index", enrolled
+
+    # B (the same driver) gets her passcode and her template: walk-up identify and passcode unlock.
+    wait_knows(b, "sarah", hasPasscode=True, fingers=["right-index"], state="active")
+    identified = b.identify_image("whorl-rot")
+    assert identified.get("parameters", {}).get("person", {}).get("name") == "sarah", identified
+    assert ok(b.verify_passcode("sarah", PASSCODE))["person"]["name"] == "sarah"
+    # A stranger's finger is still nobody at B.
+    assert error_name(b.identify_image("loop-right")) == "NotIdentified"
+
+    # C has another driver: her passcode, but no template; unlocked by passcode, she has no finger
+    # there, which is what the login uses to ask her to enrol on this reader.
+    wait_knows(c, "sarah", hasPasscode=True, state="active")
+    unlocked = ok(c.verify_passcode("sarah", PASSCODE))
+    assert unlocked["person"]["fingers"] == [], unlocked
+    assert not any(k.startswith("finger:") for k in c.stored_secrets("sarah")), "C stored a template it cannot use"
+    assert b.stored_secrets("sarah")["finger:right-index"] == a.stored_secrets("sarah")["finger:right-index"]
+    rows = fleet.postgres.fleet("SELECT driver, finger FROM templates")
+    assert rows == [["virtual_image", "right-index"]], rows
+    # Enrolled at C itself, her finger works at C (and C's own template is tagged with C's driver).
+    enrolled = c.enroll_device("sarah", "sarah-c")
+    assert enrolled["parameters"]["finger"] == "right-index", enrolled
+    assert c.verify_device("sarah", "sarah-c")["parameters"]["person"]["name"] == "sarah"
+
+
+
+@pytest.mark.skipif(not have_nist_prints(), reason="NIST prints not found (set KIOSKAUTH_TESTDATA)")
+def test_a_stolen_directory_dump_holds_no_template(make_fleet):
+    fleet = make_fleet(["virtual_image", "virtual_image"], fleet_config=QUICK_RECONNECT)
+    a, b = fleet.terminals
+    add_with_passcode(a, "sarah")
+    assert a.enroll_image("sarah", "arch")["parameters"]["finger"] == "right-index"
+    wait_knows(b, "sarah", hasPasscode=True, fingers=["right-index"])
+    template = a.stored_secrets("sarah")["finger:right-index"]
+    assert len(template) >= 256 and b.stored_secrets("sarah")["finger:right-index"] == template
+    dump = fleet.postgres.dump()
+    sealed = fleet.postgres.scalar("SELECT encode(sealed, 'hex') FROM templates")
+    assert sealed and sealed.encode() in dump.lower()  # the control
+    assert_not_in_dump(dump, "template", template)
+    assert_verifier_not_in_dump(dump, a.stored_secrets("sarah")["passcode"])
+
+
+# 8. A local write goes out at once --------------------------------------------------------------
+
+def test_a_local_write_is_pushed_without_waiting_for_the_poll(make_fleet):
+    """A's write reaches the directory when it is made, and B by NOTIFY: with both terminals
+    polling only every 300 s, B has a new person and her passcode within 20 s."""
+    fleet = make_fleet(["virtual_device"] * 2, fleet_config="PollIntervalSec=300\nReconnectMaxSec=1\n")
+    a, b = fleet.terminals
+    add_with_passcode(a, "sarah")
+    started = time.monotonic()
+    wait_knows(b, "sarah", timeout=20, hasPasscode=True, state="active")
+    print(f"\nB had sarah {time.monotonic() - started:.2f} s after A's reply")
