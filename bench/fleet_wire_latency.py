@@ -42,8 +42,11 @@ def main() -> None:
     postgres = Postgres().start()
     try:
         a, b = terminal(factory), terminal(factory)
-        ok(a, "fleet", "create", postgres.url, "--name", "a")
-        ok(b, "fleet", "join", postgres.url, "--name", "b", input=ok(a, "fleet", "token", "issue").strip() + "\n")
+        # The owner migrates; each terminal logs in as a role of its own (docs/fleet.md §9.7).
+        ok(a, "fleet", "migrate", postgres.url)
+        ok(a, "fleet", "create", postgres.terminal_url("kt_a"), "--name", "a")
+        ok(b, "fleet", "join", postgres.terminal_url("kt_b"), "--name", "b",
+           input=ok(a, "fleet", "token", "issue").strip() + "\n")
         ok(a, "fleet", "sync")
         ok(b, "fleet", "sync")
         call(a, "AddPerson", name="carol")
