@@ -458,48 +458,6 @@ def test_aForgedPeopleRow_isNotApplied_andIsReported_andAReplayIsRefusedAfterARe
     assert "error" not in call(b, "VerifyPasscode", name="mallory", passcode=PASSCODE)
 
 
-def test_aTerminalThatLeaves_makesTheOthersRotate_once_andItHoldsNothingWrittenAfter(make_daemon, postgres):
-    """C leaves; A and B, syncing at the same time, publish one new generation between them (the
-    directory takes it once; the other finds it after a conflict), and what A writes next is
-    sealed under it and still unlocks at B."""
-    import threading
-    postgres.query("CREATE DATABASE rotation")
-    a, b, c = (terminal(make_daemon) for _ in range(3))
-    ok(a, "fleet", "migrate", postgres.url_as("fleet", "rotation"))
-    ok(a, "fleet", "create", postgres.terminal_url("kt_ra", "rotation"), "--name", "ra")
-    for d, role in ((b, "kt_rb"), (c, "kt_rc")):
-        ok(d, "fleet", "join", postgres.terminal_url(role, "rotation"), "--name", role[3:],
-           input=ok(a, "fleet", "token", "issue").strip() + "\n")
-        ok(a, "fleet", "sync")
-        ok(d, "fleet", "sync")
-        assert status(d)["state"] == "member"
-    ok(b, "fleet", "sync")
-    ok(c, "fleet", "leave")
-    assert postgres.query("SELECT state FROM terminals WHERE name = 'rc'", "rotation") == "removed"
-    results = []
-    threads = [threading.Thread(target=lambda d=d: results.append(d.ctl("fleet", "sync", timeout=90))) for d in (a, b)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    assert all(r.returncode == 0 for r in results), [r.stderr for r in results]
-    ok(a, "fleet", "sync")
-    ok(b, "fleet", "sync")
-    assert postgres.query("SELECT string_agg(generation::text, ',' ORDER BY generation) FROM data_keys",
-                          "rotation") == "1,2"
-    assert status(a)["generation"] == 2 and status(b)["generation"] == 2
-    wrapped = postgres.query("SELECT string_agg(DISTINCT t.name, ',' ORDER BY t.name) FROM wrapped_keys w "
-                             "JOIN terminals t USING (terminal_id) WHERE w.generation = 2", "rotation")
-    assert wrapped == "ra,rb", wrapped
-    assert "error" not in call(a, "AddPerson", name="rita")
-    assert "error" not in call(a, "SetPasscode", name="rita", passcode=PASSCODE, confirmation=PASSCODE)
-    ok(a, "fleet", "sync")
-    ok(b, "fleet", "sync")
-    assert postgres.query("SELECT v.generation FROM passcode_verifiers v JOIN people p USING (person_id) "
-                          "WHERE p.name = 'rita'", "rotation") == "2"
-    assert "error" not in call(b, "VerifyPasscode", name="rita", passcode=PASSCODE)
-
-
 def test_leaving_marksTheTerminalRemoved_forgetsTheFleet_andKeepsItsPeople(fleet, postgres):
     a, _ = fleet
     d = terminal(a.factory)

@@ -385,10 +385,6 @@ actor FleetAgent {
             guard membership.state == "member", !dataKeys.isEmpty else { return }
         }
         var cursor = membership.cursor
-        // The newest removal of another terminal and the newest data key wrapped to this one,
-        // by change id: a removal after the newest key means nobody has rotated since (§3).
-        var latestRemoval: Int64 = 0
-        var latestOwnKey: Int64 = 0
         while true {
             let after = cursor
             let changes = try await withDirectory(membership.directory) { connection throws(FleetError) in
@@ -407,15 +403,6 @@ actor FleetAgent {
                     continue
                 }
             }
-            for change in changes where !change.isDeletion {
-                if change.entity == "wrapped_keys", change.key.hasPrefix(membership.terminalID) {
-                    latestOwnKey = max(latestOwnKey, change.id)
-                } else if change.entity == "terminals", change.key != membership.terminalID,
-                    change.fields["state"] == "removed"
-                {
-                    latestRemoval = max(latestRemoval, change.id)
-                }
-            }
             try await admitPending(changes, membership: membership)
             let outcome = await apply(
                 changes,
@@ -429,47 +416,12 @@ actor FleetAgent {
             membership.cursor = cursor
             if changes.count < FleetDirectory.maximumPullSize { break }
         }
-        if membership.state == "member", latestRemoval > latestOwnKey {
-            try await rotateAfterRemoval(terminal: terminal, membership: &membership)
-        }
         let reached = cursor
         let position = try await withDirectory(membership.directory) { connection throws(FleetError) in
             try await connection.recordCursor(reached, for: terminal)
             return try await connection.feedPosition(for: terminal)
         }
         head = position.head
-    }
-
-    /// Publishes a new data-key generation after a terminal was removed, so what is written
-    /// from now on is sealed and MACed under a key the removed terminal never had. Several
-    /// members may see the removal at once: the directory takes one generation once
-    /// (`conflict` for the others), and refuses a rotation whose wraps do not match the members
-    /// (`conflict` too). After a conflict this terminal takes the keys wrapped to it; if a new
-    /// generation is among them someone else rotated, otherwise it tries again, three times.
-    private func rotateAfterRemoval(terminal: UUID, membership: inout FleetMembership) async throws(APIError) {
-        for attempt in 1...3 {
-            let newest = dataKeys.map(\.generation).max() ?? 0
-            let key = FleetDataKey.random(generation: newest + 1)
-            let rotated = try await withDirectory(membership.directory) { connection throws(FleetError) -> Bool in
-                do throws(FleetError) {
-                    try await connection.rotateDataKey(to: key, by: terminal, reason: "a terminal was removed")
-                    return true
-                } catch {
-                    if error.code == .conflict { return false }
-                    throw error
-                }
-            }
-            try await receiveKeys(terminal: terminal, membership: &membership)
-            if rotated {
-                logger.notice("fleet data key rotated", metadata: ["generation": "\(key.generation)"])
-                return
-            }
-            if (dataKeys.map(\.generation).max() ?? 0) > newest {
-                logger.info("fleet data key rotated by another member", metadata: ["attempt": "\(attempt)"])
-                return
-            }
-        }
-        throw APIError.fleetError("the data key could not be rotated after a removal: the members kept changing")
     }
 
     private func loadKeyring(_ membership: FleetMembership) async throws(APIError) {
