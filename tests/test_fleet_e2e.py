@@ -156,6 +156,30 @@ def test_fleet_methods_refuse_unprivileged_callers(make_fleet):
     assert fleet.postgres.fleet("SELECT count(*) FROM terminals") == [["1"]]
 
 
+def test_the_owner_migrates_through_the_cli_with_its_password_on_stdin_and_it_is_kept_nowhere(make_fleet):
+    """`kioskauthctl fleet migrate --password-stdin` over scram-sha-256 TCP: a wrong owner
+    password is refused by the directory, the right one migrates, and neither appears in the
+    terminal's audit, log or store; the terminal's own connections stay its own role."""
+    fleet = make_fleet(["virtual_device"])
+    a = fleet[0]
+    wrong = a.ctl("fleet", "migrate", a.owner_url, "--password-stdin", input="not-the-owners\n", timeout=60)
+    assert wrong.returncode != 0 and "FleetUnreachable" in wrong.stderr, wrong.stderr
+    right = a.ctl("fleet", "migrate", a.owner_url, "--password-stdin", input=fleet.postgres.password + "\n",
+                  timeout=60)
+    assert right.returncode == 0 and "version 2" in right.stdout, right.stderr
+    ok(a.sync())
+    for secret in (fleet.postgres.password, "not-the-owners"):
+        assert secret not in json.dumps(a.audit())
+        assert secret not in a.log_text()
+        assert secret.encode() not in b"".join(p.read_bytes() for p in a.state.glob("*") if p.is_file())
+    users = {row[0] for row in fleet.postgres.sql(
+        "SELECT DISTINCT usename FROM pg_stat_activity WHERE backend_type = 'client backend' "
+        "AND datname = 'fleet' AND pid <> pg_backend_pid()")}
+    assert users == {a.role}, users
+    results = sorted(e["result"] for e in a.audit() if e["action"] == "fleet.migrate")
+    assert results == ["failure", "success", "success"], results  # the harness's, the wrong one, the right one
+
+
 # 2. Revocation -------------------------------------------------------------------------------
 
 def test_suspend_and_remove_reach_connected_terminals_within_60s_and_an_offline_one_on_reconnect(make_fleet):
