@@ -295,7 +295,16 @@ public actor FleetDirectory {
     @discardableResult
     public func push(_ batch: PushBatch) async throws(FleetError) -> PushOutcome {
         var records: [[String: String]] = []
-        for write in batch.writes { records.append(try authenticatedRecord(write)) }
+        // What this connection knew of each MACed row before this push: restored if the
+        // directory already had the batch (a resend), since it then keeps the version of the
+        // attempt that was applied, not this one's.
+        var previous: [String: (version: Int64, mac: [UInt8])?] = [:]
+        for write in batch.writes {
+            if let (table, row, _) = FleetRowMAC.content(of: write), previous["\(table)/\(row)"] == nil {
+                previous["\(table)/\(row)"] = .some(rowVersions["\(table)/\(row)"])
+            }
+            records.append(try authenticatedRecord(write))
+        }
         let operations: String
         do {
             operations = String(decoding: try JSONSerialization.data(withJSONObject: records), as: UTF8.self)
@@ -309,6 +318,9 @@ public actor FleetDirectory {
                 "SELECT fleet_apply_push(\(batch.idempotencyKey), \(batch.terminal), \(operations)::jsonb)",
                 logger: logger
             ).collect().first?.decode(Bool.self)
+        }
+        if applied != true {
+            for (row, known) in previous { rowVersions[row] = known }
         }
         return applied == true ? .applied : .alreadyApplied
     }
