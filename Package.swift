@@ -82,7 +82,7 @@ let package = Package(
             swiftSettings: strictSettings),
 
         // The fleet directory on PostgreSQL (docs/fleet.md): schema, key wrapping, sealing, the
-        // change feed and pushes. Not yet wired into the daemon.
+        // change feed and pushes. The daemon's side is FleetAgent and FleetSyncService.
         .target(
             name: "KioskAuthFleet",
             dependencies: [
@@ -100,7 +100,7 @@ let package = Package(
             name: "KioskAuthDaemon",
             dependencies: [
                 "KioskAuthCore", "KioskAuthStore", "KioskAuthProtocol", "KioskAuthFingerprint",
-                "KioskAuthIdentity", "CKioskAuthSystem",
+                "KioskAuthIdentity", "KioskAuthFleet", "CKioskAuthSystem",
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),
                 .product(name: "Logging", package: "swift-log"),
@@ -122,7 +122,7 @@ let package = Package(
         .executableTarget(
             name: "kioskauthctl",
             dependencies: [
-                "KioskAuthCore", "KioskAuthProtocol",
+                "KioskAuthCore", "KioskAuthProtocol", "CKioskAuthSystem",
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
             ],
             swiftSettings: strictSettings),

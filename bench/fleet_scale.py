@@ -2,9 +2,13 @@
 """Load on one fleet directory from many simulated terminals (docs/fleet.md §10).
 
 Starts its own PostgreSQL (initdb into a temporary directory, Unix socket only, run as `nobody`
-when started as root), applies the schema from Sources/KioskAuthFleet/Schema/Migrations.swift,
+when started as root), applies the schema from Sources/KioskAuthFleet/Schema/ (every migration),
 and simulates --terminals logical terminals over a pool of --pool connections. This is a load
-generator, not that many daemons. Each terminal:
+generator, not that many daemons. Each terminal has its own database role (a member of
+kioskauth_terminal, as docs/fleet.md §6 provisions them); the pool connects as the superuser and
+switches to the terminal's role with SET SESSION AUTHORIZATION before each of its calls, so the
+SECURITY DEFINER functions see that terminal as session_user (one extra round trip per call, not
+inside the timed statements). Each terminal:
 
 * pulls the change feed from its cursor every --poll seconds (phases spread at random), and
   records its cursor when it moved;
@@ -41,7 +45,9 @@ from pathlib import Path
 import asyncpg
 
 REPO = Path(__file__).resolve().parent.parent
-MIGRATIONS = REPO / "Sources/KioskAuthFleet/Schema/Migrations.swift"
+MIGRATIONS = [REPO / "Sources/KioskAuthFleet/Schema/Migrations.swift",
+              REPO / "Sources/KioskAuthFleet/Schema/MigrationV2.swift"]
+SQL_START = ("INSERT", "CREATE", "ALTER", "GRANT", "REVOKE", "DO")
 CHANNEL = "kioskauth_fleet_changes"
 PULL = (
     "SELECT change_id, entity, entity_key, deleted, body::text FROM changes "
@@ -51,18 +57,24 @@ PUSH = "SELECT fleet_apply_push($1::uuid, $2::uuid, $3::jsonb)"
 
 
 def statements() -> list[str]:
-    """The migration's statements, read from the Swift source (one source of truth)."""
-    source = MIGRATIONS.read_text()
-    body = source[source.index("statements: [") :]
+    """The migrations' statements, read from the Swift source (one source of truth)."""
     found: list[str] = []
-    for match in re.finditer(r'"""\n(.*?)\n(\s*)"""|"((?:[^"\\\n]|\\.)*)"', body, re.S):
-        if match.group(1) is not None:
-            indent = match.group(2)
-            lines = [line[len(indent) :] if line.startswith(indent) else line for line in match.group(1).split("\n")]
-            found.append("\n".join(lines))
-        elif match.group(3) and match.group(3).lstrip().upper().startswith(("INSERT", "CREATE")):
-            found.append(match.group(3))
+    for path in (p for p in MIGRATIONS if p.exists()):
+        source = path.read_text()
+        body = source[source.index("statements: [") :]
+        for match in re.finditer(r'"""\n(.*?)\n(\s*)"""|"((?:[^"\\\n]|\\.)*)"', body, re.S):
+            if match.group(1) is not None:
+                indent = match.group(2)
+                lines = [line[len(indent) :] if line.startswith(indent) else line
+                         for line in match.group(1).split("\n")]
+                found.append("\n".join(lines).replace("\\\\", "\\"))
+            elif match.group(3) and match.group(3).lstrip().upper().startswith(SQL_START):
+                found.append(match.group(3))
     return found
+
+
+def versions() -> int:
+    return sum(1 for p in MIGRATIONS if p.exists())
 
 
 def pg_bin() -> Path:
@@ -97,6 +109,8 @@ class Server:
         options = (
             f"-k {self.dir} -c listen_addresses= -p {self.port} -c max_connections=100"
             " -c shared_preload_libraries=pg_stat_statements -c pg_stat_statements.track=all"
+            # One entry per (statement, role): room for every terminal's role.
+            " -c pg_stat_statements.max=40000 -c pg_stat_statements.track_utility=off"
         )
         self.run("pg_ctl", "-D", data, "-l", str(self.dir / "server.log"), "-w", "-o", options, "start")
 
@@ -144,25 +158,49 @@ async def prepare(server: Server, terminals: int, people: int) -> tuple[list[str
             )
             for statement in statements():
                 await connection.execute(statement)
-            await connection.execute("INSERT INTO fleet_schema (version, summary) VALUES (1, 'bench')")
+            for version in range(1, versions() + 1):
+                await connection.execute("INSERT INTO fleet_schema (version, summary) VALUES ($1, 'bench')", version)
+            # One role per terminal, as an admin provisions them (docs/fleet.md §6).
+            await connection.execute(
+                f"DO $$ BEGIN FOR i IN 0..{terminals - 1} LOOP "
+                "EXECUTE format('CREATE ROLE %I IN ROLE kioskauth_terminal', 'kt' || i); END LOOP; END $$")
         terminal_ids = [str(uuid.uuid4()) for _ in range(terminals)]
         await connection.copy_records_to_table(
             "terminals",
-            records=[(uuid.UUID(t), f"t{i}", os.urandom(32), "virtual_image", "image", "member")
+            records=[(uuid.UUID(t), f"t{i}", os.urandom(32), "virtual_image", "image", "member", role(i))
                      for i, t in enumerate(terminal_ids)],
-            columns=["terminal_id", "name", "public_key", "reader_driver", "reader_device_type", "state"],
+            columns=["terminal_id", "name", "public_key", "reader_driver", "reader_device_type", "state", "db_role"],
         )
         await connection.execute("INSERT INTO data_keys (generation, reason) VALUES (1, 'bench')")
         person_ids = [str(uuid.uuid4()) for _ in range(people)]
-        operations = [{"op": "person", "person": p, "name": f"person-{i}", "role": "user", "state": "active"}
-                      for i, p in enumerate(person_ids)]
+        operations = [{"op": "person", "person": p, "name": f"person-{i}", "role": "user", "state": "active",
+                       **row_mac()} for i, p in enumerate(person_ids)]
+        await act_as(connection, 0)
         await connection.fetchval(PUSH, str(uuid.uuid4()), terminal_ids[0], json.dumps(operations))
+        await connection.execute("RESET SESSION AUTHORIZATION")
         await connection.execute("VACUUM ANALYZE")
         await connection.execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
         await connection.execute("SELECT pg_stat_statements_reset()")
         return terminal_ids, person_ids
     finally:
         await connection.close()
+
+
+def role(index: int) -> str:
+    return f"kt{index}"
+
+
+async def act_as(connection, index: int) -> None:
+    """Makes the terminal's role the session user, as if it had logged in itself."""
+    await connection.execute(f'SET SESSION AUTHORIZATION "{role(index)}"')
+
+
+def row_mac() -> dict:
+    """A version and a row MAC as a member sends them. The directory stores MACs and never
+    checks them (it has no key), so random bytes cost it what real ones do; members compute and
+    verify them, one HMAC-SHA256 per row, on their own CPU."""
+    return {"generation": "1", "version": str(time.time_ns() // 1000),
+            "mac": base64.b64encode(os.urandom(32)).decode()}
 
 
 def batch(people: list[str], n: int) -> str:
@@ -177,7 +215,7 @@ def batch(people: list[str], n: int) -> str:
         operations.append({
             "op": "template", "template": str(uuid.uuid4()), "person": random.choice(people),
             "finger": "right-index", "driver": "virtual_image", "device_type": "image", "generation": "1",
-            "sealed": base64.b64encode(os.urandom(2048)).decode(),
+            "sealed": base64.b64encode(os.urandom(2048)).decode(), **row_mac(),
         })
     return json.dumps(operations)
 
@@ -208,6 +246,7 @@ async def run_size(server: Server, terminals: int, args: argparse.Namespace) -> 
                 if next_pull <= next_push:
                     next_pull += args.poll
                     async with pool.acquire() as connection:
+                        await act_as(connection, index)
                         started = time.perf_counter()
                         rows = await connection.fetch(PULL, cursor)
                         while len(rows) == 1000:
@@ -215,16 +254,14 @@ async def run_size(server: Server, terminals: int, args: argparse.Namespace) -> 
                             rows = await connection.fetch(PULL, cursor)
                         if rows:
                             cursor = rows[-1]["change_id"]
-                            await connection.execute(
-                                "INSERT INTO terminal_sync (terminal_id, cursor) VALUES ($1::uuid, $2) ON CONFLICT "
-                                "(terminal_id) DO UPDATE SET cursor = EXCLUDED.cursor, last_seen_at = now()",
-                                me, cursor)
+                            await connection.execute("SELECT fleet_record_cursor($1::uuid, $2)", me, cursor)
                         pulls.append(time.perf_counter() - started)
                 else:
                     next_push += args.push
                     n += 1
                     operations = batch(people, n)
                     async with pool.acquire() as connection:
+                        await act_as(connection, index)
                         started = time.perf_counter()
                         await connection.fetchval(PUSH, str(uuid.uuid4()), me, operations)
                         pushes.append(time.perf_counter() - started)
@@ -236,6 +273,7 @@ async def run_size(server: Server, terminals: int, args: argparse.Namespace) -> 
     async def probe() -> None:
         listener = await asyncpg.connect(**server.dsn())
         pusher = await asyncpg.connect(**server.dsn())
+        await act_as(pusher, 0)
         woken = asyncio.Event()
         await listener.add_listener(CHANNEL, lambda *_: woken.set())
         cursor = await listener.fetchval("SELECT last_id FROM change_clock")
@@ -243,7 +281,7 @@ async def run_size(server: Server, terminals: int, args: argparse.Namespace) -> 
             while time.monotonic() < deadline - 1:
                 marker = str(uuid.uuid4())
                 operations = json.dumps([{"op": "person", "person": marker, "name": marker, "role": "probe",
-                                          "state": "active"}])
+                                          "state": "active", **row_mac()}])
                 sent = time.perf_counter()
                 await pusher.fetchval(PUSH, str(uuid.uuid4()), terminal_ids[0], operations)
                 seen = False
@@ -272,9 +310,15 @@ async def run_size(server: Server, terminals: int, args: argparse.Namespace) -> 
     wall = time.monotonic() - wall_before
     cpu = server.cpu_seconds() - cpu_before
     load_after = os.getloadavg()[0]
-    server_side = await pool.fetch(
-        "SELECT query, calls, mean_exec_time, max_exec_time FROM pg_stat_statements "
-        "WHERE query LIKE '%FROM changes%' OR query LIKE '%fleet_apply_push%' ORDER BY calls DESC LIMIT 2")
+    # On a connection of its own: the pool's connections act as terminal roles, which may not
+    # read other roles' statistics.
+    stats = await asyncpg.connect(**server.dsn())
+    server_side = await stats.fetch(
+        "SELECT query, sum(calls) AS calls, sum(total_exec_time) / sum(calls) AS mean_exec_time, "
+        "max(max_exec_time) AS max_exec_time FROM pg_stat_statements "
+        "WHERE query LIKE '%FROM changes%' OR query LIKE '%fleet_apply_push%' "
+        "GROUP BY query ORDER BY sum(calls) DESC LIMIT 2")
+    await stats.close()
     await pool.close()
     return {
         "terminals": terminals, "wall": wall, "cpu": cpu, "pulls": pulls, "pushes": pushes,

@@ -77,6 +77,16 @@ public struct AuditAction: Sendable, Hashable, CustomStringConvertible {
 
     static let storeIntegrity = AuditAction("store.integrity")
 
+    static let fleetApply = AuditAction("fleet.apply")
+    static let fleetCreate = AuditAction("fleet.create")
+    static let fleetJoin = AuditAction("fleet.join")
+    static let fleetLeave = AuditAction("fleet.leave")
+    static let fleetMigrate = AuditAction("fleet.migrate")
+    static let fleetReject = AuditAction("fleet.reject")
+    static let fleetStatus = AuditAction("fleet.status")
+    static let fleetSync = AuditAction("fleet.sync")
+    static let fleetToken = AuditAction("fleet.token")
+
     static let status = AuditAction("status")
 
     static let clock = AuditAction("clock")

@@ -20,13 +20,15 @@ public final class Authority {
     nonisolated let trail: AuditTrail
     /// The clock, the identity provider and the event hub.
     nonisolated let services: OnlineServices
+    /// The fleet's network side (idle unless the terminal is in a fleet).
+    nonisolated let fleet: FleetAgent
     let context: AuthorityContext
 
     public nonisolated init(
         store: Store, configuration: DaemonConfiguration, groups: AccessGroups, hashingPool: HashingPool,
         isSocketActivated: Bool, usesDevelopmentKey: Bool, reader: FingerprintReader?, logger: Logger,
         services: OnlineServices = OnlineServices(), accounts: SystemAccounts = .system(),
-        now: @escaping @Sendable () -> Date = { Date() }
+        credentialsDirectory: String? = nil, now: @escaping @Sendable () -> Date = { Date() }
     ) {
         let access = AccessControl(
             groups: groups, accounts: accounts,
@@ -45,8 +47,20 @@ public final class Authority {
         self.trail = context.trail
         self.services = services
         self.online = online
-        self.credentials = CredentialAuthority(context: context, online: online)
+        let credentials = CredentialAuthority(context: context, online: online)
+        self.credentials = credentials
         self.terminal = TerminalAuthority(context: context)
+        self.fleet = FleetAgent(
+            store: store, configuration: configuration.fleet, credentialsDirectory: credentialsDirectory,
+            logger: logger, now: now,
+            readerTags: {
+                guard let first = await reader?.readers.first else { return nil }
+                return FleetReaderTags(driver: first.driver, deviceType: first.name, isMatchOnChip: first.hasStorage)
+            },
+            apply: { changes, fleet in await credentials.applyFleetChanges(changes, fleet) })
+        // A local write that queued a push wakes the sync service, which sends it at once.
+        let wakeup = fleet.wakeup
+        store.fleetBatchQueued = { wakeup.signal() }
     }
 
     // MARK: Routing for the daemon and the server

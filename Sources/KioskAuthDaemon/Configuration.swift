@@ -148,6 +148,8 @@ public struct DaemonConfiguration: Sendable {
     public var auditDelivery = AuditDelivery()
     /// The metrics textfile (off unless `[Metrics] TextfilePath` is set).
     public var metrics = Metrics()
+    /// The fleet sync schedule (used only once the terminal is in a fleet).
+    public var fleet = Fleet()
     /// Log level: trace, debug, info, notice, warning, error, critical.
     public var logLevel = "info"
 
@@ -298,6 +300,7 @@ public struct DaemonConfiguration: Sendable {
         case ("IdentityProvider", _), ("Session", _): return try setOnlineKey(section: section, key: key, value: value)
         case ("AuditDelivery", _): return try setAuditDeliveryKey(key: key, value: value)
         case ("Metrics", _): return try setMetricsKey(key: key, value: value)
+        case ("Fleet", _): return try setFleetKey(key: key, value: value)
         default: return false
         }
         return true

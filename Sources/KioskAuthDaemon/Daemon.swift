@@ -270,7 +270,8 @@ public enum Daemon {
             store: store, configuration: configuration, groups: groups, hashingPool: hashingPool,
             isSocketActivated: listenFD != nil,
             usesDevelopmentKey: { if case .developmentKeyFile = source { true } else { false } }(),
-            reader: reader, logger: logger, services: onlineServices, now: { clock.now() })
+            reader: reader, logger: logger, services: onlineServices,
+            credentialsDirectory: paths.credentialsDirectory, now: { clock.now() })
         timeline.mark("authority")
         // Not worth an fsync on the way to READY=1: a power cut in the next moments loses at most
         // this record, and the chain stays valid (it is synced, then anchored, in the background).
@@ -325,6 +326,10 @@ public enum Daemon {
             .init(
                 service: TimekeepingService(
                     authority: authority, wakeup: onlineServices.sessionWakeup, events: onlineServices.events)))
+        // Idle (no connection) until the terminal is in a fleet.
+        services.append(
+            .init(
+                service: FleetSyncService(agent: authority.fleet, configuration: configuration.fleet, logger: logger)))
         if configuration.metrics.writesTextfile {
             services.append(
                 .init(

@@ -176,6 +176,7 @@ public struct Dispatcher: Sendable {
             input.summary == true ? nil : authority.immediateStatus(caller)
         }
         registerMetricsMethods(authority: authority)
+        registerFleetMethods(authority: authority)
         assert(
             KioskAuthMethod.all.allSatisfy { methods[KioskAuthInterface.name + "." + $0.name] != nil },
             "a method of the interface has no handler")

@@ -19,6 +19,13 @@ public actor FleetDirectory {
     let logger: Logger
     private var isBusy = false
     private var waiters: [CheckedContinuation<Void, Never>] = []
+    /// The data keys this terminal holds: push MACs rows with them, pull verifies with them.
+    private var keyring: FleetKeyring?
+    /// The newest version (and its MAC) seen per MACed row ("entity/key"); `Int64.max` after
+    /// a deletion, since row ids are never reused.
+    private var rowVersions: [String: (version: Int64, mac: [UInt8])] = [:]
+    /// The last version this directory handed out, so the versions it writes always increase.
+    private var lastVersion: Int64 = 0
 
     private init(connection: PostgresConnection, logger: Logger) {
         self.connection = connection
@@ -70,6 +77,10 @@ public actor FleetDirectory {
         }
     }
 
+    /// Whether the connection has closed (the server went away, or `close()`): a caller keeping
+    /// the directory open connects again instead of queueing on a dead connection.
+    public nonisolated var isClosed: Bool { connection.isClosed }
+
     /// Closes the connection.
     public func close() async {
         try? await connection.close()
@@ -79,10 +90,21 @@ public actor FleetDirectory {
 
     /// Brings the schema to the newest version this build knows, one migration per transaction,
     /// under an advisory lock so terminals starting together do not race. Returns the version.
+    /// Only the owner role can migrate; a terminal role finds the schema current and returns.
     @discardableResult
     public func migrate() async throws(FleetError) -> Int32 {
         try await transaction { connection, logger in
             try await connection.query("SELECT pg_advisory_xact_lock(7466532)", logger: logger)
+            // Read first: terminal roles may not create anything, and need not.
+            let exists = try await connection.query(
+                "SELECT to_regclass('fleet_schema') IS NOT NULL", logger: logger
+            ).collect().first?.decode(Bool.self)
+            if exists == true {
+                let existing = try await connection.query(
+                    "SELECT COALESCE(MAX(version), 0) FROM fleet_schema", logger: logger
+                ).collect().first?.decode(Int32.self)
+                if existing == FleetMigration.latestVersion { return FleetMigration.latestVersion }
+            }
             try await connection.query(
                 """
                 CREATE TABLE IF NOT EXISTS fleet_schema (
@@ -116,26 +138,28 @@ public actor FleetDirectory {
     // MARK: Membership and keys
 
     /// Creates the fleet with this terminal as its first member and generation 1 of the data
-    /// key, wrapped to it. Refused once the fleet has a member.
+    /// key, wrapped to it. Refused once the fleet has a member. The terminal is recorded as
+    /// belonging to this connection's database role, and generation 1 becomes this directory's
+    /// keyring.
     public func bootstrap(_ terminal: TerminalRegistration) async throws(FleetError) -> FleetDataKey {
         let dataKey = FleetDataKey.random(generation: 1)
         let wrapped = try WrappedDataKey.wrap(dataKey, to: terminal.publicKey, terminalID: terminal.id)
-        try await transaction { connection, logger in
-            try await connection.query("LOCK TABLE terminals IN EXCLUSIVE MODE", logger: logger)
-            let members = try await connection.query(
-                "SELECT count(*) FROM terminals WHERE state = 'member'", logger: logger
-            ).collect().first?.decode(Int64.self)
-            guard members == 0 else { throw FleetError(.conflict("the fleet already has members")) }
-            try await Self.insert(terminal, state: "member", tokenID: nil, proof: nil, on: connection, logger: logger)
+        let created = try await exclusive { connection, logger in
             try await connection.query(
-                "INSERT INTO data_keys (generation, created_by, reason) VALUES (1, \(terminal.id), 'fleet created')",
-                logger: logger)
-            try await Self.insert(wrapped, on: connection, logger: logger)
+                """
+                SELECT fleet_bootstrap(\(terminal.id), \(terminal.name), \(Data(terminal.publicKey)),
+                                       \(terminal.readerDriver), \(terminal.readerDeviceType), \(terminal.isMatchOnChip),
+                                       \(Data(wrapped.encapsulatedKey)), \(Data(wrapped.ciphertext)))
+                """, logger: logger
+            ).collect().first?.decode(Bool.self)
         }
+        guard created == true else { throw FleetError(.conflict("the fleet already has members")) }
+        keyring = FleetKeyring([dataKey])
         return dataKey
     }
 
-    /// Issues a one-time join token valid for `lifetime` by the directory's clock.
+    /// Issues a one-time join token valid for `lifetime` by the directory's clock. `issuer` must
+    /// be a member belonging to this connection's role.
     public func issueJoinToken(by issuer: UUID, lifetime: Duration) async throws(FleetError) -> JoinToken {
         let token = JoinToken(
             id: UUID(), secret: SymmetricKey(size: .bits256).withUnsafeBytes { Array($0) })
@@ -143,42 +167,43 @@ public actor FleetDirectory {
         let milliseconds = lifetime.components.seconds * 1000 + lifetime.components.attoseconds / 1_000_000_000_000_000
         try await exclusive { connection, logger in
             try await connection.query(
-                """
-                INSERT INTO join_tokens (token_id, secret_hash, issued_by, expires_at)
-                VALUES (\(token.id), \(hash), \(issuer), now() + make_interval(secs => \(Double(milliseconds) / 1000)))
-                """, logger: logger)
+                "SELECT fleet_issue_join_token(\(token.id), \(hash), \(issuer), \(Double(milliseconds) / 1000))",
+                logger: logger
+            ).collect()
         }
         return token
     }
 
     /// Uses a join token: single use, before it expires. Registers the terminal as pending, with
-    /// the proof a member checks before wrapping the data key to it.
+    /// the proof a member checks before wrapping the data key to it, owned by this connection's
+    /// database role (one live terminal per role).
     public func join(with token: JoinToken, as terminal: TerminalRegistration) async throws(FleetError) {
         let hash = Data(SHA256.hash(data: token.secret))
-        let proof = Self.joinProof(token: token, terminal: terminal)
-        try await transaction { connection, logger in
-            let used = try await connection.query(
+        let proof = Self.joinProof(token: token, terminal: terminal).mac
+        let joined = try await exclusive { connection, logger in
+            try await connection.query(
                 """
-                UPDATE join_tokens SET used_at = now(), used_by = \(terminal.id)
-                WHERE token_id = \(token.id) AND secret_hash = \(hash) AND used_at IS NULL AND expires_at > now()
-                RETURNING token_id
+                SELECT fleet_join(\(token.id), \(hash), \(terminal.id), \(terminal.name), \(Data(terminal.publicKey)),
+                                  \(terminal.readerDriver), \(terminal.readerDeviceType), \(terminal.isMatchOnChip),
+                                  \(proof))
                 """, logger: logger
-            ).collect()
-            guard !used.isEmpty else { throw FleetError(.joinRefused("the token is unknown, used or expired")) }
-            try await Self.insert(
-                terminal, state: "pending", tokenID: token.id, proof: proof, on: connection, logger: logger)
+            ).collect().first?.decode(Bool.self)
         }
+        guard joined == true else { throw FleetError(.joinRefused("the token is unknown, used or expired")) }
     }
 
     /// Admits the terminal that joined with `token` (which this member issued and kept): checks
     /// its proof, wraps `dataKey` to its public key and makes it a member. A row the directory
-    /// made up, or whose public key was swapped, fails the proof and is refused.
+    /// made up, or whose public key was swapped, fails the proof and is refused. Only the
+    /// member that issued the token (this connection's role's) may admit with it.
     public func admit(joinedWith token: JoinToken, dataKey: FleetDataKey) async throws(FleetError) -> UUID {
-        try await transaction { connection, logger in
+        try await exclusive { connection, logger in
+            // Read, check the proof here, then admit in one call that succeeds only while the
+            // row still has the public key that was checked.
             let rows = try await connection.query(
                 """
                 SELECT terminal_id, name, public_key, reader_driver, reader_device_type, match_on_chip, join_proof
-                FROM terminals WHERE join_token_id = \(token.id) AND state = 'pending' FOR UPDATE
+                FROM terminals WHERE join_token_id = \(token.id) AND state = 'pending'
                 """, logger: logger
             ).collect()
             guard rows.count == 1, let row = rows.first else {
@@ -194,44 +219,54 @@ public actor FleetDirectory {
                 HMAC<SHA256>.isValidAuthenticationCode(proof, authenticating: expected.macInput, using: expected.key)
             else { throw FleetError(.joinRefused("the pending terminal's proof does not match \(token)")) }
             let wrapped = try WrappedDataKey.wrap(dataKey, to: terminal.publicKey, terminalID: id)
-            try await Self.insert(wrapped, on: connection, logger: logger)
             try await connection.query(
-                "UPDATE terminals SET state = 'member' WHERE terminal_id = \(id)", logger: logger)
+                """
+                SELECT fleet_admit(\(id), \(token.id), \(publicKey), \(dataKey.generation),
+                                   \(Data(wrapped.encapsulatedKey)), \(Data(wrapped.ciphertext)))
+                """, logger: logger
+            ).collect()
             return id
         }
     }
 
     /// Removes a terminal: it may no longer push, and its wrapped keys are deleted. What it
     /// already holds it keeps; call `rotateDataKey` so what is written afterwards is sealed
-    /// under a generation it never had.
+    /// under a generation it never had. A member may remove any terminal, a terminal itself.
     public func removeTerminal(_ id: UUID) async throws(FleetError) {
-        try await transaction { connection, logger in
-            try await connection.query(
-                "UPDATE terminals SET state = 'removed', removed_at = now() WHERE terminal_id = \(id)", logger: logger)
-            try await connection.query("DELETE FROM wrapped_keys WHERE terminal_id = \(id)", logger: logger)
+        try await exclusive { connection, logger in
+            try await connection.query("SELECT fleet_remove_terminal(\(id))", logger: logger).collect()
         }
     }
 
     /// Publishes a new data-key generation, wrapped to every current member. The caller is a
-    /// member; it makes the key (`FleetDataKey.random(generation:)`) one above the newest.
+    /// member; it makes the key (`FleetDataKey.random(generation:)`) one above the newest. The
+    /// new key joins this directory's keyring. Refused (`conflict`) if the members change
+    /// between reading them and publishing; call again.
     public func rotateDataKey(to dataKey: FleetDataKey, by member: UUID, reason: String) async throws(FleetError) {
-        try await transaction { connection, logger in
-            try await connection.query("LOCK TABLE terminals IN SHARE MODE", logger: logger)
-            try await connection.query(
-                "INSERT INTO data_keys (generation, created_by, reason) VALUES (\(dataKey.generation), \(member), \(reason))",
-                logger: logger)
+        try await exclusive { connection, logger in
             let members = try await connection.query(
                 "SELECT terminal_id, public_key FROM terminals WHERE state = 'member'", logger: logger
             ).collect()
+            var wraps: [String: [String: String]] = [:]
             for member in members {
                 let (id, publicKey) = try member.decode((UUID, Data).self)
                 let wrapped = try WrappedDataKey.wrap(dataKey, to: Array(publicKey), terminalID: id)
-                try await Self.insert(wrapped, on: connection, logger: logger)
+                wraps[id.fleetText] = [
+                    "encapsulated": Data(wrapped.encapsulatedKey).base64EncodedString(),
+                    "ciphertext": Data(wrapped.ciphertext).base64EncodedString(),
+                ]
             }
+            let json = String(decoding: try JSONSerialization.data(withJSONObject: wraps), as: UTF8.self)
+            try await connection.query(
+                "SELECT fleet_rotate_data_key(\(dataKey.generation), \(member), \(reason), \(json)::jsonb)",
+                logger: logger
+            ).collect()
         }
+        keyring?.add(dataKey)
     }
 
-    /// The data-key generations wrapped to `terminal`, oldest first.
+    /// The data-key generations wrapped to `terminal`, oldest first. A terminal role sees only
+    /// its own (row-level security).
     public func wrappedDataKeys(for terminal: UUID) async throws(FleetError) -> [WrappedDataKey] {
         try await exclusive { connection, logger in
             var keys: [WrappedDataKey] = []
@@ -252,13 +287,27 @@ public actor FleetDirectory {
 
     // MARK: Sync
 
-    /// Applies a batch in one transaction, exactly once per idempotency key.
+    /// Applies a batch in one transaction, exactly once per idempotency key. People, verifier
+    /// and template writes are given a version and a row MAC here, under the keyring's newest
+    /// generation (verifiers and templates: their sealing generation), so they need the data
+    /// key (`useKeyring`). The directory refuses a batch for a terminal that is not this
+    /// connection role's (`permissionDenied`) or not a member (`notMember`).
     @discardableResult
     public func push(_ batch: PushBatch) async throws(FleetError) -> PushOutcome {
+        var records: [[String: String]] = []
+        // What this connection knew of each MACed row before this push: restored if the
+        // directory already had the batch (a resend), since it then keeps the version of the
+        // attempt that was applied, not this one's.
+        var previous: [String: (version: Int64, mac: [UInt8])?] = [:]
+        for write in batch.writes {
+            if let (table, row, _) = FleetRowMAC.content(of: write), previous["\(table)/\(row)"] == nil {
+                previous["\(table)/\(row)"] = .some(rowVersions["\(table)/\(row)"])
+            }
+            records.append(try authenticatedRecord(write))
+        }
         let operations: String
         do {
-            operations = String(
-                decoding: try JSONSerialization.data(withJSONObject: batch.writes.map(\.record)), as: UTF8.self)
+            operations = String(decoding: try JSONSerialization.data(withJSONObject: records), as: UTF8.self)
         } catch {
             throw FleetError(.conflict("cannot encode the batch: \(error)"))
         }
@@ -270,14 +319,22 @@ public actor FleetDirectory {
                 logger: logger
             ).collect().first?.decode(Bool.self)
         }
+        if applied != true {
+            for (row, known) in previous { rowVersions[row] = known }
+        }
         return applied == true ? .applied : .alreadyApplied
     }
 
     /// The changes after `cursor`, in change-id order, at most `limit`. A pull never misses a
     /// change: ids are handed out in commit order (docs/fleet.md §4), so every change with an id
     /// at most the last one returned is already visible.
+    ///
+    /// Rows of the MACed tables are verified with the keyring (`useKeyring`): a change whose MAC
+    /// is missing or wrong, that is older than a version of its row already seen, or that this
+    /// terminal cannot check, comes back with its body withheld and `integrity` saying why.
+    /// Never apply a change that is not `isTrusted`; the cursor may move past it.
     public func pull(after cursor: Int64, limit: Int = maximumPullSize) async throws(FleetError) -> [FleetChange] {
-        try await exclusive { connection, logger in
+        let changes = try await exclusive { connection, logger in
             var changes: [FleetChange] = []
             for try await (id, entity, key, deleted, body) in try await connection.query(
                 """
@@ -289,16 +346,165 @@ public actor FleetDirectory {
             }
             return changes
         }
+        return changes.map { verify($0) }
     }
 
-    /// Records how far `terminal` has pulled, for `fleet status`.
+    /// Records how far `terminal` (this connection role's) has pulled, for `fleet status`.
     public func recordCursor(_ cursor: Int64, for terminal: UUID) async throws(FleetError) {
         try await exclusive { connection, logger in
-            try await connection.query(
+            try await connection.query("SELECT fleet_record_cursor(\(terminal), \(cursor))", logger: logger)
+                .collect()
+        }
+    }
+
+    // MARK: Row MACs
+
+    /// Gives the directory the data keys this terminal holds: pushes MAC rows with them and
+    /// pulls verify rows with them. `bootstrap` and `rotateDataKey` add their keys themselves.
+    public func useKeyring(_ keyring: FleetKeyring) {
+        self.keyring = keyring
+    }
+
+    /// Fetches and opens the data keys wrapped to `terminal` with its key pair, and uses them.
+    @discardableResult
+    public func loadKeyring(for terminal: UUID, keyPair: TerminalKeyPair) async throws(FleetError) -> FleetKeyring {
+        var opened: [FleetDataKey] = []
+        for wrapped in try await wrappedDataKeys(for: terminal) { opened.append(try wrapped.unwrap(with: keyPair)) }
+        let keyring = FleetKeyring(opened)
+        self.keyring = keyring
+        return keyring
+    }
+
+    /// Tells the directory the version of a row this terminal already holds (from its store,
+    /// after a restart), so that an older version written back into the directory is refused.
+    /// `Int64.max` marks a row the terminal saw deleted: it is refused if it ever reappears.
+    public func rememberRowVersion(_ version: Int64, entity: String, key: String) {
+        let row = "\(entity)/\(key)"
+        if version > rowVersions[row]?.version ?? Int64.min { rowVersions[row] = (version, []) }
+    }
+
+    /// A fresh version: the writer's clock in microseconds, and above any version this
+    /// directory has written, or seen for the row, so a terminal's write supersedes what it
+    /// pulled even if its clock is behind.
+    private func nextVersion(for row: String) -> Int64 {
+        let now = Int64(Date().timeIntervalSince1970 * 1_000_000)
+        let seen = rowVersions[row]?.version ?? 0
+        lastVersion = max(now, lastVersion + 1, seen == Int64.max ? 0 : seen + 1)
+        return lastVersion
+    }
+
+    /// The record pushed for `write`: with generation, version and row MAC for MACed tables.
+    func authenticatedRecord(_ write: FleetWrite) throws(FleetError) -> [String: String] {
+        var record = write.record
+        guard let (table, row, fields) = FleetRowMAC.content(of: write) else { return record }
+        guard let keyring else {
+            throw FleetError(.keyUnavailable("pushing \(table) rows needs the fleet data key (useKeyring)"))
+        }
+        let generation: Int32
+        switch write {
+        case .verifier(_, let sealed), .template(_, _, _, _, _, let sealed): generation = sealed.generation
+        default: generation = keyring.currentGeneration
+        }
+        let version = nextVersion(for: "\(table)/\(row)")
+        let input = FleetRowMAC.input(table: table, row: row, generation: generation, version: version, fields: fields)
+        guard let mac = keyring.rowMAC(input, generation: generation) else {
+            throw FleetError(.keyUnavailable("no data key of generation \(generation) to MAC \(table) row \(row)"))
+        }
+        record["generation"] = String(generation)
+        record["version"] = String(version)
+        record["mac"] = mac.base64EncodedString()
+        rowVersions["\(table)/\(row)"] = (version, Array(mac))
+        return record
+    }
+
+    /// Checks a pulled change's row MAC and version; withholds the body of one that fails.
+    private func verify(_ change: FleetChange) -> FleetChange {
+        guard FleetRowMAC.tables.contains(change.entity) else { return change }
+        let row = "\(change.entity)/\(change.key)"
+        var change = change
+        if change.isDeletion {
+            rowVersions[row] = (Int64.max, [])
+            return change
+        }
+        let fields = change.fields
+        change.rowVersion = fields["version"].flatMap { Int64($0) }
+        func reject(_ integrity: FleetChange.Integrity) -> FleetChange {
+            change.integrity = integrity
+            change.body = nil
+            logger.warning(
+                "fleet row refused", metadata: ["change": "\(change.id)", "row": "\(row)", "why": "\(integrity)"])
+            return change
+        }
+        guard let generation = fields["generation"].flatMap({ Int32($0) }), let version = change.rowVersion,
+            let mac = fields["mac"].flatMap(FleetRowMAC.bytea),
+            let content = FleetRowMAC.content(ofChange: change.entity, key: change.key, fields: fields)
+        else { return reject(.forged("\(row) carries no row MAC")) }
+        let input = FleetRowMAC.input(
+            table: change.entity, row: change.key, generation: generation, version: version, fields: content)
+        guard let keyring, let valid = keyring.isValidRowMAC(mac, for: input, generation: generation) else {
+            return reject(.unverifiable("\(row) is MACed under generation \(generation), which is not held"))
+        }
+        guard valid else { return reject(.forged("the row MAC of \(row) does not match its contents")) }
+        if let seen = rowVersions[row] {
+            if seen.version == Int64.max {
+                return reject(.replayed("\(row) was deleted and has reappeared at version \(version)"))
+            }
+            if version < seen.version || (version == seen.version && !seen.mac.isEmpty && seen.mac != mac) {
+                return reject(.replayed("\(row) at version \(version) is older than version \(seen.version)"))
+            }
+        }
+        rowVersions[row] = (version, mac)
+        change.integrity = .verified
+        return change
+    }
+
+    // MARK: Terminal roles
+    //
+    // Every call of a fleet function collects its rows: PostgreSQL reports an error raised
+    // inside a function after the row description, so an uncollected query would not throw.
+
+    /// Creates a login role for one terminal, a member of `kioskauth_terminal`: the owner's
+    /// helper (it needs CREATEROLE) for tests, benchmarks and provisioning scripts; docs/fleet.md
+    /// §6 has the same in SQL. Without a password the role can log in only where pg_hba.conf
+    /// lets it in without one (peer on a Unix socket).
+    public func createTerminalRole(_ name: String, password: String?) async throws(FleetError) {
+        try await exclusive { connection, logger in
+            try await connection.query("SELECT fleet_create_terminal_role(\(name), \(password))", logger: logger)
+                .collect()
+        }
+    }
+
+    /// Who this connection is, as the directory sees it: a terminal should log in as its own
+    /// role (a member of `kioskauth_terminal`), never as the owner or a superuser, whose power
+    /// it would otherwise carry (docs/fleet.md §2.1).
+    public func sessionRole() async throws(FleetError) -> FleetSessionRole {
+        try await exclusive { connection, logger in
+            let row = try await connection.query(
                 """
-                INSERT INTO terminal_sync (terminal_id, cursor) VALUES (\(terminal), \(cursor))
-                ON CONFLICT (terminal_id) DO UPDATE SET cursor = EXCLUDED.cursor, last_seen_at = now()
-                """, logger: logger)
+                SELECT session_user::text,
+                       COALESCE((SELECT rolsuper FROM pg_roles WHERE rolname = session_user), false),
+                       COALESCE((SELECT pg_has_role(session_user, oid, 'MEMBER') FROM pg_roles
+                                 WHERE rolname = 'kioskauth_terminal'), false),
+                       COALESCE((SELECT tableowner = session_user FROM pg_tables
+                                 WHERE schemaname = current_schema() AND tablename = 'terminals'), false)
+                """, logger: logger
+            ).collect().first
+            let (name, isSuperuser, isTerminal, isOwner) =
+                try row?.decode((String, Bool, Bool, Bool).self) ?? ("", false, false, false)
+            return FleetSessionRole(name: name, isSuperuser: isSuperuser, isTerminalRole: isTerminal, isOwner: isOwner)
+        }
+    }
+
+    /// The named error for a directory's refusal: 42501 (insufficient privilege: a terminal
+    /// acting for another, or touching what terminals may not) is `permissionDenied`; the
+    /// schema's own KA001 is `notMember`; KA409 and unique violations are `conflict`.
+    static func fleetError(_ error: PSQLError) -> FleetError {
+        let message = error.serverInfo?[.message] ?? String(reflecting: error)
+        switch error.serverInfo?[.sqlState] {
+        case "42501": return FleetError(.permissionDenied(message))
+        case "KA001": return FleetError(.notMember(message))
+        case "KA409", "23505": return FleetError(.conflict(message))
+        default: return FleetError(.directoryUnavailable(String(reflecting: error)))
         }
     }
 
@@ -362,29 +568,6 @@ public actor FleetDirectory {
         return (key, input, Data(HMAC<SHA256>.authenticationCode(for: input, using: key)))
     }
 
-    static func insert(
-        _ terminal: TerminalRegistration, state: String, tokenID: UUID?,
-        proof: (key: SymmetricKey, macInput: Data, mac: Data)?,
-        on connection: PostgresConnection, logger: Logger
-    ) async throws {
-        try await connection.query(
-            """
-            INSERT INTO terminals (terminal_id, name, public_key, reader_driver, reader_device_type, match_on_chip,
-                                   state, join_token_id, join_proof)
-            VALUES (\(terminal.id), \(terminal.name), \(Data(terminal.publicKey)), \(terminal.readerDriver),
-                    \(terminal.readerDeviceType), \(terminal.isMatchOnChip), \(state), \(tokenID), \(proof?.mac))
-            """, logger: logger)
-    }
-
-    static func insert(_ wrapped: WrappedDataKey, on connection: PostgresConnection, logger: Logger) async throws {
-        try await connection.query(
-            """
-            INSERT INTO wrapped_keys (terminal_id, generation, encapsulated_key, ciphertext)
-            VALUES (\(wrapped.terminalID), \(wrapped.generation), \(Data(wrapped.encapsulatedKey)),
-                    \(Data(wrapped.ciphertext)))
-            """, logger: logger)
-    }
-
     /// Runs `body` alone on the connection; errors other than `FleetError` become
     /// `directoryUnavailable`.
     @discardableResult
@@ -403,6 +586,8 @@ public actor FleetDirectory {
             return try await body(connection, logger)
         } catch let error as FleetError {
             throw error
+        } catch let error as PSQLError {
+            throw Self.fleetError(error)
         } catch {
             throw FleetError(.directoryUnavailable(String(reflecting: error)))
         }
@@ -441,4 +626,19 @@ public struct FleetWakeups: AsyncSequence, Sendable {
             try await base.next() == nil ? nil : ()
         }
     }
+}
+
+/// The database role a directory connection logged in as (`FleetDirectory.sessionRole`).
+public struct FleetSessionRole: Sendable, Equatable {
+    /// `session_user`.
+    public var name: String
+    /// A superuser: bypasses every check and row-level security.
+    public var isSuperuser: Bool
+    /// A member of `kioskauth_terminal` (superusers count as members of every role).
+    public var isTerminalRole: Bool
+    /// Owns the directory's tables.
+    public var isOwner: Bool
+
+    /// Whether a terminal may use this role: its own, with no more than a terminal's rights.
+    public var isTerminalOnly: Bool { isTerminalRole && !isSuperuser && !isOwner }
 }

@@ -20,6 +20,9 @@ public struct FleetError: Error, CustomStringConvertible, Sendable {
         case notMember
         /// The directory's state does not allow the request (e.g. a second bootstrap).
         case conflict
+        /// The directory refused the request to this terminal's database role: acting for
+        /// another terminal, or a privilege terminals do not have (SQLSTATE 42501).
+        case permissionDenied
     }
 
     enum Kind: Sendable {
@@ -31,6 +34,7 @@ public struct FleetError: Error, CustomStringConvertible, Sendable {
         case integrity(String)
         case notMember(String)
         case conflict(String)
+        case permissionDenied(String)
     }
 
     let kind: Kind
@@ -55,6 +59,7 @@ public struct FleetError: Error, CustomStringConvertible, Sendable {
         case .integrity: .integrity
         case .notMember: .notMember
         case .conflict: .conflict
+        case .permissionDenied: .permissionDenied
         }
     }
 
@@ -69,6 +74,7 @@ public struct FleetError: Error, CustomStringConvertible, Sendable {
         case .integrity(let reason): "fleet integrity: \(reason)"
         case .notMember(let reason): "not a fleet member: \(reason)"
         case .conflict(let reason): "fleet conflict: \(reason)"
+        case .permissionDenied(let reason): "fleet permission denied: \(reason)"
         }
     }
 }

@@ -113,8 +113,15 @@ public struct FleetChange: Sendable, Equatable {
     public var key: String
     /// The row was deleted.
     public var isDeletion: Bool
-    /// The row after the change as JSON (bytea columns as `\x` hex), nil for a deletion.
+    /// The row after the change as JSON (bytea columns as `\x` hex), nil for a deletion, and
+    /// nil for a change that is not trusted (see `integrity`).
     public var body: String?
+    /// What the row MAC check found (docs/fleet.md §3). Apply only changes that `isTrusted`.
+    public var integrity: Integrity = .notCovered
+    /// The row's version (people, verifiers, templates): a terminal keeps it with its copy
+    /// and hands it back through `FleetDirectory.rememberRowVersion` after a restart, so an
+    /// older row written back is recognised.
+    public var rowVersion: Int64? = nil
 
     /// The body's fields, strings as they are and other values as JSON text.
     public var fields: [String: String] {
@@ -133,17 +140,9 @@ public struct FleetChange: Sendable, Equatable {
     /// The sealed secret in a `templates` or `passcode_verifiers` change.
     public var sealedBlob: SealedBlob? {
         let fields = fields
-        guard let generation = fields["generation"].flatMap({ Int32($0) }), let hex = fields["sealed"],
-            hex.hasPrefix("\\x")
+        guard let generation = fields["generation"].flatMap({ Int32($0) }),
+            let bytes = fields["sealed"].flatMap(FleetRowMAC.bytea)
         else { return nil }
-        var bytes: [UInt8] = []
-        var index = hex.index(hex.startIndex, offsetBy: 2)
-        while index < hex.endIndex {
-            let next = hex.index(index, offsetBy: 2, limitedBy: hex.endIndex) ?? hex.endIndex
-            guard let byte = UInt8(hex[index..<next], radix: 16) else { return nil }
-            bytes.append(byte)
-            index = next
-        }
         return SealedBlob(generation: generation, bytes: bytes)
     }
 }

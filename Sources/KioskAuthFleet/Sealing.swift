@@ -56,6 +56,7 @@ public struct SealedBlob: Sendable, Equatable {
 public struct FleetKeyring: Sendable {
     private static let version: UInt8 = 1
     private var keys: [Int32: SymmetricKey] = [:]
+    private var macKeys: [Int32: SymmetricKey] = [:]
 
     /// The newest generation held.
     public private(set) var currentGeneration: Int32 = 0
@@ -68,6 +69,7 @@ public struct FleetKeyring: Sendable {
     /// Adds a generation; the newest becomes the one new values are sealed under.
     public mutating func add(_ dataKey: FleetDataKey) {
         keys[dataKey.generation] = dataKey.derived(for: "seal")
+        macKeys[dataKey.generation] = dataKey.derived(for: "row-mac")
         currentGeneration = max(currentGeneration, dataKey.generation)
     }
 
@@ -102,5 +104,20 @@ public struct FleetKeyring: Sendable {
         } catch {
             throw FleetError(.integrity("\(binding) does not open"))
         }
+    }
+
+    /// Whether `generation` is held.
+    public func holds(generation: Int32) -> Bool { keys[generation] != nil }
+
+    /// HMAC-SHA256 of `input` under the row-MAC subkey of `generation`, nil if not held.
+    func rowMAC(_ input: Data, generation: Int32) -> Data? {
+        guard let key = macKeys[generation] else { return nil }
+        return Data(HMAC<SHA256>.authenticationCode(for: input, using: key))
+    }
+
+    /// Checks a row MAC in constant time; nil when `generation` is not held.
+    func isValidRowMAC(_ mac: [UInt8], for input: Data, generation: Int32) -> Bool? {
+        guard let key = macKeys[generation] else { return nil }
+        return HMAC<SHA256>.isValidAuthenticationCode(mac, authenticating: input, using: key)
     }
 }

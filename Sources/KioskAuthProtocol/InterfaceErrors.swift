@@ -129,6 +129,14 @@ public enum KioskAuthError {
         own: "OnlineLoginPaused", ["message", "retryAfterSeconds"])
 
     /// Every error of the interface.
+    // Fleet.
+    public static let fleetNotConfigured = VarlinkErrorDescriptor(own: "FleetNotConfigured", [])
+    public static let fleetUnreachable = VarlinkErrorDescriptor(own: "FleetUnreachable", ["reason"])
+    public static let fleetTokenInvalid = VarlinkErrorDescriptor(own: "FleetTokenInvalid", ["reason"])
+    public static let fleetAlreadyMember = VarlinkErrorDescriptor(own: "FleetAlreadyMember", ["directory"])
+    public static let fleetError = VarlinkErrorDescriptor(own: "FleetError", ["reason"])
+    public static let fleetPermissionDenied = VarlinkErrorDescriptor(own: "FleetPermissionDenied", ["reason"])
+
     public static let all: [VarlinkErrorDescriptor] = [
         noSuchPerson, personExists, bindingRefused, accountNotAllowed, permissionDenied, invalidInput, weakPasscode,
         wrongPasscode, passcodeLocked, noPasscode, personNotActive, passcodeNotAllowed, ticketInvalid, storeIntegrity,
@@ -143,6 +151,8 @@ public enum KioskAuthError {
         onlineLoginRequired,
         noSuchSession, sessionEnded, sessionLocked, sessionNotAuthenticated, staleAuthentication, noAccessToken,
         onlineLoginNotAllowed, onlineLoginPaused,
+        fleetNotConfigured, fleetUnreachable, fleetTokenInvalid, fleetAlreadyMember, fleetError,
+        fleetPermissionDenied,
     ]
 
     /// Every error of the interface by its name within the interface.

@@ -186,6 +186,30 @@ public enum KioskAuthMethod {
     public static let subscribe = VarlinkMethod<Message.Empty, Message.Event>(
         "Subscribe", errors: [VarlinkServiceError.expectedMore])
 
+    // Fleet.
+    public static let fleetMigrate = VarlinkMethod<Message.FleetMigrate, Message.FleetMigrated>(
+        "FleetMigrate", errors: [E.permissionDenied, E.fleetUnreachable, E.fleetPermissionDenied, E.fleetError])
+    public static let fleetCreate = VarlinkMethod<Message.FleetCreate, Message.FleetCreated>(
+        "FleetCreate",
+        errors: [E.permissionDenied, E.fleetAlreadyMember, E.fleetUnreachable, E.fleetPermissionDenied, E.fleetError])
+    public static let fleetIssueJoinToken = VarlinkMethod<Message.FleetIssueJoinToken, Message.FleetJoinToken>(
+        "FleetIssueJoinToken",
+        errors: [E.permissionDenied, E.fleetNotConfigured, E.fleetUnreachable, E.fleetPermissionDenied, E.fleetError])
+    public static let fleetJoin = VarlinkMethod<Message.FleetJoin, Message.FleetJoined>(
+        "FleetJoin",
+        errors: [
+            E.permissionDenied, E.fleetAlreadyMember, E.fleetUnreachable, E.fleetTokenInvalid, E.fleetPermissionDenied,
+            E.fleetError,
+        ])
+    public static let fleetStatus = VarlinkMethod<Message.Empty, Message.FleetStatus>(
+        "FleetStatus", errors: [E.permissionDenied, E.storeIntegrity])
+    public static let fleetSync = VarlinkMethod<Message.Empty, Message.Empty>(
+        "FleetSync",
+        errors: [E.permissionDenied, E.fleetNotConfigured, E.fleetUnreachable, E.fleetPermissionDenied, E.fleetError])
+    public static let fleetLeave = VarlinkMethod<Message.Empty, Message.Empty>(
+        "FleetLeave",
+        errors: [E.permissionDenied, E.fleetNotConfigured, E.fleetUnreachable, E.fleetPermissionDenied, E.fleetError])
+
     /// What an online login may be refused with, by the context rules or the provider.
     private static let onlineLoginErrors: [VarlinkErrorDescriptor] = [
         E.permissionDenied, E.identityProviderNotConfigured, E.onlineLoginNotAllowed, E.onlineLoginPaused,
@@ -209,6 +233,8 @@ public enum KioskAuthMethod {
         checkAccount.erased, checkOnlineLogin.erased, loginWithPassword.erased, startDeviceLogin.erased,
         setBiometricOffer.erased, getConnectivity.erased, openSession.erased, closeSession.erased,
         lockSession.erased, reportActivity.erased, authenticateSession.erased, stepUp.erased, listSessions.erased,
-        endSessions.erased, getSessionToken.erased, subscribe.erased,
+        endSessions.erased, getSessionToken.erased, subscribe.erased, fleetMigrate.erased,
+        fleetCreate.erased, fleetIssueJoinToken.erased, fleetJoin.erased, fleetStatus.erased, fleetSync.erased,
+        fleetLeave.erased,
     ]
 }

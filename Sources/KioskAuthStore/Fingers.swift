@@ -38,6 +38,7 @@ extension Store {
             try db.query(
                 "INSERT INTO fingers (person_id, finger, template, created_at) VALUES (?, ?, ?, ?)",
                 [.integer(person.id), .text(finger), .blob(sealed), .real(now.timeIntervalSince1970)])
+            noteFleetTemplateChange(person.id, finger: finger, added: true)
         }
     }
 
@@ -112,6 +113,9 @@ extension Store {
     public func removeFingers(_ finger: String?, of person: StoredPerson) throws(StoreError) -> [StoredFinger] {
         let removed = try fingers(of: person).filter { finger == nil || $0.finger == finger }
         try transaction { db in
+            for removedFinger in removed {
+                noteFleetTemplateChange(person.id, finger: removedFinger.finger, added: false)
+            }
             if let finger {
                 try db.query(
                     "DELETE FROM fingers WHERE person_id = ? AND finger = ?", [.integer(person.id), .text(finger)])

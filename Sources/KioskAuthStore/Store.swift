@@ -41,7 +41,7 @@ public struct StoredPerson: Sendable, Equatable {
 /// connection, serialised by a lock; calls are short.
 public final class Store: @unchecked Sendable {
     /// The schema version this code writes.
-    public static let schemaVersion = 5
+    public static let schemaVersion = 7
     /// File name of the database in the state directory.
     public static let databaseFileName = "kioskauth.sqlite"
 
@@ -71,6 +71,18 @@ public final class Store: @unchecked Sendable {
     /// How deep in `transaction` the thread holding the lock is; nested transactions are
     /// savepoints of the outermost one. Guarded by the store's lock.
     private var transactionDepth = 0
+    /// Whether this store belongs to a fleet (a `fleet_membership` row): only then do writes
+    /// queue pushes. Guarded by the store's lock.
+    var isFleetMember = false
+    /// Set while changes pulled from the directory are applied, so they are not pushed back.
+    /// Guarded by the store's lock.
+    var isApplyingFleetChanges = false
+    /// The people changed by the transaction in progress, pushed as one batch when it commits.
+    /// Guarded by the store's lock.
+    var fleetPending = FleetPendingChanges()
+    /// Called (under the store's lock, so it must only signal) after a transaction that queued a
+    /// fleet batch committed: the daemon wakes its sync service with it. Set once, before use.
+    public nonisolated(unsafe) var fleetBatchQueued: (@Sendable () -> Void)?
     /// `statusFigures()` as last read, and the connection's change count then.
     private var statusCache: (changes: Int64, dataVersion: Int, figures: StoreStatusFigures)?
     /// A truncating checkpoint asked for inside a transaction, run once the outermost commits.
@@ -130,6 +142,7 @@ public final class Store: @unchecked Sendable {
         }
         anchor.storeID = storeID
         walSync.anchor = anchor
+        isFleetMember = (try? connection.query("SELECT 1 FROM fleet_membership").isEmpty == false) ?? false
         do {
             try startAnchor()
             if let lost = acceptedRollback {
@@ -336,6 +349,75 @@ public final class Store: @unchecked Sendable {
         """
         ALTER TABLE people ADD COLUMN bound_account TEXT;
         """,
+        // 6: fleet membership (docs/fleet.md §9): the terminal's membership and cursor, the
+        // data-key generations it received and the join tokens it issued (both sealed), the
+        // mapping of local people to directory person ids, and the durable queue of pushes.
+        """
+        CREATE TABLE IF NOT EXISTS fleet_membership (
+          singleton INTEGER PRIMARY KEY CHECK (singleton = 1),
+          directory TEXT NOT NULL,
+          terminal_id TEXT NOT NULL,
+          name TEXT NOT NULL,
+          state TEXT NOT NULL,
+          cursor INTEGER NOT NULL DEFAULT 0,
+          joined_at REAL NOT NULL,
+          last_sync_at REAL,
+          last_error TEXT,
+          audit_pushed_through INTEGER NOT NULL DEFAULT 0
+        );
+        CREATE TABLE IF NOT EXISTS fleet_keys (
+          generation INTEGER PRIMARY KEY,
+          sealed BLOB NOT NULL,
+          received_at REAL NOT NULL
+        );
+        CREATE TABLE IF NOT EXISTS fleet_join_tokens (
+          token_id TEXT PRIMARY KEY NOT NULL,
+          sealed BLOB NOT NULL,
+          issued_at REAL NOT NULL,
+          expires_at REAL NOT NULL,
+          admitted_at REAL,
+          admitted_terminal TEXT
+        );
+        CREATE TABLE IF NOT EXISTS fleet_people (
+          person_id INTEGER PRIMARY KEY REFERENCES people(id) ON DELETE CASCADE,
+          fleet_id TEXT NOT NULL UNIQUE,
+          pushed_digest TEXT,
+          reported_failures INTEGER NOT NULL DEFAULT 0,
+          unpushed_failures INTEGER NOT NULL DEFAULT 0,
+          fleet_failures INTEGER NOT NULL DEFAULT 0
+        );
+        CREATE TABLE IF NOT EXISTS fleet_templates (
+          template_id TEXT PRIMARY KEY NOT NULL,
+          person_id INTEGER NOT NULL REFERENCES people(id) ON DELETE CASCADE,
+          finger TEXT NOT NULL,
+          UNIQUE (person_id, finger)
+        );
+        CREATE TABLE IF NOT EXISTS fleet_outbox (
+          id INTEGER PRIMARY KEY AUTOINCREMENT,
+          idempotency_key TEXT NOT NULL UNIQUE,
+          sealed BLOB NOT NULL,
+          created_at REAL NOT NULL,
+          attempts INTEGER NOT NULL DEFAULT 0,
+          last_error TEXT
+        );
+        """,
+        // 7: the fleet's hardened directory (docs/fleet.md §9.5): the version of every directory
+        // row this terminal trusted (handed back to the directory connection after a restart, so
+        // an older row written back is refused), and the changes it refused. Idempotent, like
+        // every migration here: a store set back to an older version runs it again.
+        """
+        CREATE TABLE IF NOT EXISTS fleet_row_versions (
+          entity TEXT NOT NULL,
+          row_key TEXT NOT NULL,
+          version INTEGER NOT NULL,
+          PRIMARY KEY (entity, row_key)
+        ) WITHOUT ROWID;
+        CREATE TABLE IF NOT EXISTS fleet_rejections (
+          singleton INTEGER PRIMARY KEY CHECK (singleton = 1),
+          count INTEGER NOT NULL,
+          last_reason TEXT NOT NULL
+        );
+        """,
     ]
 
     private func openSchema(now: Date) throws(StoreError) {
@@ -503,7 +585,14 @@ public final class Store: @unchecked Sendable {
                 pendingHead = nil
                 checkpointAfterCommit = false
             }
-            let result = try connection.transaction(synchronous: synchronous) { try body(connection) }
+            var queuedFleetBatch = false
+            let result = try connection.transaction(synchronous: synchronous) { () throws -> T in
+                defer { fleetPending = FleetPendingChanges() }
+                let result = try body(connection)
+                queuedFleetBatch = try flushFleetChanges(in: connection)
+                return result
+            }
+            if queuedFleetBatch { fleetBatchQueued?() }
             if !synchronous { deferredSyncCommits += 1 }
             return (result, pendingHead, checkpointAfterCommit)
         }
@@ -626,6 +715,7 @@ public final class Store: @unchecked Sendable {
             let row = try db.query("SELECT id, \(Self.peopleMACColumns) FROM people WHERE id = ?", [.integer(id)]).first
         else { return }
         try db.query("UPDATE people SET mac = ? WHERE id = ?", [.blob(personRowMAC(id: id, row)), .integer(id)])
+        noteFleetPersonChange(id)
     }
 
     /// Runs a write to a person's row: checks the row first, recomputes its MAC after.
@@ -783,6 +873,7 @@ public final class Store: @unchecked Sendable {
                     opened.append(template)
                 }
             }
+            try noteFleetRemoval(of: person.id, in: db)
             try db.query("DELETE FROM secrets WHERE person_id = ?", [.integer(person.id)])
             try db.query("DELETE FROM fingers WHERE person_id = ?", [.integer(person.id)])
             try db.query("DELETE FROM people WHERE id = ?", [.integer(person.id)])
@@ -938,6 +1029,7 @@ public final class Store: @unchecked Sendable {
                     "INSERT INTO secrets (person_id, kind, sealed, updated_at) VALUES (?, ?, ?, ?) ON CONFLICT (person_id, kind) DO UPDATE SET sealed = excluded.sealed, updated_at = excluded.updated_at",
                     [.integer(person.id), .text(kind), .blob(sealed), .real(now.timeIntervalSince1970)])
                 if kind == "passcode" {
+                    noteFleetVerifierChange(person.id)
                     try db.query("UPDATE people SET has_passcode = 1 WHERE id = ?", [.integer(person.id)])
                 }
             }

@@ -19,6 +19,7 @@ struct KioskAuthCtl: ParsableCommand {
             Status.self, User.self, Passcode.self, FingerCommand.self, VerifyCommand.self, IdentifyCommand.self,
             ReaderCommand.self,
             Activation.self, Lockout.self, Audit.self, SessionCommand.self, Login.self, MetricsCommand.self,
+            FleetCommand.self,
         ])
 
     /// Runs the command; usage errors exit 2, failures print one line and exit 1.

@@ -6,9 +6,11 @@ import Testing
 @testable import KioskAuthFleet
 
 /// A terminal as the tests drive it: its key pair, registration and directory connection.
+/// Each terminal logs in as a database role of its own, a member of `kioskauth_terminal`.
 struct Terminal {
     let keys: TerminalKeyPair
     let registration: TerminalRegistration
+    let role: String
     let directory: FleetDirectory
     var id: UUID { registration.id }
 
@@ -19,12 +21,23 @@ struct Terminal {
         let registration = TerminalRegistration(
             id: UUID(), name: name, publicKey: keys.publicKey, readerDriver: driver,
             readerDeviceType: driver == nil ? nil : "image", isMatchOnChip: false)
-        return Terminal(keys: keys, registration: registration, directory: try await server.connect())
+        let role = try await server.makeTerminalRole(name)
+        return Terminal(
+            keys: keys, registration: registration, role: role, directory: try await server.connect(as: role))
     }
 
-    /// The data keys wrapped to this terminal, opened with its own key.
+    /// The data keys wrapped to this terminal, opened with its own key; its directory uses them
+    /// from now on.
+    @discardableResult
     func keyring() async throws -> FleetKeyring {
-        FleetKeyring(try await directory.wrappedDataKeys(for: id).map { try $0.unwrap(with: keys) })
+        try await directory.loadKeyring(for: id, keyPair: keys)
+    }
+
+    /// Another connection as this terminal (its role), with its keys.
+    func connectAgain(on server: TestPostgres) async throws -> FleetDirectory {
+        let directory = try await server.connect(as: role)
+        await directory.useKeyring(try await keyring())
+        return directory
     }
 }
 
@@ -38,6 +51,7 @@ func makeFleet(_ count: Int, on server: TestPostgres) async throws -> (terminals
         let token = try await first.directory.issueJoinToken(by: first.id, lifetime: .seconds(600))
         try await terminal.directory.join(with: try JoinToken(text: token.text), as: terminal.registration)
         #expect(try await first.directory.admit(joinedWith: token, dataKey: dataKey) == terminal.id)
+        try await terminal.keyring()
         terminals.append(terminal)
     }
     return (terminals, dataKey)
@@ -130,13 +144,18 @@ func person(_ id: UUID = UUID(), name: String? = nil, state: String = "active") 
             #expect(try await a.directory.push(batch) == .alreadyApplied)
             #expect(try await a.directory.fleetPasscodeFailures(person: somebody) == 1)
             #expect(try await a.directory.auditEventCount(terminal: a.id) == 1)
-            #expect(try await a.directory.pull(after: 0).filter { $0.entity == "people" }.count == 1)
+            // The resend carried a newer version than the row the directory kept; the writer's own
+            // row still comes back trusted, not as a replay.
+            let people = try await a.directory.pull(after: 0).filter { $0.entity == "people" }
+            #expect(people.count == 1)
+            let trusted = people.allSatisfy { $0.isTrusted }
+            #expect(trusted, "\(people.map(\.integrity))")
 
             // The same key sent at once over eight connections (a retry racing its original):
             // exactly one is applied.
             let racing = PushBatch(
                 idempotencyKey: UUID(), terminal: a.id, writes: [.passcodeFailures(person: somebody, count: 1)])
-            let connections = try await (0..<8).asyncMap { _ in try await server.connect() }
+            let connections = try await (0..<8).asyncMap { _ in try await a.connectAgain(on: server) }
             let outcomes = try await withThrowingTaskGroup(of: PushOutcome.self) { group in
                 for connection in connections { group.addTask { try await connection.push(racing) } }
                 return try await group.reduce(into: []) { $0.append($1) }
@@ -210,15 +229,16 @@ func person(_ id: UUID = UUID(), name: String? = nil, state: String = "active") 
             let (fleet, _) = try await makeFleet(1, on: server)
             let a = fleet[0]
             var cursor = try await a.directory.pull(after: 0).last?.id ?? 0
-            let slow = try await server.connect()
-            let fast = try await server.connect()
+            let slow = try await a.connectAgain(on: server)
+            let fast = try await a.connectAgain(on: server)
             let (first, second) = (UUID(), UUID())
+            let firstRecord = try await slow.authenticatedRecord(person(first))
             let (pushed, pushedContinuation) = AsyncStream.makeStream(of: Void.self)
             let (release, releaseContinuation) = AsyncStream.makeStream(of: Void.self)
             let slowTask = Task {
                 try await slow.transaction { connection, logger in
                     let operations = String(
-                        decoding: try JSONSerialization.data(withJSONObject: [person(first).record]), as: UTF8.self)
+                        decoding: try JSONSerialization.data(withJSONObject: [firstRecord]), as: UTF8.self)
                     try await connection.query(
                         "SELECT fleet_apply_push(\(UUID()), \(a.id), \(operations)::jsonb)", logger: logger)
                     pushedContinuation.yield()
@@ -251,7 +271,7 @@ func person(_ id: UUID = UUID(), name: String? = nil, state: String = "active") 
             let pushers = 8
             let batchesEach = 25
             let puller = try await server.connect()
-            let connections = try await (0..<pushers).asyncMap { _ in try await server.connect() }
+            let connections = try await (0..<pushers).asyncMap { _ in try await a.connectAgain(on: server) }
             let done = Flag()
             async let pulledByPuller = pullUntil(done, from: puller)
             let pushed = try await withThrowingTaskGroup(of: [String].self) { group in

@@ -78,18 +78,38 @@ struct TestPostgres {
 
     /// The endpoint over the Unix socket.
     var socketEndpoint: FleetEndpoint {
-        get throws {
-            try FleetEndpoint(
-                transport: .unixSocket(path: "\(directory.path)/.s.PGSQL.\(port)"), security: .plaintext,
-                username: Self.superuser, database: "postgres")
-        }
+        get throws { try endpoint(as: Self.superuser) }
     }
 
-    /// A connected, migrated directory over the Unix socket.
-    func connect() async throws -> FleetDirectory {
-        let directory = try await FleetDirectory.connect(to: try socketEndpoint, password: nil, logger: testLogger)
+    /// The endpoint over the Unix socket for `role` (the server trusts every local role).
+    func endpoint(as role: String) throws -> FleetEndpoint {
+        try FleetEndpoint(
+            transport: .unixSocket(path: "\(directory.path)/.s.PGSQL.\(port)"), security: .plaintext,
+            username: role, database: "postgres")
+    }
+
+    /// A connected, migrated directory over the Unix socket, as the owner (the superuser), or
+    /// as a terminal's role (for which migrating finds the schema current and does nothing).
+    func connect(as role: String = superuser) async throws -> FleetDirectory {
+        let directory = try await FleetDirectory.connect(to: try endpoint(as: role), password: nil, logger: testLogger)
         try await directory.migrate()
         return directory
+    }
+
+    /// A fresh login role for one terminal, made by the owner with the library's helper.
+    func makeTerminalRole(_ hint: String) async throws -> String {
+        let role =
+            "kt_" + hint.lowercased().filter { $0.isLetter || $0.isNumber } + "_"
+            + UUID().uuidString.prefix(8).lowercased()
+        let owner = try await connect()
+        do {
+            try await owner.createTerminalRole(role, password: nil)
+        } catch {
+            await owner.close()
+            throw error
+        }
+        await owner.close()
+        return role
     }
 
     /// Runs one of PostgreSQL's programs (as the unprivileged user when root) and returns its
@@ -185,12 +205,12 @@ extension TestPostgres {
     /// Runs SQL through psql as the superuser, as someone with write access to the directory
     /// (an attacker, in the tests that say so) would.
     @discardableResult
-    func psql(_ sql: String) throws -> String {
+    func psql(_ sql: String, as role: String = superuser) throws -> String {
         String(
             decoding: try run(
                 "psql",
                 [
-                    "-h", directory.path, "-p", String(port), "-U", Self.superuser, "-d", "postgres", "-v",
+                    "-h", directory.path, "-p", String(port), "-U", role, "-d", "postgres", "-v",
                     "ON_ERROR_STOP=1",
                     "-At", "-c", sql,
                 ]),

@@ -1,0 +1,679 @@
+import Crypto
+import FoundationEssentials
+import KioskAuthFleet
+import KioskAuthProtocol
+import KioskAuthStore
+import Logging
+
+/// The credentials a fleet member reads from `$CREDENTIALS_DIRECTORY` (docs/fleet.md §9).
+enum FleetCredentials {
+    /// The terminal's X25519 private key, 32 raw bytes.
+    static let key = "kioskauth.fleet-key"
+    /// The directory password; absent means none (peer or trust authentication).
+    static let password = "kioskauth.fleet-password"
+}
+
+/// A fleet failure as one of the API's named errors.
+extension APIError {
+    static func fleet(_ error: FleetError) -> APIError {
+        switch error.code {
+        case .directoryUnavailable: .own("FleetUnreachable", ["reason": .string(error.description)])
+        case .joinRefused: .own("FleetTokenInvalid", ["reason": .string(error.description)])
+        case .permissionDenied: .fleetPermissionDenied(error.description)
+        default: .own("FleetError", ["reason": .string(error.description)])
+        }
+    }
+
+    static func fleetError(_ reason: String) -> APIError { .own("FleetError", ["reason": .string(reason)]) }
+
+    static let fleetNotConfigured = APIError.own("FleetNotConfigured")
+
+    static func fleetPermissionDenied(_ reason: String) -> APIError {
+        .own("FleetPermissionDenied", ["reason": .string(reason)])
+    }
+}
+
+/// The fleet's network side of one terminal: the directory connection used for pulls and pushes,
+/// the keyring, and what `FleetStatus` shows. An actor of its own, so nothing here ever runs on
+/// (or holds) the authority's actor: unlocks never wait for the directory. Pulled changes are
+/// handed to the authority's credential part to apply (`CredentialAuthority.applyFleetChanges`),
+/// which touches only the local store.
+actor FleetAgent {
+    let store: Store
+    let configuration: DaemonConfiguration.Fleet
+    let credentialsDirectory: String?
+    let logger: Logger
+    let now: @Sendable () -> Date
+    /// Wakes the sync service: a notification, a membership that began, a sync asked for.
+    nonisolated let wakeup = Wakeup()
+    /// Applies pulled changes to the local store (the authority's credential part).
+    private let apply: @Sendable ([FleetChange], FleetApplyContext) async -> FleetApplyOutcome
+    /// The reader this terminal registers with, as libfprint names it.
+    private let readerTags: @Sendable () async -> FleetReaderTags?
+
+    private var connection: FleetDirectory?
+    private var keyPair: TerminalKeyPair?
+    private var keyring = FleetKeyring([])
+    /// The data-key generations held (the keyring derives its sealing keys from them). Set
+    /// through `hold(_:)`, which hands them to the directory connection too.
+    private var dataKeys: [FleetDataKey] = [] {
+        didSet { keyring = FleetKeyring(dataKeys) }
+    }
+    private(set) var reachable = false
+    private var head: Int64 = 0
+    /// Whether a listener is connected (the sync service runs it).
+    var isListening = false
+
+    init(
+        store: Store, configuration: DaemonConfiguration.Fleet, credentialsDirectory: String?, logger: Logger,
+        now: @escaping @Sendable () -> Date, readerTags: @escaping @Sendable () async -> FleetReaderTags?,
+        apply: @escaping @Sendable ([FleetChange], FleetApplyContext) async -> FleetApplyOutcome
+    ) {
+        self.readerTags = readerTags
+        self.apply = apply
+        self.store = store
+        self.configuration = configuration
+        self.credentialsDirectory = credentialsDirectory
+        self.logger = logger
+        self.now = now
+    }
+
+    // MARK: Credentials
+
+    private func credential(_ name: String) -> [UInt8]? {
+        guard let directory = credentialsDirectory,
+            let data = FileManager.default.contents(atPath: directory + "/" + name)
+        else { return nil }
+        return Array(data)
+    }
+
+    private func loadKeyPair() throws(APIError) -> TerminalKeyPair {
+        if let keyPair { return keyPair }
+        guard let bytes = credential(FleetCredentials.key) else {
+            throw APIError.fleetError(
+                "no \(FleetCredentials.key) credential: create one with kioskauthctl fleet keygen and load it with LoadCredentialEncrypted="
+            )
+        }
+        do {
+            let pair = try TerminalKeyPair(credential: bytes)
+            keyPair = pair
+            return pair
+        } catch { throw APIError.fleet(error) }
+    }
+
+    private var password: String? {
+        credential(FleetCredentials.password).map {
+            String(decoding: $0, as: UTF8.self).trimmingCharacters(in: .newlines)
+        }
+    }
+
+    private func registration(id: UUID, name: String?) async throws(APIError) -> TerminalRegistration {
+        let tags = await readerTags()
+        let chosen = name ?? (configuration.terminalName.isEmpty ? Daemon.hostName() : configuration.terminalName)
+        return TerminalRegistration(
+            id: id, name: chosen.isEmpty ? "terminal-\(id.uuidString.prefix(8).lowercased())" : chosen,
+            publicKey: try loadKeyPair().publicKey, readerDriver: tags?.driver,
+            readerDeviceType: tags?.deviceType, isMatchOnChip: tags?.isMatchOnChip ?? false)
+    }
+
+    // MARK: Connection
+
+    private func connect(_ directory: String) async throws(FleetError) -> FleetDirectory {
+        if let connection, !connection.isClosed { return connection }
+        connection = nil
+        let endpoint = try FleetEndpoint(url: directory)
+        do {
+            let connection = try await FleetDirectory.connect(to: endpoint, password: password, logger: logger)
+            // A new connection knows no keys and no rows: give it the keyring (pushes MAC rows
+            // with it, pulls verify them) and the version of every row this terminal already
+            // trusted, so an older version written back into the directory is refused as replayed.
+            if !dataKeys.isEmpty { await connection.useKeyring(keyring) }
+            if let versions = try? store.fleetRowVersions() {
+                for row in versions {
+                    await connection.rememberRowVersion(row.version, entity: row.entity, key: row.key)
+                }
+            }
+            self.connection = connection
+            reachable = true
+            return connection
+        } catch {
+            reachable = false
+            throw error
+        }
+    }
+
+    /// Holds `keys` as this terminal's data keys, on the directory connection too.
+    private func hold(_ keys: [FleetDataKey]) async {
+        dataKeys = keys
+        if let connection, !keys.isEmpty { await connection.useKeyring(keyring) }
+    }
+
+    /// Refuses a directory role that is not a terminal's own: the owner or a superuser would
+    /// give this terminal the power to rewrite the directory (docs/fleet.md §2.1).
+    private static func requireTerminalRole(_ connection: FleetDirectory) async throws(FleetError) -> String? {
+        let role = try await connection.sessionRole()
+        if role.isTerminalOnly { return nil }
+        let what =
+            role.isSuperuser
+            ? "a superuser" : role.isOwner ? "the directory's owner" : "not a member of kioskauth_terminal"
+        return
+            "the directory URL names the role \(role.name), which is \(what): connect as this terminal's own role (created with fleet_create_terminal_role)"
+    }
+
+    /// Migrates the directory's schema with the owner's URL and password, given for this call
+    /// only: the connection is closed afterwards and neither is kept.
+    func migrate(directory: String, password: String?) async throws(APIError) -> Int {
+        let endpoint: FleetEndpoint
+        do { endpoint = try FleetEndpoint(url: directory) } catch { throw APIError.fleet(error) }
+        let owner: FleetDirectory
+        do { owner = try await FleetDirectory.connect(to: endpoint, password: password, logger: logger) } catch {
+            throw APIError.fleet(error)
+        }
+        do {
+            let version = try await owner.migrate()
+            await owner.close()
+            return Int(version)
+        } catch {
+            await owner.close()
+            throw APIError.fleet(error)
+        }
+    }
+
+    /// Checks, before the terminal registers, that it connects as its own role and that the
+    /// schema is current (a terminal role cannot migrate it).
+    private func prepareTerminal(_ directory: String) async throws(APIError) {
+        // Not yet in a fleet: a connection left from an earlier attempt may name another
+        // directory or role.
+        await disconnect()
+        do {
+            try await checkTerminal(directory)
+        } catch {
+            await disconnect()
+            throw error
+        }
+    }
+
+    private func checkTerminal(_ directory: String) async throws(APIError) {
+        let refusal = try await withDirectory(directory) { connection throws(FleetError) in
+            try await Self.requireTerminalRole(connection)
+        }
+        if let refusal { throw APIError.fleetPermissionDenied(refusal) }
+        do {
+            try await withDirectory(directory) { connection throws(FleetError) in
+                _ = try await connection.migrate()
+            }
+        } catch {
+            guard error.name.hasSuffix(".FleetPermissionDenied") else { throw error }
+            throw APIError.fleetPermissionDenied(
+                "the directory's schema is not current, and only its owner can migrate it: run kioskauthctl fleet migrate with the owner's URL first"
+            )
+        }
+    }
+
+    /// Drops the connection after a failure, so the next attempt reconnects.
+    private func disconnect() async {
+        await connection?.close()
+        connection = nil
+        reachable = false
+    }
+
+    /// A second connection for the change feed's notifications (the sync service owns it).
+    func listenerConnection() async throws(FleetError) -> FleetDirectory? {
+        guard let membership = try? store.fleetMembership() else { return nil }
+        let endpoint = try FleetEndpoint(url: membership.directory)
+        return try await FleetDirectory.connect(to: endpoint, password: password, logger: logger)
+    }
+
+    /// The longest one directory operation may take before the connection is given up as dead
+    /// (a server that went away without closing it, a network that drops packets).
+    static let operationDeadline: Duration = .seconds(20)
+
+    private func withDirectory<T: Sendable>(
+        _ directory: String, _ body: @escaping @Sendable (FleetDirectory) async throws(FleetError) -> T
+    ) async throws(APIError) -> T {
+        let connection: FleetDirectory
+        do { connection = try await connect(directory) } catch {
+            await disconnect()
+            throw APIError.fleet(error)
+        }
+        let outcome: Result<T, FleetError>? = await withTaskGroup(of: Result<T, FleetError>?.self) { group in
+            group.addTask {
+                do throws(FleetError) { return .success(try await body(connection)) } catch {
+                    return .failure(error)
+                }
+            }
+            group.addTask {
+                try? await Task.sleep(for: Self.operationDeadline)
+                return nil
+            }
+            let first = await group.next() ?? nil
+            group.cancelAll()
+            if first == nil { await connection.close() }
+            return first
+        }
+        switch outcome {
+        case .success(let value)?: return value
+        case .failure(let error)?:
+            if error.code == .directoryUnavailable { await disconnect() }
+            throw APIError.fleet(error)
+        case nil:
+            await disconnect()
+            throw APIError.own(
+                "FleetUnreachable", ["reason": .string("the directory did not answer within \(Self.operationDeadline)")]
+            )
+        }
+    }
+
+    // MARK: Create, token, join, leave
+
+    func create(directory: String, name: String?) async throws(APIError) -> String {
+        if let membership = try storeCall({ () throws(StoreError) in try store.fleetMembership() }) {
+            throw APIError.own("FleetAlreadyMember", ["directory": .string(membership.directory)])
+        }
+        do { _ = try FleetEndpoint(url: directory) } catch { throw APIError.fleet(error) }
+        let terminal = try await registration(id: UUID(), name: name)
+        try await prepareTerminal(directory)
+        let dataKey = try await withDirectory(directory) { connection throws(FleetError) in
+            try await connection.bootstrap(terminal)
+        }
+        let wrapped = try await withDirectory(directory) { connection throws(FleetError) in
+            try await connection.wrappedDataKeys(for: terminal.id)
+        }
+        try storeCall { () throws(StoreError) in
+            for key in wrapped {
+                try store.addFleetKey(generation: key.generation, wrapped: Self.encode(key), now: now())
+            }
+            try store.beginFleetMembership(
+                FleetMembership(
+                    directory: directory, terminalID: terminal.id.uuidString.lowercased(), name: terminal.name,
+                    state: "member", joinedAt: now()))
+            // The first member brings its people into the (empty) directory.
+            try store.queueLocalPeopleForFleet()
+        }
+        await hold([dataKey])
+        wakeup.signal()
+        return terminal.id.uuidString.lowercased()
+    }
+
+    func issueToken(validSeconds: Int) async throws(APIError) -> String {
+        let membership = try requireMembership()
+        guard membership.state == "member", let terminal = UUID(uuidString: membership.terminalID) else {
+            throw APIError.fleetError("only a member issues join tokens; this terminal is \(membership.state)")
+        }
+        let token = try await withDirectory(membership.directory) { connection throws(FleetError) in
+            try await connection.issueJoinToken(by: terminal, lifetime: .seconds(validSeconds))
+        }
+        try storeCall { () throws(StoreError) in
+            try store.addFleetJoinToken(
+                id: token.id.uuidString.lowercased(), token: Array(token.text.utf8),
+                expiresAt: now().addingTimeInterval(TimeInterval(validSeconds)), now: now())
+        }
+        return token.text
+    }
+
+    func join(directory: String, tokenText: String, name: String?) async throws(APIError) -> (String, String) {
+        if let membership = try storeCall({ () throws(StoreError) in try store.fleetMembership() }) {
+            throw APIError.own("FleetAlreadyMember", ["directory": .string(membership.directory)])
+        }
+        let token: JoinToken
+        do { token = try JoinToken(text: tokenText) } catch { throw APIError.fleet(error) }
+        do { _ = try FleetEndpoint(url: directory) } catch { throw APIError.fleet(error) }
+        let terminal = try await registration(id: UUID(), name: name)
+        try await prepareTerminal(directory)
+        try await withDirectory(directory) { connection throws(FleetError) in
+            try await connection.join(with: token, as: terminal)
+        }
+        try storeCall { () throws(StoreError) in
+            try store.beginFleetMembership(
+                FleetMembership(
+                    directory: directory, terminalID: terminal.id.uuidString.lowercased(), name: terminal.name,
+                    state: "pending", joinedAt: now()))
+        }
+        wakeup.signal()
+        return (terminal.id.uuidString.lowercased(), "pending")
+    }
+
+    func leave() async throws(APIError) {
+        let membership = try requireMembership()
+        guard let terminal = UUID(uuidString: membership.terminalID) else {
+            throw APIError.fleetError("the stored terminal id is not a UUID")
+        }
+        if membership.state == "member" { try await pushQueue(membership) }
+        try await withDirectory(membership.directory) { connection throws(FleetError) in
+            try await connection.removeTerminal(terminal)
+        }
+        try storeCall { () throws(StoreError) in try store.endFleetMembership() }
+        dataKeys = []
+        await disconnect()
+        wakeup.signal()
+    }
+
+    // MARK: Sync
+
+    /// Pulls until the feed is exhausted and pushes the queue; the sync service and `FleetSync`
+    /// both call it (the actor runs one at a time).
+    func sync() async throws(APIError) {
+        var membership = try requireMembership()
+        do {
+            try await pull(&membership)
+            if membership.state == "member" {
+                try await pushQueue(membership)
+                try await pushAudit(membership)
+                // What this terminal pushed comes back in the feed: take it in now.
+                try await pull(&membership)
+            }
+            try storeCall { () throws(StoreError) in
+                try store.updateFleetMembership(syncedAt: now(), error: .some(nil))
+            }
+        } catch {
+            _ = try? store.updateFleetMembership(error: .some("\(error.name): \(error.parameters)"))
+            throw error
+        }
+    }
+
+    private func pull(_ membership: inout FleetMembership) async throws(APIError) {
+        guard let terminal = UUID(uuidString: membership.terminalID) else {
+            throw APIError.fleetError("the stored terminal id is not a UUID")
+        }
+        try await loadKeyring(membership)
+        // A pending terminal holds no data key: it could open none of the secrets in the feed
+        // and verify none of its rows (they would be refused as unverifiable). So it only asks
+        // whether its wrapped key has arrived, and pulls nothing until then (its cursor stays
+        // where it is, so it applies everything once it is a member).
+        if membership.state != "member" || dataKeys.isEmpty {
+            try await receiveKeys(terminal: terminal, membership: &membership)
+            guard membership.state == "member", !dataKeys.isEmpty else { return }
+        }
+        var cursor = membership.cursor
+        while true {
+            let after = cursor
+            let changes = try await withDirectory(membership.directory) { connection throws(FleetError) in
+                try await connection.pull(after: after)
+            }
+            guard let last = changes.last else { break }
+            // Keys first: a member takes new generations before the values sealed under them.
+            // Rows of this page MACed under a generation that just arrived were pulled before it
+            // and came back unverifiable: pull the page again with the new keys.
+            if changes.contains(where: { $0.entity == "wrapped_keys" && $0.key.hasPrefix(membership.terminalID) }) {
+                let held = dataKeys.count
+                try await receiveKeys(terminal: terminal, membership: &membership)
+                if dataKeys.count > held,
+                    changes.contains(where: { if case .unverifiable = $0.integrity { true } else { false } })
+                {
+                    continue
+                }
+            }
+            try await admitPending(changes, membership: membership)
+            let outcome = await apply(
+                changes,
+                FleetApplyContext(keyring: keyring, terminalID: membership.terminalID, reader: await readerTags()))
+            if let problem = outcome.problem { logger.warning("fleet apply", metadata: ["problem": "\(problem)"]) }
+            if outcome.rejected > 0 {
+                logger.error("fleet rows refused", metadata: ["count": "\(outcome.rejected)"])
+            }
+            cursor = last.id
+            try storeCall { () throws(StoreError) in try store.updateFleetMembership(cursor: cursor) }
+            membership.cursor = cursor
+            if changes.count < FleetDirectory.maximumPullSize { break }
+        }
+        let reached = cursor
+        let position = try await withDirectory(membership.directory) { connection throws(FleetError) in
+            try await connection.recordCursor(reached, for: terminal)
+            return try await connection.feedPosition(for: terminal)
+        }
+        head = position.head
+    }
+
+    private func loadKeyring(_ membership: FleetMembership) async throws(APIError) {
+        let stored = try storeCall { () throws(StoreError) in try store.fleetKeys() }
+        guard stored.count != dataKeys.count else { return }
+        let pair = try loadKeyPair()
+        var keys: [FleetDataKey] = []
+        for (generation, bytes) in stored {
+            guard let wrapped = Self.decode(bytes, terminal: membership.terminalID, generation: generation) else {
+                throw APIError.fleetError("a stored data key does not decode")
+            }
+            do { keys.append(try wrapped.unwrap(with: pair)) } catch { throw APIError.fleet(error) }
+        }
+        await hold(keys)
+    }
+
+    private func receiveKeys(terminal: UUID, membership: inout FleetMembership) async throws(APIError) {
+        let wrapped = try await withDirectory(membership.directory) { connection throws(FleetError) in
+            try await connection.wrappedDataKeys(for: terminal)
+        }
+        let pair = try loadKeyPair()
+        var keys: [FleetDataKey] = []
+        for key in wrapped {
+            do { keys.append(try key.unwrap(with: pair)) } catch { throw APIError.fleet(error) }
+        }
+        try storeCall { () throws(StoreError) in
+            for key in wrapped {
+                try store.addFleetKey(generation: key.generation, wrapped: Self.encode(key), now: now())
+            }
+            if membership.state != "member", !wrapped.isEmpty {
+                try store.updateFleetMembership(state: "member")
+            }
+        }
+        if !wrapped.isEmpty { membership.state = "member" }
+        if !keys.isEmpty { await hold(keys) }
+    }
+
+    /// Admits the pending terminals that joined with a token this terminal issued.
+    private func admitPending(_ changes: [FleetChange], membership: FleetMembership) async throws(APIError) {
+        guard membership.state == "member" else { return }
+        for change in changes where change.entity == "terminals" && !change.isDeletion {
+            let fields = change.fields
+            guard fields["state"] == "pending", let tokenID = fields["join_token_id"],
+                let text = try storeCall({ () throws(StoreError) in try store.fleetJoinToken(id: tokenID) })
+            else { continue }
+            let token: JoinToken
+            do { token = try JoinToken(text: String(decoding: text, as: UTF8.self)) } catch {
+                throw APIError.fleet(error)
+            }
+            guard let dataKey = dataKeys.max(by: { $0.generation < $1.generation }) else {
+                throw APIError.fleetError("no data key to admit with")
+            }
+            let admitted: UUID
+            do {
+                admitted = try await withDirectory(membership.directory) { connection throws(FleetError) in
+                    try await connection.admit(joinedWith: token, dataKey: dataKey)
+                }
+            } catch {
+                // A proof that does not match is refused and logged; the token stays unused.
+                logger.error("fleet admission refused", metadata: ["token": "\(tokenID)", "error": "\(error)"])
+                if error.name.hasSuffix(".FleetUnreachable") { throw error }
+                continue
+            }
+            try storeCall { () throws(StoreError) in
+                try store.markFleetJoinTokenUsed(id: tokenID, terminal: admitted.uuidString.lowercased(), now: now())
+            }
+            logger.notice("fleet terminal admitted", metadata: ["terminal": "\(admitted)"])
+        }
+    }
+
+    private func pushQueue(_ membership: FleetMembership) async throws(APIError) {
+        guard let terminal = UUID(uuidString: membership.terminalID) else { return }
+        while true {
+            let batches = try storeCall { () throws(StoreError) in try store.fleetOutbox(limit: 16) }
+            if batches.isEmpty { return }
+            for batch in batches {
+                let push = try await pushBatch(batch, terminal: terminal)
+                do {
+                    _ = try await withDirectory(membership.directory) { connection throws(FleetError) in
+                        try await connection.push(push)
+                    }
+                } catch {
+                    _ = try? store.fleetBatchFailed(batch, error: "\(error.name): \(error.parameters)")
+                    throw error
+                }
+                // Applied now or before: either way the directory has it.
+                try storeCall { () throws(StoreError) in try store.acknowledgeFleetBatch(batch) }
+            }
+        }
+    }
+
+    private func pushBatch(_ batch: FleetOutboxBatch, terminal: UUID) async throws(APIError) -> PushBatch {
+        let tags = await readerTags()
+        guard let key = UUID(uuidString: batch.idempotencyKey) else {
+            throw APIError.fleetError("queued batch \(batch.id) has no UUID key")
+        }
+        var writes: [FleetWrite] = []
+        for operation in batch.operations {
+            switch operation {
+            case .person(let id, let name, let roles, let uid, let state):
+                guard let person = UUID(uuidString: id) else { continue }
+                writes.append(.person(id: person, name: name, role: roles, uid: uid.map { Int32($0) }, state: state))
+            case .verifier(let id, let verifier):
+                guard let person = UUID(uuidString: id) else { continue }
+                do {
+                    writes.append(
+                        .verifier(
+                            person: person, sealed: try keyring.seal(verifier, binding: .verifier(person: person))))
+                } catch { throw APIError.fleet(error) }
+            case .passcodeFailures(let id, let count):
+                guard let person = UUID(uuidString: id) else { continue }
+                writes.append(.passcodeFailures(person: person, count: Int32(count)))
+            case .passcodeReset(let id):
+                guard let person = UUID(uuidString: id) else { continue }
+                writes.append(.passcodeReset(person: person))
+            case .template(let id, let finger, let template):
+                // Tagged with the reader it was made on; without one attached now it cannot be.
+                guard let person = UUID(uuidString: id), let tags else { continue }
+                let templateID = Self.templateID(person: id, finger: finger, tags: tags)
+                do {
+                    writes.append(
+                        .template(
+                            id: templateID, person: person, finger: finger, driver: tags.driver,
+                            deviceType: tags.deviceType,
+                            sealed: try keyring.seal(template, binding: .template(templateID, person: person))))
+                } catch { throw APIError.fleet(error) }
+            case .removeTemplate(let id, let finger):
+                guard let tags else { continue }
+                writes.append(.removeTemplate(id: Self.templateID(person: id, finger: finger, tags: tags)))
+            }
+        }
+        return PushBatch(idempotencyKey: key, terminal: terminal, writes: writes)
+    }
+
+    /// Pushes the audit entries appended since the last push, each with a key derived from this
+    /// terminal and its sequence number, so a resent entry is stored once.
+    private func pushAudit(_ membership: FleetMembership) async throws(APIError) {
+        guard let terminal = UUID(uuidString: membership.terminalID) else { return }
+        var through = membership.auditPushedThrough
+        while true {
+            let entries = try storeCall { () throws(StoreError) in try store.auditEntries(after: through, limit: 200) }
+            guard let last = entries.last else { return }
+            let writes = entries.map { entry in
+                FleetWrite.audit(
+                    key: Self.derivedUUID(terminal: membership.terminalID, label: "audit", value: entry.sequence),
+                    sequence: Int64(entry.sequence), occurredAt: entry.time, person: entry.record.person,
+                    action: entry.record.action, result: entry.record.result)
+            }
+            let batch = PushBatch(
+                idempotencyKey: Self.derivedUUID(
+                    terminal: membership.terminalID, label: "audit-batch",
+                    value: entries[0].sequence * 1_000_000 + last.sequence),
+                terminal: terminal, writes: writes)
+            try await withDirectory(membership.directory) { connection throws(FleetError) in
+                _ = try await connection.push(batch)
+            }
+            through = last.sequence
+            try storeCall { () throws(StoreError) in try store.updateFleetMembership(auditPushedThrough: through) }
+        }
+    }
+
+    // MARK: Status
+
+    func status() async throws(APIError) -> Message.FleetStatus {
+        guard let membership = try storeCall({ () throws(StoreError) in try store.fleetMembership() }) else {
+            return Message.FleetStatus(configured: false)
+        }
+        let queued = try storeCall { () throws(StoreError) in try store.fleetOutboxCount() }
+        let generations = try storeCall { () throws(StoreError) in try store.fleetKeys().map(\.generation) }
+        let shownHead = max(head, membership.cursor)
+        return Message.FleetStatus(
+            configured: true, state: membership.state, terminalId: membership.terminalID,
+            directory: membership.directory, reachable: reachable, cursor: Int(membership.cursor),
+            head: Int(shownHead), lag: Int(shownHead - membership.cursor), queuedPushes: queued,
+            generation: Int(generations.max() ?? 0),
+            lastSyncAt: membership.lastSyncAt.map { $0.formatted(Date.ISO8601FormatStyle()) },
+            lastError: membership.lastError, rejectedChanges: membership.rejectedChanges,
+            lastRejection: membership.lastRejection)
+    }
+
+    /// Whether the terminal is in a fleet (the sync service idles otherwise).
+    nonisolated func isMember() -> Bool { (try? store.fleetMembership()) != nil }
+
+    // MARK: Helpers
+
+    private func requireMembership() throws(APIError) -> FleetMembership {
+        guard let membership = try storeCall({ () throws(StoreError) in try store.fleetMembership() }) else {
+            throw APIError.fleetNotConfigured
+        }
+        return membership
+    }
+
+    private func storeCall<T>(_ body: () throws(StoreError) -> T) throws(APIError) -> T {
+        do { return try body() } catch { throw APIError.store(error) }
+    }
+
+    /// A template's directory id: one per person, finger and kind of reader, so the same finger
+    /// enrolled on two kinds of reader is two templates.
+    static func templateID(person: String, finger: String, tags: FleetReaderTags) -> UUID {
+        derivedUUID(
+            terminal: person, label: "template\u{0}\(finger)\u{0}\(tags.driver)\u{0}\(tags.deviceType)", value: 0)
+    }
+
+    static func derivedUUID(terminal: String, label: String, value: Int) -> UUID {
+        let digest = Array(SHA256.hash(data: Data("kioskauth.fleet.\(label)\u{0}\(terminal)\u{0}\(value)".utf8)))
+        var bytes = Array(digest.prefix(16))
+        bytes[6] = (bytes[6] & 0x0f) | 0x50
+        bytes[8] = (bytes[8] & 0x3f) | 0x80
+        return UUID(
+            uuid: (
+                bytes[0], bytes[1], bytes[2], bytes[3], bytes[4], bytes[5], bytes[6], bytes[7], bytes[8], bytes[9],
+                bytes[10], bytes[11], bytes[12], bytes[13], bytes[14], bytes[15]
+            ))
+    }
+
+    /// A wrapped key as the store keeps it: 2-byte length of the encapsulated key, it, then the
+    /// ciphertext.
+    static func encode(_ key: WrappedDataKey) -> [UInt8] {
+        let count = key.encapsulatedKey.count
+        return [UInt8(count >> 8), UInt8(count & 0xff)] + key.encapsulatedKey + key.ciphertext
+    }
+
+    static func decode(_ bytes: [UInt8], terminal: String, generation: Int32) -> WrappedDataKey? {
+        guard bytes.count > 2, let id = UUID(uuidString: terminal) else { return nil }
+        let count = Int(bytes[0]) << 8 | Int(bytes[1])
+        guard bytes.count > 2 + count else { return nil }
+        return WrappedDataKey(
+            terminalID: id, generation: generation, encapsulatedKey: Array(bytes[2..<2 + count]),
+            ciphertext: Array(bytes[(2 + count)...]))
+    }
+}
+
+/// What applying pulled changes needs from the agent.
+struct FleetApplyContext: Sendable {
+    var keyring: FleetKeyring
+    var terminalID: String
+    /// This terminal's reader, for templates; nil without one.
+    var reader: FleetReaderTags?
+}
+
+/// The reader a template is tagged with: libfprint's driver and the device within it.
+struct FleetReaderTags: Sendable, Equatable {
+    var driver: String
+    var deviceType: String
+    /// A reader that keeps prints on the sensor takes none from the directory.
+    var isMatchOnChip: Bool
+}
+
+/// What applying pulled changes came to.
+struct FleetApplyOutcome: Sendable {
+    var applied = 0
+    /// Changes refused: not trusted (forged, replayed, unverifiable), audited as `fleet.reject`.
+    var rejected = 0
+    var problem: String?
+}

@@ -1,0 +1,91 @@
+import FoundationEssentials
+import KioskAuthFleet
+import Logging
+import ServiceLifecycle
+import Synchronization
+
+/// Keeps a fleet member in step with the directory (docs/fleet.md §9): pulls and pushes on a
+/// notification from the change feed, on the backstop poll (`[Fleet] PollIntervalSec`) and at
+/// every reconnection, with a capped exponential back-off (`[Fleet] ReconnectMaxSec`) while the
+/// directory is unreachable. The pulls and pushes run on the fleet agent's connection; a second
+/// connection LISTENs and only wakes the loop.
+///
+/// A terminal in no fleet opens no connection: the service waits for a membership to begin
+/// (`FleetCreate`, `FleetJoin`), which wakes it.
+struct FleetSyncService: Service {
+    let agent: FleetAgent
+    let configuration: DaemonConfiguration.Fleet
+    let logger: Logger
+
+    /// Whether the LISTEN connection is up.
+    final class Listening: Sendable {
+        let state = Mutex(false)
+        var isUp: Bool { state.withLock { $0 } }
+        func set(_ value: Bool) { state.withLock { $0 = value } }
+    }
+
+    func run() async throws {
+        let listening = Listening()
+        var listener: Task<Void, Never>?
+        await withGracefulShutdownHandler {
+            var backoff = 1.0
+            while !Task.isCancelled && !Task.isShuttingDownGracefully {
+                guard agent.isMember() else {
+                    listener?.cancel()
+                    listener = nil
+                    await agent.wakeup.wait(upTo: .seconds(3600))
+                    continue
+                }
+                do throws(APIError) {
+                    try await agent.sync()
+                    backoff = 1
+                    if !listening.isUp {
+                        listener?.cancel()
+                        listener = startListener(listening)
+                    }
+                    await agent.wakeup.wait(upTo: .milliseconds(Int64(configuration.pollInterval * 1000)))
+                } catch {
+                    logger.warning(
+                        "fleet sync failed", metadata: ["error": "\(error.name)", "detail": "\(error.parameters)"])
+                    await agent.wakeup.wait(upTo: .milliseconds(Int64(backoff * 1000)))
+                    backoff = min(backoff * 2, configuration.reconnectMax)
+                }
+            }
+        } onGracefulShutdown: {
+            agent.wakeup.signal()
+        }
+        listener?.cancel()
+    }
+
+    /// LISTENs on a connection of its own; each notification wakes the loop, and so does the
+    /// connection's end (the loop then pulls and reconnects it).
+    private func startListener(_ listening: Listening) -> Task<Void, Never> {
+        let agent = agent
+        let logger = logger
+        listening.set(true)
+        return Task {
+            defer {
+                listening.set(false)
+                agent.wakeup.signal()
+            }
+            let connection: FleetDirectory?
+            do { connection = try await agent.listenerConnection() } catch {
+                logger.info("fleet listener cannot connect", metadata: ["error": "\(error)"])
+                return
+            }
+            guard let connection else { return }
+            do {
+                try await connection.withChangeWakeups { wakeups in
+                    for try await _ in wakeups {
+                        agent.wakeup.signal()
+                    }
+                }
+            } catch {
+                if !Task.isCancelled {
+                    logger.info("fleet listener ended", metadata: ["error": "\(error)"])
+                }
+            }
+            await connection.close()
+        }
+    }
+}

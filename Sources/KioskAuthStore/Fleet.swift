@@ -1,0 +1,599 @@
+import Crypto
+public import Foundation
+import KioskAuthCore
+
+/// This terminal's membership of a fleet (docs/fleet.md §9), as the store keeps it.
+public struct FleetMembership: Sendable, Equatable {
+    /// The directory's address (`postgres://…`), without a password.
+    public var directory: String
+    /// This terminal's id in the directory (a UUID, lower case).
+    public var terminalID: String
+    /// The name it registered with.
+    public var name: String
+    /// `pending` until a member admitted it and its wrapped data key arrived, then `member`.
+    public var state: String
+    /// The highest change id applied.
+    public var cursor: Int64
+    /// When it joined (or created the fleet).
+    public var joinedAt: Date
+    /// When a sync last completed.
+    public var lastSyncAt: Date?
+    /// Why the last sync failed; nil after a successful one.
+    public var lastError: String?
+    /// The last audit entry pushed to the directory.
+    public var auditPushedThrough: Int
+    /// How many pulled changes were refused (forged, replayed or unverifiable rows).
+    public var rejectedChanges: Int
+    /// Why the last one was refused.
+    public var lastRejection: String?
+
+    public init(
+        directory: String, terminalID: String, name: String, state: String, cursor: Int64 = 0, joinedAt: Date,
+        lastSyncAt: Date? = nil, lastError: String? = nil, auditPushedThrough: Int = 0, rejectedChanges: Int = 0,
+        lastRejection: String? = nil
+    ) {
+        self.rejectedChanges = rejectedChanges
+        self.lastRejection = lastRejection
+        self.directory = directory
+        self.terminalID = terminalID
+        self.name = name
+        self.state = state
+        self.cursor = cursor
+        self.joinedAt = joinedAt
+        self.lastSyncAt = lastSyncAt
+        self.lastError = lastError
+        self.auditPushedThrough = auditPushedThrough
+    }
+}
+
+/// One local write as the fleet queue records it. The daemon turns these into the directory's
+/// writes when it pushes, sealing the verifier under the fleet data key then.
+public enum FleetLocalOperation: Codable, Sendable, Equatable {
+    /// A person as they now are (`state`: active, suspended or removed).
+    case person(fleetID: String, name: String, roles: String, uid: Int?, state: String)
+    /// A person's passcode verifier (its JSON, as the store seals it locally).
+    case verifier(fleetID: String, verifier: [UInt8])
+    /// Passcode failures counted here since the last push.
+    case passcodeFailures(fleetID: String, count: Int)
+    /// A person's failures were cleared here (a success or an admin reset).
+    case passcodeReset(fleetID: String)
+    /// A finger enrolled here (the template as the reader made it).
+    case template(fleetID: String, finger: String, template: [UInt8])
+    /// A finger removed here.
+    case removeTemplate(fleetID: String, finger: String)
+}
+
+/// A queued push: the operations of one local transaction, in order, with the key that makes
+/// the directory apply it once.
+public struct FleetOutboxBatch: Sendable, Equatable {
+    public var id: Int64
+    public var idempotencyKey: String
+    public var operations: [FleetLocalOperation]
+    public var attempts: Int
+}
+
+/// What the transaction in progress changed, for its fleet batch.
+struct FleetPendingChanges {
+    /// People whose row changed, in first-change order.
+    var people: [Int64] = []
+    /// People whose passcode verifier was set.
+    var verifiers: Set<Int64> = []
+    /// People removed, with their last directory state.
+    var removed: [Int64: FleetLocalOperation] = [:]
+    /// Fingers enrolled (true) or removed (false), per person.
+    var templates: [Int64: [String: Bool]] = [:]
+}
+
+extension Store {
+    static let fleetStates: Set<String> = ["pending", "member"]
+
+    static func fleetOutboxBinding(key: String) -> SealBinding {
+        SealBinding(table: "fleet_outbox", column: "batch", row: key, owner: "terminal")
+    }
+
+    static func fleetKeyBinding(generation: Int32) -> SealBinding {
+        SealBinding(table: "fleet_keys", column: "wrapped", row: "\(generation)", owner: "terminal")
+    }
+
+    static func fleetTokenBinding(id: String) -> SealBinding {
+        SealBinding(table: "fleet_join_tokens", column: "token", row: id, owner: "terminal")
+    }
+
+    // MARK: Membership
+
+    /// The membership, or nil when this terminal is in no fleet.
+    public func fleetMembership() throws(StoreError) -> FleetMembership? {
+        try locked {
+            guard
+                let row = try connection.query(
+                    """
+                    SELECT m.*, r.count AS rejected_changes, r.last_reason AS last_rejection
+                    FROM fleet_membership m LEFT JOIN fleet_rejections r ON r.singleton = 1
+                    """
+                ).first
+            else { return nil }
+            return FleetMembership(
+                directory: row["directory"].string ?? "", terminalID: row["terminal_id"].string ?? "",
+                name: row["name"].string ?? "", state: row["state"].string ?? "",
+                cursor: Int64(row["cursor"].int ?? 0),
+                joinedAt: Date(timeIntervalSince1970: row["joined_at"].double ?? 0),
+                lastSyncAt: row["last_sync_at"].double.map(Date.init(timeIntervalSince1970:)),
+                lastError: row["last_error"].string, auditPushedThrough: row["audit_pushed_through"].int ?? 0,
+                rejectedChanges: row["rejected_changes"].int ?? 0, lastRejection: row["last_rejection"].string)
+        }
+    }
+
+    /// Records a new membership (after `fleet create` or `fleet join`), with the data-key
+    /// generation received, if any. From here on local writes queue pushes. Refused when the
+    /// terminal is already in a fleet.
+    public func beginFleetMembership(_ membership: FleetMembership) throws(StoreError) {
+        guard Self.fleetStates.contains(membership.state) else {
+            throw StoreError(.integrity("unknown fleet state \(membership.state)"))
+        }
+        try transaction { db in
+            guard try db.query("SELECT 1 FROM fleet_membership").isEmpty else {
+                throw StoreError(.integrity("this terminal is already in a fleet"))
+            }
+            try db.query(
+                "INSERT INTO fleet_membership (singleton, directory, terminal_id, name, state, cursor, joined_at) VALUES (1, ?, ?, ?, ?, ?, ?)",
+                [
+                    .text(membership.directory), .text(membership.terminalID), .text(membership.name),
+                    .text(membership.state), .integer(membership.cursor),
+                    .real(membership.joinedAt.timeIntervalSince1970),
+                ])
+            isFleetMember = true
+        }
+    }
+
+    /// Queues every local person (active or suspended) with their passcode verifier, in one
+    /// batch: what the terminal that creates a fleet brings into it.
+    public func queueLocalPeopleForFleet() throws(StoreError) {
+        try transaction { db in
+            for row in try db.query(
+                "SELECT id FROM people WHERE origin = ? ORDER BY id", [.text(Origin.local.rawValue)])
+            {
+                let id = Int64(row["id"].int ?? 0)
+                noteFleetVerifierChange(id)
+            }
+        }
+    }
+
+    /// Changes the membership's state, cursor and sync record.
+    public func updateFleetMembership(
+        state: String? = nil, cursor: Int64? = nil, syncedAt: Date? = nil, error: String?? = nil,
+        auditPushedThrough: Int? = nil
+    ) throws(StoreError) {
+        if let state, !Self.fleetStates.contains(state) {
+            throw StoreError(.integrity("unknown fleet state \(state)"))
+        }
+        try transaction { db in
+            if let state { try db.query("UPDATE fleet_membership SET state = ?", [.text(state)]) }
+            if let cursor { try db.query("UPDATE fleet_membership SET cursor = MAX(cursor, ?)", [.integer(cursor)]) }
+            if let syncedAt {
+                try db.query(
+                    "UPDATE fleet_membership SET last_sync_at = ?", [.real(syncedAt.timeIntervalSince1970)])
+            }
+            if let error {
+                try db.query(
+                    "UPDATE fleet_membership SET last_error = ?", [error.map { .text(String($0.prefix(500))) } ?? .null]
+                )
+            }
+            if let auditPushedThrough {
+                try db.query(
+                    "UPDATE fleet_membership SET audit_pushed_through = MAX(audit_pushed_through, ?)",
+                    [.integer(Int64(auditPushedThrough))])
+            }
+        }
+    }
+
+    /// Ends the membership: forgets the directory, the keys, the tokens, the mapping of people
+    /// and the queue. Local people and their secrets stay.
+    public func endFleetMembership() throws(StoreError) {
+        try transaction { db in
+            for table in [
+                "fleet_outbox", "fleet_templates", "fleet_people", "fleet_join_tokens", "fleet_keys",
+                "fleet_row_versions", "fleet_rejections",
+                "fleet_membership",
+            ] {
+                try db.query("DELETE FROM \(table)")
+            }
+            isFleetMember = false
+        }
+        try checkpointTruncating()
+    }
+
+    // MARK: Row versions and refusals
+
+    /// Records the version of a directory row this terminal trusted (`Int64.max`: the row was
+    /// deleted). Only ever raised: an older version never replaces a newer one.
+    public func setFleetRowVersion(_ version: Int64, entity: String, key: String) throws(StoreError) {
+        try transaction { db in
+            try db.query(
+                """
+                INSERT INTO fleet_row_versions (entity, row_key, version) VALUES (?, ?, ?)
+                ON CONFLICT (entity, row_key) DO UPDATE SET version = MAX(version, excluded.version)
+                """, [.text(entity), .text(key), .integer(version)])
+        }
+    }
+
+    /// The row versions recorded, for the directory connection after a restart.
+    public func fleetRowVersions() throws(StoreError) -> [(entity: String, key: String, version: Int64)] {
+        try locked {
+            try connection.query("SELECT entity, row_key, version FROM fleet_row_versions").map { row in
+                (row["entity"].string ?? "", row["row_key"].string ?? "", Int64(row["version"].int ?? 0))
+            }
+        }
+    }
+
+    /// Counts a pulled change that was refused, and keeps why.
+    public func recordFleetRejection(_ reason: String) throws(StoreError) {
+        try transaction { db in
+            try db.query(
+                """
+                INSERT INTO fleet_rejections (singleton, count, last_reason) VALUES (1, 1, ?)
+                ON CONFLICT (singleton) DO UPDATE SET count = count + 1, last_reason = excluded.last_reason
+                """, [.text(String(reason.prefix(500)))])
+        }
+    }
+
+    // MARK: Keys and tokens
+
+    /// Keeps a data-key generation as received (wrapped to this terminal), sealed under the
+    /// store key: it opens only with the store key and the terminal's own key together.
+    public func addFleetKey(generation: Int32, wrapped: [UInt8], now: Date) throws(StoreError) {
+        let sealed = try seal(wrapped, Self.fleetKeyBinding(generation: generation))
+        try transaction { db in
+            try db.query(
+                "INSERT OR REPLACE INTO fleet_keys (generation, sealed, received_at) VALUES (?, ?, ?)",
+                [.integer(Int64(generation)), .blob(sealed), .real(now.timeIntervalSince1970)])
+        }
+    }
+
+    /// The data-key generations held, oldest first, as wrapped.
+    public func fleetKeys() throws(StoreError) -> [(generation: Int32, wrapped: [UInt8])] {
+        let rows = try locked { try connection.query("SELECT generation, sealed FROM fleet_keys ORDER BY generation") }
+        var keys: [(generation: Int32, wrapped: [UInt8])] = []
+        for row in rows {
+            let generation = Int32(row["generation"].int ?? 0)
+            guard let sealed = row["sealed"].bytes else {
+                throw StoreError(.integrity("fleet key \(generation) is not a blob"))
+            }
+            keys.append((generation, try sealer.open(sealed, binding: Self.fleetKeyBinding(generation: generation))))
+        }
+        return keys
+    }
+
+    /// Keeps a join token this terminal issued (its full text), sealed, until it admits the
+    /// terminal that uses it.
+    public func addFleetJoinToken(id: String, token: [UInt8], expiresAt: Date, now: Date) throws(StoreError) {
+        let sealed = try seal(token, Self.fleetTokenBinding(id: id))
+        try transaction { db in
+            try db.query(
+                "INSERT INTO fleet_join_tokens (token_id, sealed, issued_at, expires_at) VALUES (?, ?, ?, ?)",
+                [.text(id), .blob(sealed), .real(now.timeIntervalSince1970), .real(expiresAt.timeIntervalSince1970)])
+        }
+    }
+
+    /// A join token this terminal issued and has not used to admit anybody yet.
+    public func fleetJoinToken(id: String) throws(StoreError) -> [UInt8]? {
+        let sealed = try locked {
+            try connection.query(
+                "SELECT sealed FROM fleet_join_tokens WHERE token_id = ? AND admitted_at IS NULL", [.text(id)]
+            ).first?["sealed"].bytes
+        }
+        guard let sealed else { return nil }
+        return try sealer.open(sealed, binding: Self.fleetTokenBinding(id: id))
+    }
+
+    /// Marks a token used up by the admission of `terminal`, and erases its secret.
+    public func markFleetJoinTokenUsed(id: String, terminal: String, now: Date) throws(StoreError) {
+        try transaction { db in
+            try db.query(
+                "UPDATE fleet_join_tokens SET admitted_at = ?, admitted_terminal = ?, sealed = X'' WHERE token_id = ?",
+                [.real(now.timeIntervalSince1970), .text(terminal), .text(id)])
+        }
+    }
+
+    private func seal(_ plaintext: [UInt8], _ binding: SealBinding) throws(StoreError) -> [UInt8] {
+        do { return try sealer.seal(plaintext, binding: binding) } catch {
+            throw StoreError(.integrity("sealing failed: \(error)"))
+        }
+    }
+
+    // MARK: People
+
+    /// The directory id of a local person, if they are in the fleet.
+    public func fleetID(of person: StoredPerson) throws(StoreError) -> String? {
+        try locked {
+            try connection.query("SELECT fleet_id FROM fleet_people WHERE person_id = ?", [.integer(person.id)])
+                .first?["fleet_id"].string
+        }
+    }
+
+    /// The local person with this directory id, if any.
+    public func person(fleetID: String) throws(StoreError) -> StoredPerson? {
+        try locked {
+            try connection.query(
+                "SELECT \(Self.personColumns) FROM people WHERE id = (SELECT person_id FROM fleet_people WHERE fleet_id = ?)",
+                [.text(fleetID)]
+            ).first.map(decodePerson)
+        }
+    }
+
+    /// Links a local person to a directory person (when a pulled person arrives).
+    public func linkFleetPerson(_ person: StoredPerson, fleetID: String) throws(StoreError) {
+        try transaction { db in
+            try db.query(
+                "INSERT INTO fleet_people (person_id, fleet_id) VALUES (?, ?) ON CONFLICT (person_id) DO UPDATE SET fleet_id = excluded.fleet_id",
+                [.integer(person.id), .text(fleetID)])
+        }
+    }
+
+    /// The passcode failures counted here and not yet acknowledged by the directory.
+    public func unpushedFleetFailures(of person: StoredPerson) throws(StoreError) -> Int {
+        try locked {
+            try connection.query(
+                "SELECT unpushed_failures FROM fleet_people WHERE person_id = ?", [.integer(person.id)]
+            ).first?["unpushed_failures"].int ?? 0
+        }
+    }
+
+    /// Records the fleet-wide failure sum last pulled for a person.
+    public func setFleetFailureSum(_ sum: Int, of person: StoredPerson) throws(StoreError) {
+        try transaction { db in
+            try db.query(
+                "UPDATE fleet_people SET fleet_failures = ? WHERE person_id = ?",
+                [.integer(Int64(sum)), .integer(person.id)])
+        }
+    }
+
+    /// Runs `body` as one transaction whose writes came from the directory: they are applied
+    /// locally but not queued to be pushed back.
+    public func applyingFleetChanges<T>(
+        now: Date, _ body: (StoreTransaction) throws(StoreError) -> T
+    ) throws(StoreError)
+        -> T
+    {
+        try locked {
+            let before = isApplyingFleetChanges
+            isApplyingFleetChanges = true
+            defer { isApplyingFleetChanges = before }
+            return try transaction(now: now, body)
+        }
+    }
+
+    /// Runs `body` (store calls and transactions, on this thread) as writes that came from the
+    /// directory: applied locally but not queued to be pushed back.
+    public func applyingFleetChanges<T>(_ body: () throws(StoreError) -> T) throws(StoreError) -> T {
+        try locked {
+            let before = isApplyingFleetChanges
+            isApplyingFleetChanges = true
+            defer { isApplyingFleetChanges = before }
+            return try body()
+        }
+    }
+
+    // MARK: The queue
+
+    /// The queued pushes, oldest first.
+    public func fleetOutbox(limit: Int) throws(StoreError) -> [FleetOutboxBatch] {
+        let rows = try locked {
+            try connection.query(
+                "SELECT id, idempotency_key, sealed, attempts FROM fleet_outbox ORDER BY id LIMIT ?",
+                [.integer(Int64(limit))])
+        }
+        var batches: [FleetOutboxBatch] = []
+        for row in rows {
+            let key = row["idempotency_key"].string ?? ""
+            guard let sealed = row["sealed"].bytes else {
+                throw StoreError(.integrity("fleet_outbox row \(key) is not a blob"))
+            }
+            let plaintext = try sealer.open(sealed, binding: Self.fleetOutboxBinding(key: key))
+            let operations: [FleetLocalOperation]
+            do { operations = try JSONDecoder().decode([FleetLocalOperation].self, from: Data(plaintext)) } catch {
+                throw StoreError(.integrity("fleet_outbox row \(key) does not decode"))
+            }
+            batches.append(
+                FleetOutboxBatch(
+                    id: Int64(row["id"].int ?? 0), idempotencyKey: key, operations: operations,
+                    attempts: row["attempts"].int ?? 0))
+        }
+        return batches
+    }
+
+    /// Number of queued pushes.
+    public func fleetOutboxCount() throws(StoreError) -> Int {
+        try locked { try connection.query("SELECT COUNT(*) AS n FROM fleet_outbox").first?["n"].int ?? 0 }
+    }
+
+    /// Removes a batch the directory acknowledged (applied now or before), and takes its
+    /// failures off the people's unpushed counts.
+    public func acknowledgeFleetBatch(_ batch: FleetOutboxBatch) throws(StoreError) {
+        try transaction { db in
+            for case .passcodeFailures(let fleetID, let count) in batch.operations {
+                try db.query(
+                    "UPDATE fleet_people SET unpushed_failures = MAX(0, unpushed_failures - ?) WHERE fleet_id = ?",
+                    [.integer(Int64(count)), .text(fleetID)])
+            }
+            try db.query("DELETE FROM fleet_outbox WHERE id = ?", [.integer(batch.id)])
+        }
+    }
+
+    /// Records a failed push of a batch; it stays first in the queue.
+    public func fleetBatchFailed(_ batch: FleetOutboxBatch, error: String) throws(StoreError) {
+        try transaction { db in
+            try db.query(
+                "UPDATE fleet_outbox SET attempts = attempts + 1, last_error = ? WHERE id = ?",
+                [.text(String(error.prefix(500))), .integer(batch.id)])
+        }
+    }
+
+    // MARK: Queueing inside the writing transaction
+
+    /// Called whenever a person's row is written (with its MAC): remembered for the batch.
+    func noteFleetPersonChange(_ id: Int64) {
+        guard isFleetMember, !fleetPending.people.contains(id) else { return }
+        fleetPending.people.append(id)
+    }
+
+    /// Called when a person's passcode verifier is set.
+    func noteFleetVerifierChange(_ id: Int64) {
+        guard isFleetMember else { return }
+        fleetPending.verifiers.insert(id)
+        noteFleetPersonChange(id)
+    }
+
+    /// Called when a finger is enrolled or removed.
+    func noteFleetTemplateChange(_ id: Int64, finger: String, added: Bool) {
+        guard isFleetMember else { return }
+        fleetPending.templates[id, default: [:]][finger] = added
+        noteFleetPersonChange(id)
+    }
+
+    /// Links a directory template to a local finger (when a pulled template is applied).
+    public func linkFleetTemplate(_ templateID: String, person: StoredPerson, finger: String) throws(StoreError) {
+        try transaction { db in
+            try db.query(
+                "INSERT OR REPLACE INTO fleet_templates (template_id, person_id, finger) VALUES (?, ?, ?)",
+                [.text(templateID), .integer(person.id), .text(finger)])
+        }
+    }
+
+    /// The local person and finger a directory template was applied as.
+    public func fleetTemplate(_ templateID: String) throws(StoreError) -> (person: StoredPerson, finger: String)? {
+        try locked {
+            guard
+                let row = try connection.query(
+                    "SELECT p.name AS template_person, t.finger FROM fleet_templates t JOIN people p ON p.id = t.person_id WHERE t.template_id = ?",
+                    [.text(templateID)]
+                ).first, let finger = row["finger"].string, let name = row["template_person"].string,
+                let person = try connection.query(
+                    "SELECT \(Self.personColumns) FROM people WHERE name = ?", [.text(name)]
+                ).first.map(decodePerson)
+            else { return nil }
+            return (person, finger)
+        }
+    }
+
+    /// Called before a person's row is deleted: the directory learns they are removed.
+    func noteFleetRemoval(of id: Int64, in db: SQLiteConnection) throws {
+        guard isFleetMember, !isApplyingFleetChanges,
+            let row = try db.query(
+                "SELECT p.name, p.roles, p.uid, f.fleet_id FROM people p JOIN fleet_people f ON f.person_id = p.id WHERE p.id = ?",
+                [.integer(id)]
+            ).first, let fleetID = row["fleet_id"].string
+        else { return }
+        fleetPending.removed[id] = .person(
+            fleetID: fleetID, name: row["name"].string ?? "", roles: row["roles"].string ?? "", uid: row["uid"].int,
+            state: "removed")
+        noteFleetPersonChange(id)
+    }
+
+    /// Writes the transaction's fleet batch, inside it, just before it commits: the people it
+    /// changed as they now are, verifiers set, and passcode failures counted or cleared. Nothing
+    /// when this terminal is in no fleet, or when the changes came from the directory (then
+    /// only the bookkeeping follows them).
+    @discardableResult
+    func flushFleetChanges(in db: SQLiteConnection) throws -> Bool {
+        guard isFleetMember, !fleetPending.people.isEmpty else { return false }
+        var operations: [FleetLocalOperation] = []
+        for id in fleetPending.people {
+            guard
+                let row = try db.query(
+                    "SELECT name, roles, origin, state, uid, passcode_failures FROM people WHERE id = ?",
+                    [.integer(id)]
+                ).first
+            else {
+                if let removal = fleetPending.removed[id] { operations.append(removal) }
+                continue
+            }
+            guard row["origin"].string == Origin.local.rawValue else { continue }
+            let name = row["name"].string ?? ""
+            let state = row["state"].string ?? ""
+            let failures = row["passcode_failures"].int ?? 0
+            var mapping = try db.query(
+                "SELECT fleet_id, pushed_digest, reported_failures FROM fleet_people WHERE person_id = ?",
+                [.integer(id)]
+            ).first
+            if mapping == nil {
+                // People waiting for activation stay local until they are active.
+                if state == PersonState.pendingActivation.rawValue || isApplyingFleetChanges { continue }
+                try db.query(
+                    "INSERT INTO fleet_people (person_id, fleet_id) VALUES (?, ?)",
+                    [.integer(id), .text(UUID().uuidString.lowercased())])
+                mapping = try db.query(
+                    "SELECT fleet_id, pushed_digest, reported_failures FROM fleet_people WHERE person_id = ?",
+                    [.integer(id)]
+                ).first
+            }
+            guard let mapping, let fleetID = mapping["fleet_id"].string else { continue }
+            let fleetState = state == PersonState.active.rawValue ? "active" : "suspended"
+            let roles = row["roles"].string ?? ""
+            let uid = row["uid"].int
+            let digest = "\(name)\n\(roles)\n\(uid.map(String.init) ?? "-")\n\(fleetState)"
+            let reported = mapping["reported_failures"].int ?? 0
+            if isApplyingFleetChanges {
+                try db.query(
+                    "UPDATE fleet_people SET pushed_digest = ?, reported_failures = ? WHERE person_id = ?",
+                    [.text(digest), .integer(Int64(failures)), .integer(id)])
+                continue
+            }
+            if mapping["pushed_digest"].string != digest {
+                operations.append(.person(fleetID: fleetID, name: name, roles: roles, uid: uid, state: fleetState))
+            }
+            if fleetPending.verifiers.contains(id),
+                let sealed = try db.query(
+                    "SELECT sealed FROM secrets WHERE person_id = ? AND kind = 'passcode'", [.integer(id)]
+                ).first?["sealed"].bytes
+            {
+                let verifier = try sealer.open(
+                    sealed, binding: Self.secretBinding(personID: id, name: try LoginName(name), kind: "passcode"))
+                operations.append(.verifier(fleetID: fleetID, verifier: verifier))
+            }
+            for (finger, added) in (fleetPending.templates[id] ?? [:]).sorted(by: { $0.key < $1.key }) {
+                if added {
+                    guard
+                        let sealed = try db.query(
+                            "SELECT template FROM fingers WHERE person_id = ? AND finger = ?",
+                            [.integer(id), .text(finger)]
+                        ).first?["template"].bytes
+                    else { continue }
+                    let template = try sealer.open(
+                        sealed, binding: Self.fingerBinding(personID: id, name: try LoginName(name), finger: finger))
+                    operations.append(.template(fleetID: fleetID, finger: finger, template: template))
+                } else {
+                    operations.append(.removeTemplate(fleetID: fleetID, finger: finger))
+                }
+            }
+            var unpushed = "unpushed_failures"
+            if failures > reported {
+                operations.append(.passcodeFailures(fleetID: fleetID, count: failures - reported))
+                unpushed = "unpushed_failures + \(failures - reported)"
+            } else if failures == 0, reported > 0 {
+                operations.append(.passcodeReset(fleetID: fleetID))
+                unpushed = "0"
+            }
+            try db.query(
+                "UPDATE fleet_people SET pushed_digest = ?, reported_failures = ?, unpushed_failures = \(unpushed) WHERE person_id = ?",
+                [.text(digest), .integer(Int64(failures)), .integer(id)])
+        }
+        guard !operations.isEmpty else { return false }
+        let key = UUID().uuidString.lowercased()
+        let plaintext: Data
+        do { plaintext = try JSONEncoder().encode(operations) } catch {
+            throw StoreError(.integrity("the fleet batch does not encode: \(error)"))
+        }
+        let sealed = try sealer.seal(Array(plaintext), binding: Self.fleetOutboxBinding(key: key))
+        try db.query(
+            "INSERT INTO fleet_outbox (idempotency_key, sealed, created_at) VALUES (?, ?, ?)",
+            [.text(key), .blob(sealed), .real(Date().timeIntervalSince1970)])
+        return true
+    }
+}
+
+extension StoreError {
+    /// A change pulled from the fleet directory that cannot be applied here.
+    public static func fleetChange(_ reason: String) -> StoreError {
+        StoreError(.integrity("fleet: \(reason)"))
+    }
+}

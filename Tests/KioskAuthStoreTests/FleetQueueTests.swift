@@ -1,0 +1,261 @@
+import Foundation
+import KioskAuthCore
+import Testing
+
+@testable import KioskAuthStore
+
+/// The fleet queue (schema 6): a local write and the push that reports it commit in one SQLite
+/// transaction, in order; changes pulled from the directory are not queued back.
+@Suite("Fleet queue in the writing transaction")
+struct FleetQueueTests {
+    private func member(_ store: Store) throws {
+        try store.beginFleetMembership(
+            FleetMembership(
+                directory: "postgres://kiosk@/fleet?host=/run/test", terminalID: UUID().uuidString.lowercased(),
+                name: "a", state: "member", joinedAt: testNow))
+    }
+
+    private func kinds(_ batches: [FleetOutboxBatch]) -> [[String]] {
+        batches.map { batch in
+            batch.operations.map { operation in
+                switch operation {
+                case .person(_, _, _, _, let state): "person:\(state)"
+                case .verifier: "verifier"
+                case .passcodeFailures(_, let count): "failures:\(count)"
+                case .passcodeReset: "reset"
+                case .template(_, let finger, _): "template:\(finger)"
+                case .removeTemplate(_, let finger): "remove-template:\(finger)"
+                }
+            }
+        }
+    }
+
+    @Test func withoutMembership_nothingIsQueued() throws {
+        let fixture = try StoreFixture()
+        try fixture.withStore { store in
+            let sarah = try store.addTestPerson("sarah")
+            try store.setTestPasscode("4711-2345", for: sarah)
+            #expect(try store.fleetOutboxCount() == 0)
+            #expect(try store.fleetMembership() == nil)
+        }
+    }
+
+    @Test func committedWrites_eachHaveTheirBatch_inOrder_andSurviveReopening() throws {
+        let fixture = try StoreFixture()
+        try fixture.withStore { store in
+            try member(store)
+            let sarah = try store.addTestPerson("sarah")
+            try store.setTestPasscode("4711-2345", for: sarah)
+            let suspended = try #require(try store.person(named: LoginName("sarah")))
+            try store.setSuspension("lost badge", for: suspended, now: testNow)
+            try store.removePerson(try #require(try store.person(named: LoginName("sarah"))))
+        }
+        try fixture.withStore { store in
+            let batches = try store.fleetOutbox(limit: 100)
+            #expect(kinds(batches) == [["person:active"], ["verifier"], ["person:suspended"], ["person:removed"]])
+            let ids = batches.compactMap { batch -> String? in
+                if case .person(let id, _, _, _, _) = batch.operations[0] { return id }
+                return nil
+            }
+            #expect(Set(ids).count == 1, "one directory id for the person throughout")
+            #expect(Set(batches.map(\.idempotencyKey)).count == 4)
+        }
+    }
+
+    @Test func aFailingWrite_leavesNoBatch() throws {
+        let fixture = try StoreFixture()
+        try fixture.withStore { store in
+            try member(store)
+            _ = try store.addTestPerson("sarah")
+            let sarahName = try LoginName("sarah")
+            let before = try store.fleetOutboxCount()
+            // The audit append fails, so the suspension and its batch roll back together.
+            store.failingAuditActions = ["person.suspend"]
+            #expect(throws: StoreError.self) {
+                try store.transaction(now: testNow) { tx throws(StoreError) in
+                    guard let sarah = try store.person(named: sarahName) else { return }
+                    try store.setSuspension("x", for: sarah, now: testNow)
+                    try tx.appendAudit(AuditRecord(action: "person.suspend", result: "success"))
+                }
+            }
+            #expect(try store.fleetOutboxCount() == before)
+            #expect(try store.person(named: LoginName("sarah"))?.state == .active)
+            // A duplicate person fails inside its transaction: no batch either.
+            #expect(throws: StoreError.self) { try store.addTestPerson("sarah") }
+            #expect(try store.fleetOutboxCount() == before)
+        }
+    }
+
+    @Test func pendingPeople_stayLocal_untilActive() throws {
+        let fixture = try StoreFixture()
+        try fixture.withStore { store in
+            try member(store)
+            let tom = try store.addPerson(
+                name: LoginName("tom"), displayName: "Tom", roles: RoleSet(primary: .caregiver), origin: .local,
+                state: .pendingActivation, uid: nil, now: testNow)
+            #expect(try store.fleetOutboxCount() == 0)
+            try store.transaction(now: testNow) { _ throws(StoreError) in
+                try store.setTestPasscodeTyped("4711-2345", for: tom)
+                try store.setState(.active, for: tom, now: testNow)
+            }
+            #expect(kinds(try store.fleetOutbox(limit: 10)) == [["person:active", "verifier"]])
+        }
+    }
+
+    @Test func failuresAndResets_areQueued_andAcknowledgementsTakeThemOff() throws {
+        let fixture = try StoreFixture()
+        try fixture.withStore { store in
+            try member(store)
+            var sarah = try store.addTestPerson("sarah")
+            var failures = CredentialFailureState()
+            failures.passcodeFailures = 1
+            try store.saveFailures(failures, for: sarah, now: testNow)
+            failures.passcodeFailures = 3
+            try store.saveFailures(failures, for: sarah, now: testNow)
+            sarah = try #require(try store.person(named: LoginName("sarah")))
+            #expect(try store.unpushedFleetFailures(of: sarah) == 3)
+            try store.saveFailures(CredentialFailureState(), for: sarah, now: testNow)
+            let batches = try store.fleetOutbox(limit: 10)
+            #expect(kinds(batches) == [["person:active"], ["failures:1"], ["failures:2"], ["reset"]])
+            #expect(try store.unpushedFleetFailures(of: sarah) == 0)
+            for batch in batches { try store.acknowledgeFleetBatch(batch) }
+            #expect(try store.fleetOutboxCount() == 0)
+        }
+    }
+
+    @Test func appliedChanges_areNotPushedBack() throws {
+        let fixture = try StoreFixture()
+        try fixture.withStore { store in
+            try member(store)
+            let sarahName = try LoginName("sarah")
+            try store.applyingFleetChanges(now: testNow) { _ throws(StoreError) in
+                let sarah = try store.addPerson(
+                    name: sarahName, displayName: "Sarah", roles: RoleSet(primary: .caregiver),
+                    origin: .local, state: .active, uid: nil, now: testNow)
+                try store.linkFleetPerson(sarah, fleetID: "5a1f2b3c-0000-4000-8000-000000000001")
+                try store.setSuspension("fleet", for: sarah, now: testNow)
+            }
+            #expect(try store.fleetOutboxCount() == 0)
+            #expect(try store.person(fleetID: "5a1f2b3c-0000-4000-8000-000000000001")?.state == .suspended)
+            // A later local change of the same person is pushed, under the directory's id.
+            try store.setSuspension(nil, for: try #require(try store.person(named: LoginName("sarah"))), now: testNow)
+            let batches = try store.fleetOutbox(limit: 10)
+            #expect(
+                batches.first?.operations.first
+                    == .person(
+                        fleetID: "5a1f2b3c-0000-4000-8000-000000000001", name: "sarah", roles: "caregiver", uid: nil,
+                        state: "active"))
+        }
+    }
+
+    @Test func theCreatingTerminal_queuesItsExistingPeople_inOneBatch() throws {
+        let fixture = try StoreFixture()
+        try fixture.withStore { store in
+            let sarah = try store.addTestPerson("sarah")
+            try store.setTestPasscode("4711-2345", for: sarah)
+            _ = try store.addTestPerson("tom")
+            try member(store)
+            #expect(try store.fleetOutboxCount() == 0)
+            try store.queueLocalPeopleForFleet()
+            #expect(kinds(try store.fleetOutbox(limit: 10)) == [["person:active", "verifier", "person:active"]])
+        }
+    }
+
+    @Test func concurrentWriters_eachGetTheirBatch_inCommitOrder() throws {
+        let fixture = try StoreFixture()
+        try fixture.withStore { store in
+            try member(store)
+            let writers = 8
+            let perWriter = 10
+            DispatchQueue.concurrentPerform(iterations: writers) { writer in
+                for index in 0..<perWriter {
+                    _ = try? store.addTestPerson("w\(writer)x\(index)")
+                }
+            }
+            let batches = try store.fleetOutbox(limit: 1000)
+            #expect(batches.count == writers * perWriter)
+            // The queue's order is the order the people rows were committed in.
+            let names = batches.compactMap { batch -> String? in
+                if case .person(_, let name, _, _, _) = batch.operations[0] { return name }
+                return nil
+            }
+            let committed = try store.people().sorted { $0.id < $1.id }.map(\.name.rawValue)
+            #expect(names == committed)
+        }
+    }
+
+    @Test func enrolmentsAndRemovals_areQueued_withTheTemplate() throws {
+        let fixture = try StoreFixture()
+        try fixture.withStore { store in
+            try member(store)
+            let sarah = try store.addTestPerson("sarah")
+            try store.addFinger("right-index", template: [1, 2, 3], for: sarah, now: testNow)
+            try store.removeFingers("right-index", of: sarah)
+            let batches = try store.fleetOutbox(limit: 10)
+            #expect(kinds(batches) == [["person:active"], ["template:right-index"], ["remove-template:right-index"]])
+            if case .template(_, _, let template) = batches[1].operations[0] { #expect(template == [1, 2, 3]) }
+        }
+    }
+
+    @Test func keysAndTokens_areSealed_andTheMembershipEnds() throws {
+        let fixture = try StoreFixture()
+        try fixture.withStore { store in
+            try member(store)
+            try store.addFleetKey(generation: 1, wrapped: Array(repeating: 7, count: 80), now: testNow)
+            try store.addFleetJoinToken(id: "t1", token: Array("kat1.secret".utf8), expiresAt: testNow, now: testNow)
+            #expect(try store.fleetKeys().map(\.generation) == [1])
+            #expect(try store.fleetJoinToken(id: "t1") == Array("kat1.secret".utf8))
+            try store.markFleetJoinTokenUsed(id: "t1", terminal: "b", now: testNow)
+            #expect(try store.fleetJoinToken(id: "t1") == nil)
+            #expect(throws: StoreError.self) { try member(store) }
+            try store.endFleetMembership()
+            #expect(try store.fleetMembership() == nil)
+            #expect(try store.fleetKeys().isEmpty)
+        }
+        #expect(try !fixture.databaseBytes().contains(subsequence: Array("kat1.secret".utf8)))
+    }
+
+    /// Schema 7: the versions of trusted directory rows only ever rise and survive reopening;
+    /// refused changes are counted with the last reason; leaving forgets both.
+    @Test func rowVersions_onlyRise_surviveReopening_andRefusalsAreCounted() throws {
+        let fixture = try StoreFixture()
+        try fixture.withStore { store in
+            try member(store)
+            try store.setFleetRowVersion(20, entity: "people", key: "p1")
+            try store.setFleetRowVersion(10, entity: "people", key: "p1")
+            try store.setFleetRowVersion(Int64.max, entity: "templates", key: "t1")
+            try store.recordFleetRejection("change 7 (people p1) refused, forged")
+            try store.recordFleetRejection("change 9 (people p1) refused, replayed")
+        }
+        try fixture.withStore { store in
+            let versions = try store.fleetRowVersions().sorted { $0.key < $1.key }
+            #expect(versions.map(\.key) == ["p1", "t1"])
+            #expect(versions.map(\.version) == [20, Int64.max])
+            let membership = try #require(try store.fleetMembership())
+            #expect(membership.rejectedChanges == 2)
+            #expect(membership.lastRejection?.hasSuffix("replayed") == true)
+            try store.endFleetMembership()
+            #expect(try store.fleetRowVersions().isEmpty)
+            try member(store)
+            #expect(try store.fleetMembership()?.rejectedChanges == 0)
+        }
+    }
+}
+
+extension Store {
+    fileprivate func setTestPasscodeTyped(_ passcode: String, for person: StoredPerson) throws(StoreError) {
+        try setPasscodeVerifier(
+            PasscodeVerifier.make(passcode: passcode, parameters: testHashParameters), for: person, now: testNow)
+    }
+}
+
+extension Array where Element == UInt8 {
+    fileprivate func contains(subsequence: [UInt8]) -> Bool {
+        guard subsequence.count <= count else { return false }
+        for start in 0...(count - subsequence.count)
+        where self[start..<start + subsequence.count].elementsEqual(subsequence) {
+            return true
+        }
+        return false
+    }
+}
