@@ -7,6 +7,7 @@ import re
 import socket
 import stat
 import subprocess
+import threading
 import time
 from pathlib import Path
 
@@ -298,15 +299,25 @@ class JournalSink:
         self.sock.bind(str(path))
         os.chmod(path, 0o666)
         self.messages: list[dict[str, str]] = []
+        self.lock = threading.Lock()
+        # Read all the time, as journald does: the daemon never waits for a full queue (it
+        # writes the line to standard error instead), so a sink that read only when asked
+        # would miss what came while the queue (net.unix.max_dgram_qlen, often 10) was full.
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        while True:
+            try:
+                data = self.sock.recv(1 << 20)
+            except OSError:
+                return
+            with self.lock:
+                self.messages.append(parse_datagram(data))
 
     def drain(self, timeout: float = 0.5) -> list[dict[str, str]]:
-        self.sock.settimeout(timeout)
-        try:
-            while True:
-                self.messages.append(parse_datagram(self.sock.recv(1 << 20)))
-        except socket.timeout:
-            pass
-        return self.messages
+        time.sleep(timeout)
+        with self.lock:
+            return list(self.messages)
 
     def audits(self, action: str, timeout: float = 10.0) -> list[dict[str, str]]:
         deadline = time.monotonic() + timeout
@@ -438,3 +449,20 @@ def test_status_withoutReader_saysPasscodesOnly(make_daemon):
     assert json.loads(d.ctl("status", "--json").stdout)["readers"] == []
     _, samples = metrics(d)
     assert value(samples, "kioskauth_readers_present") == 0
+
+
+def test_journal_aJournalThatStopsReading_neverStallsTheDaemon(make_daemon, tmp_path):
+    """A journal socket nobody reads (journald hung): the queue fills after a few datagrams, and
+    the daemon must neither wait for it nor lose the lines (they go to standard error)."""
+    path = tmp_path / "stuck.sock"
+    stuck = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    stuck.bind(str(path))
+    os.chmod(path, 0o666)
+    d = make_daemon(env={"KIOSKAUTH_JOURNAL_SOCKET": str(path)})
+    d.start(timeout=20)
+    for name in ("sarah", "omar", "lena"):
+        assert d.ctl("user", "add", name).returncode == 0
+    assert d.ctl("status").returncode == 0
+    # What did not fit in the queue was written as lines instead.
+    assert "person.add" in d.log_text() or "ready" in d.log_text()
+    stuck.close()

@@ -16,8 +16,10 @@ int kioskauth_send_datagram(int fd, const char *path, const void *data, size_t l
     socklen_t address_length =
         (socklen_t)(offsetof(struct sockaddr_un, sun_path) + path_length + 1);
     for (;;) {
-        ssize_t sent = sendto(fd, data, length, MSG_NOSIGNAL, (const struct sockaddr *)&address,
-                              address_length);
+        // Never wait for a slow reader: a full queue is EAGAIN, and the caller writes the line
+        // to standard error instead.
+        ssize_t sent = sendto(fd, data, length, MSG_NOSIGNAL | MSG_DONTWAIT,
+                              (const struct sockaddr *)&address, address_length);
         if (sent >= 0)
             return 0;
         if (errno != EINTR)

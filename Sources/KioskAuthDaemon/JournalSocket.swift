@@ -41,7 +41,9 @@ public final class JournalSocket: Sendable {
         return JournalSocket(path: systemPath)
     }
 
-    /// Sends one datagram; false when it could not be sent (the caller falls back to a line).
+    /// Sends one datagram without waiting; false when it could not be sent, also when the
+    /// journal's queue is full (the caller falls back to a line on standard error, so a stalled
+    /// journal never stalls an unlock).
     func send(_ datagram: [UInt8]) -> Bool {
         datagram.withUnsafeBytes { buffer in
             kioskauth_send_datagram(fd, path, buffer.baseAddress, buffer.count) == 0
