@@ -56,6 +56,14 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
+
+
+def shown_path(path: str) -> str:
+    """`path` relative to the repository when it is inside it (output lands in docs/)."""
+    try:
+        return str(Path(path).resolve().relative_to(REPO))
+    except ValueError:
+        return Path(path).name
 os.environ.setdefault("KIOSKAUTH_BIN_DIR", str(REPO / ".build" / "release"))
 sys.path.insert(0, str(REPO / "tests"))
 sys.path.insert(0, str(REPO / "bench" / "fpgen"))
@@ -466,7 +474,7 @@ def main() -> int:
     def log(message):
         print(message, file=sys.stderr, flush=True)
 
-    print(f"# identify latency through kioskauthd ({os.environ['KIOSKAUTH_BIN_DIR']}), virtual_image; "
+    print(f"# identify latency through kioskauthd ({shown_path(os.environ['KIOSKAUTH_BIN_DIR'])}), virtual_image; "
           f"source {args.source} ({len(fingers)} fingers); cap {args.cap}; {args.repeat} probes per cell; "
           f"finger held {args.hold:.0f} ms; "
           f"ms from image to answer; load at start {load_average()}")
