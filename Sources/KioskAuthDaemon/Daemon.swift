@@ -534,6 +534,9 @@ struct StoreSweepService: Service {
         case .success(let rows):
             logger.info(
                 "store rows checked", metadata: ["rows": "\(rows)", "elapsed": "\(ContinuousClock.now - started)"])
+            // Stay until the group shuts down: a service that ends on its own while a shutdown
+            // is under way is an error to the service group (exit status 1 on SIGTERM).
+            try? await gracefulShutdown()
         case .failure(let error):
             let refusal = startupError(error, database: database)
             logger.critical("\(refusal.message)")
