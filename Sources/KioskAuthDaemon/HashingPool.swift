@@ -1,4 +1,5 @@
 import FoundationEssentials
+import KioskAuthFingerprint
 
 /// Argon2id runs here: at most a fixed number of worker threads (by default one fewer than the
 /// cores, at least one) and bounded queues. A passcode storm can then use at most those
