@@ -83,6 +83,13 @@ public struct AuditAction: Sendable, Hashable, CustomStringConvertible {
     static let fleetLeave = AuditAction("fleet.leave")
     static let fleetMigrate = AuditAction("fleet.migrate")
     static let fleetReject = AuditAction("fleet.reject")
+    /// An admin removed another terminal from the fleet (`FleetRemoveTerminal`).
+    static let fleetRemove = AuditAction("fleet.remove")
+    /// The directory says this terminal was removed; it forgot its data keys and its queue.
+    static let fleetRemoved = AuditAction("fleet.removed")
+    /// This terminal published the data-key generation a removal owed.
+    static let fleetRotate = AuditAction("fleet.rotate")
+    static let fleetTerminals = AuditAction("fleet.terminals")
     static let fleetStatus = AuditAction("fleet.status")
     static let fleetSync = AuditAction("fleet.sync")
     static let fleetToken = AuditAction("fleet.token")

@@ -1,4 +1,5 @@
 import FoundationEssentials
+import KioskAuthFleet
 import KioskAuthProtocol
 
 extension Authority {
@@ -71,6 +72,41 @@ extension Authority {
         try await fleetCall(caller, action: .fleetSync, audits: false) { agent throws(APIError) in
             try await agent.sync()
         }
+    }
+
+    func fleetTerminals(_ caller: Caller) async throws(APIError) -> Message.FleetTerminals {
+        try await fleetCall(caller, action: .fleetTerminals, audits: false) { agent throws(APIError) in
+            let this = try await agent.status().terminalId
+            let iso = Date.ISO8601FormatStyle()
+            return Message.FleetTerminals(
+                terminals: try await agent.terminals().map { terminal in
+                    let id = terminal.id.uuidString.lowercased()
+                    return Message.FleetTerminal(
+                        terminalId: id, name: terminal.name, state: terminal.state,
+                        readerDriver: terminal.readerDriver, readerDeviceType: terminal.readerDeviceType,
+                        matchOnChip: terminal.isMatchOnChip, joinedAt: terminal.joinedAt.formatted(iso),
+                        removedAt: terminal.removedAt?.formatted(iso), lastSeenAt: terminal.lastSeenAt?.formatted(iso),
+                        isThisTerminal: id == this)
+                })
+        }
+    }
+
+    /// Removes another terminal and rotates the data key; audited with the terminal removed.
+    func fleetRemoveTerminal(
+        _ caller: Caller, _ input: Message.FleetRemoveTerminal
+    ) async throws(APIError) -> Message.FleetTerminalRemoved {
+        let (removed, generation) = try await fleetCall(caller, action: .fleetRemove, audits: false) {
+            agent throws(APIError) in
+            let named = input.terminal.trimmingCharacters(in: .whitespaces)
+            guard !named.isEmpty, named.count <= 256, !named.contains(where: { $0.isNewline || $0 == "\u{0}" })
+            else { throw APIError.invalidInput("terminal", "a terminal id or name") }
+            return try await agent.removeTerminal(named)
+        }
+        let id = removed.id.uuidString.lowercased()
+        audit(
+            caller, action: .fleetRemove, result: .success,
+            detail: "removed terminal \(removed.name) (\(id)); new secrets are sealed under generation \(generation)")
+        return Message.FleetTerminalRemoved(terminalId: id, name: removed.name, generation: Int(generation))
     }
 
     func fleetLeave(_ caller: Caller) async throws(APIError) {

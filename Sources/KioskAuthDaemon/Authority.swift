@@ -57,7 +57,10 @@ public final class Authority {
                 guard let first = await reader?.readers.first else { return nil }
                 return FleetReaderTags(driver: first.driver, deviceType: first.name, isMatchOnChip: first.hasStorage)
             },
-            apply: { changes, fleet in await credentials.applyFleetChanges(changes, fleet) })
+            apply: { changes, fleet in await credentials.applyFleetChanges(changes, fleet) },
+            record: { [trail = context.trail] action, result, detail in
+                await trail.audit(nil, action: action, result: result, detail: detail)
+            })
         // A local write that queued a push wakes the sync service, which sends it at once.
         let wakeup = fleet.wakeup
         store.fleetBatchQueued = { wakeup.signal() }

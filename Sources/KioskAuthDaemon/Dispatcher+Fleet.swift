@@ -22,6 +22,12 @@ extension Dispatcher {
             try await authority.fleetSync(caller)
             return Message.Empty()
         }
+        register(KioskAuthMethod.fleetTerminals) { (_, caller, _) in
+            try await authority.fleetTerminals(caller)
+        }
+        register(KioskAuthMethod.fleetRemoveTerminal) { (input, caller, _) in
+            try await authority.fleetRemoveTerminal(caller, input)
+        }
         register(KioskAuthMethod.fleetLeave) { (_, caller, _) in
             try await authority.fleetLeave(caller)
             return Message.Empty()

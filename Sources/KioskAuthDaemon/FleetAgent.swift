@@ -50,6 +50,8 @@ actor FleetAgent {
     private let apply: @Sendable ([FleetChange], FleetApplyContext) async -> FleetApplyOutcome
     /// The reader this terminal registers with, as libfprint names it.
     private let readerTags: @Sendable () async -> FleetReaderTags?
+    /// Audits what the agent does on its own (a rotation, this terminal's removal).
+    private let record: @Sendable (AuditAction, AuditResult, String) async -> Void
 
     private var connection: FleetDirectory?
     private var keyPair: TerminalKeyPair?
@@ -67,8 +69,10 @@ actor FleetAgent {
     init(
         store: Store, configuration: DaemonConfiguration.Fleet, credentialsDirectory: String?, logger: Logger,
         now: @escaping @Sendable () -> Date, readerTags: @escaping @Sendable () async -> FleetReaderTags?,
-        apply: @escaping @Sendable ([FleetChange], FleetApplyContext) async -> FleetApplyOutcome
+        apply: @escaping @Sendable ([FleetChange], FleetApplyContext) async -> FleetApplyOutcome,
+        record: @escaping @Sendable (AuditAction, AuditResult, String) async -> Void = { _, _, _ in }
     ) {
+        self.record = record
         self.readerTags = readerTags
         self.apply = apply
         self.store = store
@@ -297,6 +301,7 @@ actor FleetAgent {
 
     func issueToken(validSeconds: Int) async throws(APIError) -> String {
         let membership = try requireMembership()
+        try requireNotRemoved(membership)
         guard membership.state == "member", let terminal = UUID(uuidString: membership.terminalID) else {
             throw APIError.fleetError("only a member issues join tokens; this terminal is \(membership.state)")
         }
@@ -338,9 +343,12 @@ actor FleetAgent {
         guard let terminal = UUID(uuidString: membership.terminalID) else {
             throw APIError.fleetError("the stored terminal id is not a UUID")
         }
-        if membership.state == "member" { try await pushQueue(membership) }
-        try await withDirectory(membership.directory) { connection throws(FleetError) in
-            try await connection.removeTerminal(terminal)
+        // Already removed by the directory: there is nothing to tell it, only to forget.
+        if membership.state != "removed" {
+            if membership.state == "member" { try await pushQueue(membership) }
+            try await withDirectory(membership.directory) { connection throws(FleetError) in
+                try await connection.removeTerminal(terminal)
+            }
         }
         try storeCall { () throws(StoreError) in try store.endFleetMembership() }
         dataKeys = []
@@ -348,15 +356,64 @@ actor FleetAgent {
         wakeup.signal()
     }
 
+    /// The directory's terminals, for `fleet terminals`.
+    func terminals() async throws(APIError) -> [FleetTerminal] {
+        let membership = try requireMembership()
+        try requireNotRemoved(membership)
+        return try await withDirectory(membership.directory) { connection throws(FleetError) in
+            try await connection.terminals()
+        }
+    }
+
+    /// Removes another terminal, named by its id or by its name among the terminals not yet
+    /// removed (a stolen or retired one: docs/fleet.md §9.8), then publishes the data-key
+    /// generation the removal owes, so what is written from now on is sealed under a key that
+    /// terminal never had. Returns the terminal removed and the generation now current. This
+    /// terminal leaves with `leave()`, never through here.
+    func removeTerminal(_ named: String) async throws(APIError) -> (FleetTerminal, Int32) {
+        let membership = try requireMembership()
+        try requireNotRemoved(membership)
+        guard membership.state == "member", let me = UUID(uuidString: membership.terminalID) else {
+            throw APIError.fleetError("only a member removes terminals; this terminal is \(membership.state)")
+        }
+        let all = try await withDirectory(membership.directory) { connection throws(FleetError) in
+            try await connection.terminals()
+        }
+        let byID = UUID(uuidString: named).flatMap { id in all.first { $0.id == id } }
+        let byName = all.filter { $0.name == named && $0.state != "removed" }
+        guard let target = byID ?? byName.first else {
+            throw APIError.own("FleetTerminalNotFound", ["terminal": .string(named)])
+        }
+        if byID == nil, byName.count > 1 {
+            throw APIError.fleetError(
+                "\(byName.count) terminals not yet removed are named \(named): name one by its id (fleet terminals)")
+        }
+        guard target.id != me else {
+            throw APIError.fleetError("that is this terminal: leave the fleet with fleet leave")
+        }
+        try await withDirectory(membership.directory) { connection throws(FleetError) in
+            try await connection.removeTerminal(target.id)
+        }
+        try await loadKeyring(membership)
+        var current = membership
+        try await rotateIfDue(&current)
+        return (target, keyring.currentGeneration)
+    }
+
     // MARK: Sync
 
     /// Pulls until the feed is exhausted and pushes the queue; the sync service and `FleetSync`
-    /// both call it (the actor runs one at a time).
+    /// both call it (the actor runs one at a time). A terminal the directory has removed stops
+    /// here (`noticeRemoval`).
     func sync() async throws(APIError) {
         var membership = try requireMembership()
+        try requireNotRemoved(membership)
         do {
+            if try await noticeRemoval(membership) { return }
             try await pull(&membership)
             if membership.state == "member" {
+                // Before pushing, so what this sync pushes is sealed under the new generation.
+                try await rotateIfDue(&membership)
                 try await pushQueue(membership)
                 try await pushAudit(membership)
                 // What this terminal pushed comes back in the feed: take it in now.
@@ -369,6 +426,53 @@ actor FleetAgent {
             _ = try? store.updateFleetMembership(error: .some("\(error.name): \(error.parameters)"))
             throw error
         }
+    }
+
+    /// Whether the directory has removed this terminal (another member's `fleet remove`, or the
+    /// DBA). If so the terminal forgets its data keys, the tokens it issued and its queue, keeps
+    /// its local people, audits `fleet.removed`, and stops syncing until `fleet leave`.
+    private func noticeRemoval(_ membership: FleetMembership) async throws(APIError) -> Bool {
+        guard let terminal = UUID(uuidString: membership.terminalID) else {
+            throw APIError.fleetError("the stored terminal id is not a UUID")
+        }
+        let state = try await withDirectory(membership.directory) { connection throws(FleetError) in
+            try await connection.terminalState(terminal)
+        }
+        guard state == nil || state == "removed" else { return false }
+        let reason =
+            state == nil
+            ? "the directory no longer lists this terminal" : "the directory marked this terminal removed"
+        let queued = (try? store.fleetOutboxCount()) ?? 0
+        try storeCall { () throws(StoreError) in try store.markFleetRemoved(reason: reason) }
+        dataKeys = []
+        await disconnect()
+        logger.warning("fleet: this terminal was removed", metadata: ["reason": "\(reason)"])
+        await record(
+            .fleetRemoved, .success,
+            "\(reason); forgot its data keys and \(queued) queued push(es); local people stay")
+        return true
+    }
+
+    private func requireNotRemoved(_ membership: FleetMembership) throws(APIError) {
+        guard membership.state == "removed" else { return }
+        throw APIError.own(
+            "FleetRemoved", ["reason": .string(membership.lastError ?? "this terminal was removed from the fleet")])
+    }
+
+    /// Publishes the data-key generation a removal owes, if one is owed and no other member
+    /// has published it first, then takes it (and any other new generation) into the store
+    /// and the keyring.
+    private func rotateIfDue(_ membership: inout FleetMembership) async throws(APIError) {
+        guard let terminal = UUID(uuidString: membership.terminalID) else { return }
+        let rotated = try await withDirectory(membership.directory) { connection throws(FleetError) in
+            try await connection.rotateDataKeyIfDue(by: terminal)
+        }
+        guard let rotated else { return }
+        try await receiveKeys(terminal: terminal, membership: &membership)
+        logger.notice("fleet data key rotated", metadata: ["generation": "\(rotated.generation)"])
+        await record(
+            .fleetRotate, .success,
+            "published data-key generation \(rotated.generation), wrapped to the remaining members, after a removal")
     }
 
     private func pull(_ membership: inout FleetMembership) async throws(APIError) {
@@ -471,14 +575,10 @@ actor FleetAgent {
             do { token = try JoinToken(text: String(decoding: text, as: UTF8.self)) } catch {
                 throw APIError.fleet(error)
             }
-            guard let dataKey = dataKeys.max(by: { $0.generation < $1.generation }) else {
-                throw APIError.fleetError("no data key to admit with")
-            }
+            guard !dataKeys.isEmpty else { throw APIError.fleetError("no data key to admit with") }
             let admitted: UUID
             do {
-                admitted = try await withDirectory(membership.directory) { connection throws(FleetError) in
-                    try await connection.admit(joinedWith: token, dataKey: dataKey)
-                }
+                admitted = try await admit(token, membership: membership)
             } catch {
                 // A proof that does not match is refused and logged; the token stays unused.
                 logger.error("fleet admission refused", metadata: ["token": "\(tokenID)", "error": "\(error)"])
@@ -489,6 +589,26 @@ actor FleetAgent {
                 try store.markFleetJoinTokenUsed(id: tokenID, terminal: admitted.uuidString.lowercased(), now: now())
             }
             logger.notice("fleet terminal admitted", metadata: ["terminal": "\(admitted)"])
+        }
+    }
+
+    /// Admits with every generation held. The directory refuses (`FleetError`, a conflict) when
+    /// the fleet has a generation this terminal has not taken yet: take the keys, try once more.
+    private func admit(_ token: JoinToken, membership: FleetMembership) async throws(APIError) -> UUID {
+        do {
+            let keys = dataKeys
+            return try await withDirectory(membership.directory) { connection throws(FleetError) in
+                try await connection.admit(joinedWith: token, dataKeys: keys)
+            }
+        } catch {
+            guard error.name.hasSuffix(".FleetError"), let terminal = UUID(uuidString: membership.terminalID)
+            else { throw error }
+            var current = membership
+            try await receiveKeys(terminal: terminal, membership: &current)
+            let keys = dataKeys
+            return try await withDirectory(membership.directory) { connection throws(FleetError) in
+                try await connection.admit(joinedWith: token, dataKeys: keys)
+            }
         }
     }
 
@@ -602,8 +722,12 @@ actor FleetAgent {
             lastRejection: membership.lastRejection)
     }
 
-    /// Whether the terminal is in a fleet (the sync service idles otherwise).
-    nonisolated func isMember() -> Bool { (try? store.fleetMembership()) != nil }
+    /// Whether the terminal is in a fleet that has not removed it (the sync service idles
+    /// otherwise).
+    nonisolated func isMember() -> Bool {
+        guard let membership = try? store.fleetMembership() else { return false }
+        return membership.state != "removed"
+    }
 
     // MARK: Helpers
 

@@ -193,10 +193,13 @@ public actor FleetDirectory {
     }
 
     /// Admits the terminal that joined with `token` (which this member issued and kept): checks
-    /// its proof, wraps `dataKey` to its public key and makes it a member. A row the directory
-    /// made up, or whose public key was swapped, fails the proof and is refused. Only the
-    /// member that issued the token (this connection's role's) may admit with it.
-    public func admit(joinedWith token: JoinToken, dataKey: FleetDataKey) async throws(FleetError) -> UUID {
+    /// its proof, wraps every generation in `dataKeys` to its public key and makes it a member.
+    /// A row the directory made up, or whose public key was swapped, fails the proof and is
+    /// refused. Only the member that issued the token (this connection's role's) may admit with
+    /// it. The directory refuses (`conflict`) unless `dataKeys` are exactly the fleet's
+    /// generations, so a member that has not yet taken a new generation cannot make a member
+    /// without it: take the keys (`loadKeyring`) and call again.
+    public func admit(joinedWith token: JoinToken, dataKeys: [FleetDataKey]) async throws(FleetError) -> UUID {
         try await exclusive { connection, logger in
             // Read, check the proof here, then admit in one call that succeeds only while the
             // row still has the public key that was checked.
@@ -218,30 +221,68 @@ public actor FleetDirectory {
             guard let proof,
                 HMAC<SHA256>.isValidAuthenticationCode(proof, authenticating: expected.macInput, using: expected.key)
             else { throw FleetError(.joinRefused("the pending terminal's proof does not match \(token)")) }
-            let wrapped = try WrappedDataKey.wrap(dataKey, to: terminal.publicKey, terminalID: id)
+            var wraps: [String: [String: String]] = [:]
+            for dataKey in dataKeys {
+                let wrapped = try WrappedDataKey.wrap(dataKey, to: terminal.publicKey, terminalID: id)
+                wraps[String(dataKey.generation)] = Self.wrapJSON(wrapped)
+            }
+            let json = String(decoding: try JSONSerialization.data(withJSONObject: wraps), as: UTF8.self)
             try await connection.query(
-                """
-                SELECT fleet_admit(\(id), \(token.id), \(publicKey), \(dataKey.generation),
-                                   \(Data(wrapped.encapsulatedKey)), \(Data(wrapped.ciphertext)))
-                """, logger: logger
+                "SELECT fleet_admit_keys(\(id), \(token.id), \(publicKey), \(json)::jsonb)", logger: logger
             ).collect()
             return id
         }
     }
 
-    /// Removes a terminal: it may no longer push, and its wrapped keys are deleted. What it
-    /// already holds it keeps; call `rotateDataKey` so what is written afterwards is sealed
-    /// under a generation it never had. A member may remove any terminal, a terminal itself.
+    /// Admits with one generation: the fleet must have only that one.
+    public func admit(joinedWith token: JoinToken, dataKey: FleetDataKey) async throws(FleetError) -> UUID {
+        try await admit(joinedWith: token, dataKeys: [dataKey])
+    }
+
+    /// Removes a terminal: it may no longer push, and its wrapped keys are deleted. If it held
+    /// the data key, the fleet owes a rotation (`rotateDataKeyIfDue`), after which what is
+    /// written is sealed under a generation it never had. A member may remove any terminal, a
+    /// terminal itself. An unknown id is `notFound`; removing a removed terminal changes nothing.
     public func removeTerminal(_ id: UUID) async throws(FleetError) {
         try await exclusive { connection, logger in
             try await connection.query("SELECT fleet_remove_terminal(\(id))", logger: logger).collect()
         }
     }
 
+    /// Whether a removal owes the fleet a new data-key generation, and the newest generation.
+    public func rotationDue() async throws(FleetError) -> (due: Bool, newest: Int32) {
+        try await exclusive { connection, logger in
+            let row = try await connection.query(
+                """
+                SELECT EXISTS (SELECT 1 FROM terminals WHERE rekey_due),
+                       (SELECT COALESCE(max(generation), 0) FROM data_keys)
+                """, logger: logger
+            ).collect().first
+            return try row?.decode((Bool, Int32).self) ?? (false, 0)
+        }
+    }
+
+    /// Publishes the generation a removal owes, if one is owed: a fresh key one above the
+    /// newest, wrapped to every current member. Returns it, or nil when none was owed or another
+    /// member published it first (members race for it; exactly one wins, the others find the
+    /// debt paid at their next call).
+    public func rotateDataKeyIfDue(by member: UUID) async throws(FleetError) -> FleetDataKey? {
+        let (due, newest) = try await rotationDue()
+        guard due else { return nil }
+        let dataKey = FleetDataKey.random(generation: newest + 1)
+        do {
+            try await rotateDataKey(to: dataKey, by: member, reason: "terminal removed")
+        } catch {
+            guard error.code == .conflict else { throw error }
+            return nil
+        }
+        return dataKey
+    }
+
     /// Publishes a new data-key generation, wrapped to every current member. The caller is a
     /// member; it makes the key (`FleetDataKey.random(generation:)`) one above the newest. The
     /// new key joins this directory's keyring. Refused (`conflict`) if the members change
-    /// between reading them and publishing; call again.
+    /// between reading them and publishing, or the generation is not the next one; call again.
     public func rotateDataKey(to dataKey: FleetDataKey, by member: UUID, reason: String) async throws(FleetError) {
         try await exclusive { connection, logger in
             let members = try await connection.query(
@@ -251,10 +292,7 @@ public actor FleetDirectory {
             for member in members {
                 let (id, publicKey) = try member.decode((UUID, Data).self)
                 let wrapped = try WrappedDataKey.wrap(dataKey, to: Array(publicKey), terminalID: id)
-                wraps[id.fleetText] = [
-                    "encapsulated": Data(wrapped.encapsulatedKey).base64EncodedString(),
-                    "ciphertext": Data(wrapped.ciphertext).base64EncodedString(),
-                ]
+                wraps[id.fleetText] = Self.wrapJSON(wrapped)
             }
             let json = String(decoding: try JSONSerialization.data(withJSONObject: wraps), as: UTF8.self)
             try await connection.query(
@@ -282,6 +320,46 @@ public actor FleetDirectory {
                         ciphertext: Array(ciphertext)))
             }
             return keys
+        }
+    }
+
+    static func wrapJSON(_ wrapped: WrappedDataKey) -> [String: String] {
+        [
+            "encapsulated": Data(wrapped.encapsulatedKey).base64EncodedString(),
+            "ciphertext": Data(wrapped.ciphertext).base64EncodedString(),
+        ]
+    }
+
+    /// `terminal`'s state in the directory (`pending`, `member`, `removed`), nil if it has no row.
+    public func terminalState(_ terminal: UUID) async throws(FleetError) -> String? {
+        try await exclusive { connection, logger in
+            try await connection.query(
+                "SELECT state FROM terminals WHERE terminal_id = \(terminal)", logger: logger
+            ).collect().first?.decode(String.self)
+        }
+    }
+
+    /// Every terminal the directory knows, removed ones included, oldest first, with when each
+    /// last recorded its cursor.
+    public func terminals() async throws(FleetError) -> [FleetTerminal] {
+        try await exclusive { connection, logger in
+            var terminals: [FleetTerminal] = []
+            for try await (id, name, state, driver, deviceType, matchOnChip, joinedAt, removedAt, lastSeenAt)
+                in try await connection.query(
+                    """
+                    SELECT t.terminal_id, t.name, t.state, t.reader_driver, t.reader_device_type, t.match_on_chip,
+                           t.joined_at, t.removed_at, s.last_seen_at
+                    FROM terminals t LEFT JOIN terminal_sync s USING (terminal_id)
+                    ORDER BY t.joined_at, t.terminal_id
+                    """, logger: logger
+                ).decode((UUID, String, String, String?, String?, Bool, Date, Date?, Date?).self)
+            {
+                terminals.append(
+                    FleetTerminal(
+                        id: id, name: name, state: state, readerDriver: driver, readerDeviceType: deviceType,
+                        isMatchOnChip: matchOnChip, joinedAt: joinedAt, removedAt: removedAt, lastSeenAt: lastSeenAt))
+            }
+            return terminals
         }
     }
 
@@ -497,13 +575,15 @@ public actor FleetDirectory {
 
     /// The named error for a directory's refusal: 42501 (insufficient privilege: a terminal
     /// acting for another, or touching what terminals may not) is `permissionDenied`; the
-    /// schema's own KA001 is `notMember`; KA409 and unique violations are `conflict`.
+    /// schema's own KA001 is `notMember`; KA409 and unique violations are `conflict`; KA404 is
+    /// `notFound`.
     static func fleetError(_ error: PSQLError) -> FleetError {
         let message = error.serverInfo?[.message] ?? String(reflecting: error)
         switch error.serverInfo?[.sqlState] {
         case "42501": return FleetError(.permissionDenied(message))
         case "KA001": return FleetError(.notMember(message))
         case "KA409", "23505": return FleetError(.conflict(message))
+        case "KA404": return FleetError(.notFound(message))
         default: return FleetError(.directoryUnavailable(String(reflecting: error)))
         }
     }

@@ -20,6 +20,8 @@ public struct FleetError: Error, CustomStringConvertible, Sendable {
         case notMember
         /// The directory's state does not allow the request (e.g. a second bootstrap).
         case conflict
+        /// The directory has no such terminal.
+        case notFound
         /// The directory refused the request to this terminal's database role: acting for
         /// another terminal, or a privilege terminals do not have (SQLSTATE 42501).
         case permissionDenied
@@ -34,6 +36,7 @@ public struct FleetError: Error, CustomStringConvertible, Sendable {
         case integrity(String)
         case notMember(String)
         case conflict(String)
+        case notFound(String)
         case permissionDenied(String)
     }
 
@@ -59,6 +62,7 @@ public struct FleetError: Error, CustomStringConvertible, Sendable {
         case .integrity: .integrity
         case .notMember: .notMember
         case .conflict: .conflict
+        case .notFound: .notFound
         case .permissionDenied: .permissionDenied
         }
     }
@@ -74,6 +78,7 @@ public struct FleetError: Error, CustomStringConvertible, Sendable {
         case .integrity(let reason): "fleet integrity: \(reason)"
         case .notMember(let reason): "not a fleet member: \(reason)"
         case .conflict(let reason): "fleet conflict: \(reason)"
+        case .notFound(let reason): "not found in the fleet: \(reason)"
         case .permissionDenied(let reason): "fleet permission denied: \(reason)"
         }
     }

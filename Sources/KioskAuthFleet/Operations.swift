@@ -27,6 +27,21 @@ public struct TerminalRegistration: Sendable, Equatable {
     }
 }
 
+/// A terminal as the directory lists it (`FleetDirectory.terminals`).
+public struct FleetTerminal: Sendable, Equatable {
+    public var id: UUID
+    public var name: String
+    /// `pending`, `member` or `removed`.
+    public var state: String
+    public var readerDriver: String?
+    public var readerDeviceType: String?
+    public var isMatchOnChip: Bool
+    public var joinedAt: Date
+    public var removedAt: Date?
+    /// When it last recorded its cursor (its last completed pull); nil if it never did.
+    public var lastSeenAt: Date?
+}
+
 /// One write a terminal pushes. Secrets are sealed before they get here.
 public enum FleetWrite: Sendable, Equatable {
     /// Adds or changes a person (`state`: active, suspended or removed).

@@ -136,6 +136,8 @@ public enum KioskAuthError {
     public static let fleetAlreadyMember = VarlinkErrorDescriptor(own: "FleetAlreadyMember", ["directory"])
     public static let fleetError = VarlinkErrorDescriptor(own: "FleetError", ["reason"])
     public static let fleetPermissionDenied = VarlinkErrorDescriptor(own: "FleetPermissionDenied", ["reason"])
+    public static let fleetRemoved = VarlinkErrorDescriptor(own: "FleetRemoved", ["reason"])
+    public static let fleetTerminalNotFound = VarlinkErrorDescriptor(own: "FleetTerminalNotFound", ["terminal"])
 
     public static let all: [VarlinkErrorDescriptor] = [
         noSuchPerson, personExists, bindingRefused, accountNotAllowed, permissionDenied, invalidInput, weakPasscode,
@@ -152,7 +154,7 @@ public enum KioskAuthError {
         noSuchSession, sessionEnded, sessionLocked, sessionNotAuthenticated, staleAuthentication, noAccessToken,
         onlineLoginNotAllowed, onlineLoginPaused,
         fleetNotConfigured, fleetUnreachable, fleetTokenInvalid, fleetAlreadyMember, fleetError,
-        fleetPermissionDenied,
+        fleetPermissionDenied, fleetRemoved, fleetTerminalNotFound,
     ]
 
     /// Every error of the interface by its name within the interface.

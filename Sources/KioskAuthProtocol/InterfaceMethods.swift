@@ -194,7 +194,10 @@ public enum KioskAuthMethod {
         errors: [E.permissionDenied, E.fleetAlreadyMember, E.fleetUnreachable, E.fleetPermissionDenied, E.fleetError])
     public static let fleetIssueJoinToken = VarlinkMethod<Message.FleetIssueJoinToken, Message.FleetJoinToken>(
         "FleetIssueJoinToken",
-        errors: [E.permissionDenied, E.fleetNotConfigured, E.fleetUnreachable, E.fleetPermissionDenied, E.fleetError])
+        errors: [
+            E.permissionDenied, E.fleetNotConfigured, E.fleetRemoved, E.fleetUnreachable, E.fleetPermissionDenied,
+            E.fleetError,
+        ])
     public static let fleetJoin = VarlinkMethod<Message.FleetJoin, Message.FleetJoined>(
         "FleetJoin",
         errors: [
@@ -205,7 +208,22 @@ public enum KioskAuthMethod {
         "FleetStatus", errors: [E.permissionDenied, E.storeIntegrity])
     public static let fleetSync = VarlinkMethod<Message.Empty, Message.Empty>(
         "FleetSync",
-        errors: [E.permissionDenied, E.fleetNotConfigured, E.fleetUnreachable, E.fleetPermissionDenied, E.fleetError])
+        errors: [
+            E.permissionDenied, E.fleetNotConfigured, E.fleetRemoved, E.fleetUnreachable, E.fleetPermissionDenied,
+            E.fleetError,
+        ])
+    public static let fleetTerminals = VarlinkMethod<Message.Empty, Message.FleetTerminals>(
+        "FleetTerminals",
+        errors: [
+            E.permissionDenied, E.fleetNotConfigured, E.fleetRemoved, E.fleetUnreachable, E.fleetPermissionDenied,
+            E.fleetError,
+        ])
+    public static let fleetRemoveTerminal = VarlinkMethod<Message.FleetRemoveTerminal, Message.FleetTerminalRemoved>(
+        "FleetRemoveTerminal",
+        errors: [
+            E.permissionDenied, E.invalidInput, E.fleetNotConfigured, E.fleetRemoved, E.fleetTerminalNotFound,
+            E.fleetUnreachable, E.fleetPermissionDenied, E.fleetError,
+        ])
     public static let fleetLeave = VarlinkMethod<Message.Empty, Message.Empty>(
         "FleetLeave",
         errors: [E.permissionDenied, E.fleetNotConfigured, E.fleetUnreachable, E.fleetPermissionDenied, E.fleetError])
@@ -235,6 +253,6 @@ public enum KioskAuthMethod {
         lockSession.erased, reportActivity.erased, authenticateSession.erased, stepUp.erased, listSessions.erased,
         endSessions.erased, getSessionToken.erased, subscribe.erased, fleetMigrate.erased,
         fleetCreate.erased, fleetIssueJoinToken.erased, fleetJoin.erased, fleetStatus.erased, fleetSync.erased,
-        fleetLeave.erased,
+        fleetTerminals.erased, fleetRemoveTerminal.erased, fleetLeave.erased,
     ]
 }

@@ -65,6 +65,62 @@ extension Message {
         }
     }
 
+    /// One terminal as `FleetTerminals` lists it.
+    public struct FleetTerminal: Codable, Sendable, Equatable {
+        public var terminalId: String
+        public var name: String
+        public var state: String
+        public var readerDriver: String?
+        public var readerDeviceType: String?
+        public var matchOnChip: Bool
+        public var joinedAt: String
+        public var removedAt: String?
+        public var lastSeenAt: String?
+        /// Whether this is the terminal answering.
+        public var isThisTerminal: Bool
+
+        public init(
+            terminalId: String, name: String, state: String, readerDriver: String?, readerDeviceType: String?,
+            matchOnChip: Bool, joinedAt: String, removedAt: String?, lastSeenAt: String?, isThisTerminal: Bool
+        ) {
+            self.terminalId = terminalId
+            self.name = name
+            self.state = state
+            self.readerDriver = readerDriver
+            self.readerDeviceType = readerDeviceType
+            self.matchOnChip = matchOnChip
+            self.joinedAt = joinedAt
+            self.removedAt = removedAt
+            self.lastSeenAt = lastSeenAt
+            self.isThisTerminal = isThisTerminal
+        }
+    }
+
+    /// `FleetTerminals`' reply.
+    public struct FleetTerminals: Codable, Sendable {
+        public var terminals: [FleetTerminal]
+        public init(terminals: [FleetTerminal]) { self.terminals = terminals }
+    }
+
+    /// `FleetRemoveTerminal`'s input: a terminal id, or the name of a terminal not yet removed.
+    public struct FleetRemoveTerminal: Codable, Sendable {
+        public var terminal: String
+        public init(terminal: String) { self.terminal = terminal }
+    }
+
+    /// `FleetRemoveTerminal`'s reply.
+    public struct FleetTerminalRemoved: Codable, Sendable {
+        public var terminalId: String
+        public var name: String
+        /// The data-key generation new secrets are now sealed under.
+        public var generation: Int
+        public init(terminalId: String, name: String, generation: Int) {
+            self.terminalId = terminalId
+            self.name = name
+            self.generation = generation
+        }
+    }
+
     /// `FleetStatus`' reply.
     public struct FleetStatus: Codable, Sendable, Equatable {
         public var configured: Bool

@@ -202,6 +202,23 @@ extension Store {
         try checkpointTruncating()
     }
 
+    /// Records that the directory removed this terminal (another member's `fleet remove`, or
+    /// its role's terminal row marked removed): forgets the data keys it held, the tokens it
+    /// issued and the queue (the directory takes nothing more from it), and keeps the membership
+    /// row in state `removed`, so `fleet status` says what happened until `fleet leave` forgets
+    /// it. Local people and their secrets stay; writes no longer queue pushes.
+    public func markFleetRemoved(reason: String) throws(StoreError) {
+        try transaction { db in
+            for table in ["fleet_outbox", "fleet_join_tokens", "fleet_keys"] {
+                try db.query("DELETE FROM \(table)")
+            }
+            try db.query(
+                "UPDATE fleet_membership SET state = 'removed', last_error = ?", [.text(String(reason.prefix(500)))])
+            isFleetMember = false
+        }
+        try checkpointTruncating()
+    }
+
     // MARK: Row versions and refusals
 
     /// Records the version of a directory row this terminal trusted (`Int64.max`: the row was

@@ -142,7 +142,9 @@ public final class Store: @unchecked Sendable {
         }
         anchor.storeID = storeID
         walSync.anchor = anchor
-        isFleetMember = (try? connection.query("SELECT 1 FROM fleet_membership").isEmpty == false) ?? false
+        isFleetMember =
+            (try? connection.query("SELECT 1 FROM fleet_membership WHERE state <> 'removed'").isEmpty == false)
+            ?? false
         do {
             try startAnchor()
             if let lost = acceptedRollback {

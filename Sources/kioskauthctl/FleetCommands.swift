@@ -13,7 +13,8 @@ struct FleetCommand: ParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "fleet", abstract: "Join this terminal to a fleet directory, and see how it syncs (admins).",
         subcommands: [
-            Keygen.self, Migrate.self, Create.self, Token.self, Join.self, Status.self, Sync.self, Leave.self,
+            Keygen.self, Migrate.self, Create.self, Token.self, Join.self, Status.self, Sync.self, Terminals.self,
+            Remove.self, Leave.self,
         ])
 
     struct Keygen: ParsableCommand {
@@ -170,6 +171,54 @@ struct FleetCommand: ParsableCommand {
 
         func run() throws {
             try global.call(KioskAuthMethod.fleetSync, Message.Empty())
+        }
+    }
+
+    struct Terminals: ParsableCommand {
+        static let configuration = CommandConfiguration(
+            abstract: "List the fleet's terminals, removed ones included (this one marked *).")
+        @OptionGroup var global: GlobalOptions
+
+        func run() throws {
+            let reply = try global.call(KioskAuthMethod.fleetTerminals, Message.Empty())
+            guard !global.json else { return }
+            for terminal in reply.terminals {
+                let reader = terminal.readerDriver.map { driver in
+                    driver + (terminal.readerDeviceType.map { "/" + $0 } ?? "")
+                        + (terminal.matchOnChip ? " (on-chip)" : "")
+                }
+                let seen = terminal.lastSeenAt.map { "last seen \($0)" } ?? "never synced"
+                print(
+                    [
+                        terminal.isThisTerminal ? "*" : " ", safe(terminal.terminalId), safe(terminal.name),
+                        safe(terminal.state), safe(reader ?? "no reader"),
+                        terminal.removedAt.map { "removed \(safe($0))" } ?? safe(seen),
+                    ].joined(separator: "  "))
+            }
+        }
+    }
+
+    struct Remove: ParsableCommand {
+        static let configuration = CommandConfiguration(
+            abstract: "Remove another terminal (retired or stolen) and rotate the fleet's data key.",
+            discussion: """
+                The directory refuses the terminal from then on and deletes its wrapped keys; this \
+                terminal then publishes a new data-key generation to the remaining members, so what \
+                is written afterwards is sealed under a key the removed terminal never had. Drop its \
+                database role too (DROP ROLE), so it cannot read the directory either. To take this \
+                terminal out of the fleet, use fleet leave.
+                """)
+        @Argument(help: "The terminal's id, or its name (fleet terminals lists both).") var terminal: String
+        @OptionGroup var global: GlobalOptions
+
+        func run() throws {
+            let reply = try global.call(
+                KioskAuthMethod.fleetRemoveTerminal, Message.FleetRemoveTerminal(terminal: terminal))
+            if !global.json {
+                print(
+                    "removed \(safe(reply.name)) (\(safe(reply.terminalId))); new secrets are sealed under generation \(reply.generation)"
+                )
+            }
         }
     }
 

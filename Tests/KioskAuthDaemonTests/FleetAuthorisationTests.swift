@@ -16,6 +16,8 @@ struct FleetAuthorisationTests {
         ("FleetStatus", [:]),
         ("FleetSync", [:]),
         ("FleetLeave", [:]),
+        ("FleetTerminals", [:]),
+        ("FleetRemoveTerminal", ["terminal": .string("terminal-b")]),
         ("FleetIssueJoinToken", ["validSeconds": .number(60)]),
         ("FleetCreate", ["directory": .string("postgres://kiosk@/fleet?host=/nonexistent")]),
         (
@@ -33,6 +35,8 @@ struct FleetAuthorisationTests {
             ]
         ),
     ]
+
+    static func call(_ method: String) -> [String: JSONValue] { calls.first { $0.0 == method }!.1 }
 
     @Test func everyoneButRootAndAdmins_isRefused_andTheRefusalIsAudited() async throws {
         let fixture = try DispatcherFixture()
@@ -59,14 +63,18 @@ struct FleetAuthorisationTests {
             #expect(await fixture.error("FleetStatus", as: caller) == nil)
             #expect(await fixture.error("FleetSync", as: caller) == "FleetNotConfigured")
             #expect(await fixture.error("FleetLeave", as: caller) == "FleetNotConfigured")
+            #expect(await fixture.error("FleetTerminals", as: caller) == "FleetNotConfigured")
+            #expect(
+                await fixture.error("FleetRemoveTerminal", ["terminal": .string("terminal-b")], as: caller)
+                    == "FleetNotConfigured")
             #expect(
                 await fixture.error("FleetIssueJoinToken", ["validSeconds": .number(60)], as: caller)
                     == "FleetNotConfigured")
             // No kioskauth.fleet-key credential: refused before any connection is made.
-            #expect(await fixture.error("FleetCreate", Self.calls[4].1, as: caller) == "FleetError")
-            #expect(await fixture.error("FleetJoin", Self.calls[5].1, as: caller) == "FleetTokenInvalid")
+            #expect(await fixture.error("FleetCreate", Self.call("FleetCreate"), as: caller) == "FleetError")
+            #expect(await fixture.error("FleetJoin", Self.call("FleetJoin"), as: caller) == "FleetTokenInvalid")
             // The owner's URL is tried once; nothing of it is kept, and its password is never audited.
-            #expect(await fixture.error("FleetMigrate", Self.calls[6].1, as: caller) == "FleetUnreachable")
+            #expect(await fixture.error("FleetMigrate", Self.call("FleetMigrate"), as: caller) == "FleetUnreachable")
         }
         let trail = try fixture.store.auditEntries()
         #expect(trail.contains { $0.record.action == "fleet.migrate" && $0.record.result == "failure" })
@@ -78,6 +86,15 @@ struct FleetAuthorisationTests {
         }
         #expect(fields["configured"] == .bool(false))
         #expect(try fixture.store.fleetMembership() == nil)
+    }
+
+    @Test func aTerminalToRemove_thatIsNoName_isInvalidInput() async throws {
+        let fixture = try DispatcherFixture()
+        for named in ["", "   ", "a\nb", String(repeating: "x", count: 257)] {
+            #expect(
+                await fixture.error("FleetRemoveTerminal", ["terminal": .string(named)], as: fixture.admin)
+                    == "InvalidInput", "\(named.debugDescription)")
+        }
     }
 
     @Test func aTokenLifetime_outsideItsRange_isInvalidInput() async throws {
