@@ -10,6 +10,7 @@
 
 #include "conversation.h"
 #include "enrol.h"
+#include "handover.h"
 #include "passcode.h"
 #include "step.h"
 
@@ -218,6 +219,29 @@ static void remember_decline(const struct login *l, struct activation *a) {
         if (connection_open(l, &a->c) < 0)
             return;
     }
+}
+
+int offer_enrolment_after_passcode(const struct login *l, struct connection *c, const char *name,
+                                   const char *passcode, const struct json *parameters) {
+    _cleanup_activation_ struct activation a = ACTIVATION_INIT;
+    a.c = *c;
+    *c = (struct connection)CONNECTION_INIT;
+    if (strlen(name) > MAX_NAME_LENGTH)
+        return PAM_SUCCESS;
+    memcpy(a.name, name, strlen(name) + 1);
+    /* Out of memory here costs the enrolment offer (and the session's ticket), not the login. */
+    if (!replace_string(&a.ticket, json_get_string(parameters, "ticket")) ||
+        !replace_string(&a.passcode, passcode)) {
+        keep_for_session(l, &a.c, a.ticket, a.name);
+        return PAM_SUCCESS;
+    }
+    note_ticket_lifetime(&a, parameters);
+    inform(l, MESSAGE_NO_FINGER_HERE);
+    int r = offer_enrolment(l, &a);
+    if (r != PAM_SUCCESS)
+        return r;
+    keep_for_session(l, &a.c, a.ticket, a.name);
+    return PAM_SUCCESS;
 }
 
 /* Offers fingerprint login and enrols a finger if the person wants it. Declining, or an

@@ -39,6 +39,11 @@ bool connection_lost(int r, const struct reply *reply);
 
 /* Offers fingerprint login and enrols a finger if the person wants it. */
 int offer_enrolment(const struct login *l, struct activation *a);
+/* After a passcode unlock whose VerifyPasscode reply (`parameters`) set offerFingerprint: offers
+ * enrolment with that reply's ticket, on `c` (taken over), then keeps the connection and ticket
+ * for the session. A conversation that fails at the offer fails the login (PAM_CONV_ERR). */
+int offer_enrolment_after_passcode(const struct login *l, struct connection *c, const char *name,
+                                   const char *passcode, const struct json *parameters);
 /* Shows one enrolment progress report as the person's next step. */
 void show_enrol_progress(const struct login *l, const struct json *progress);
 

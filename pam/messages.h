@@ -54,5 +54,6 @@
 #define MESSAGE_ENROLLED "Finger enrolled. Next time, just touch the reader."
 #define MESSAGE_ENROL_LATER "You can turn on fingerprint login later: ask your coordinator."
 #define MESSAGE_NOT_ENROLLED "The finger could not be enrolled."
+#define MESSAGE_NO_FINGER_HERE "Your fingerprint is not set up on this terminal's reader yet."
 
 #endif

@@ -9,6 +9,7 @@
 #include "account.h"
 #include "activation.h"
 #include "conversation.h"
+#include "enrol.h"
 #include "handover.h"
 #include "online.h"
 #include "passcode.h"
@@ -182,8 +183,13 @@ int verify_passcode(const struct login *l, const char *name, bool given) {
                 return unexpected(l, "VerifyPasscode", &(struct reply){.error = "malformed reply"})
                     .ret;
             note_person(l, json_get(reply.parameters, "person"));
-            keep_for_session(l, &c, json_get_string(reply.parameters, "ticket"), name);
             log_debug(l, "Passcode verified for %s", name);
+            /* A fleet person with no finger on this terminal's reader: asked once (the daemon
+             * decides, and records that it asked). */
+            if (json_get_bool(reply.parameters, "offerFingerprint") &&
+                json_get_string(reply.parameters, "ticket"))
+                return offer_enrolment_after_passcode(l, &c, name, passcode, reply.parameters);
+            keep_for_session(l, &c, json_get_string(reply.parameters, "ticket"), name);
             return PAM_SUCCESS;
         }
         if (must_sign_in_online(&reply)) {

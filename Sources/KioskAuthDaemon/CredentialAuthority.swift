@@ -317,7 +317,9 @@ final class CredentialAuthority: AuthorityPart {
         return current
     }
 
-    func verifyPasscode(_ caller: Caller, _ input: Message.VerifyPasscode) async throws(APIError) -> Message.Verified {
+    func verifyPasscode(
+        _ caller: Caller, _ input: Message.VerifyPasscode
+    ) async throws(APIError) -> Message.PasscodeVerified {
         let name = try loginName(input.name)
         let service = input.context?.service
         let person = try authenticationSubject(
@@ -380,9 +382,10 @@ final class CredentialAuthority: AuthorityPart {
                 method: "passcode", service: service,
                 detail: input.context?.logind.map { "logind: \($0.prefix(80))" })
             let ticket = issueTicket(for: subject, caller: caller)
-            return Message.Verified(
+            let offer = await offerFleetEnrolment(caller, current, service: service)
+            return Message.PasscodeVerified(
                 person: record(current), ticket: ticket,
-                ticketExpiresIn: Int(configuration.access.ticketLifetime))
+                ticketExpiresIn: Int(configuration.access.ticketLifetime), offerFingerprint: offer ? true : nil)
         }
         audit(
             caller, action: .passcodeVerify, result: .failure, person: name.rawValue, method: "passcode",

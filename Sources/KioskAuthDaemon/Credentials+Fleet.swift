@@ -52,6 +52,35 @@ extension CredentialAuthority {
         return outcome
     }
 
+    /// Whether to offer fingerprint enrolment after `person` unlocked with her passcode here
+    /// (issue 17: a caregiver whose print cannot be used on this terminal is asked to enrol
+    /// after her passcode, once). Only on a fleet member, for one of the fleet's people with no
+    /// finger enrolled here, with a reader attached and self-enrolment allowed, never for a
+    /// su/sudo-like service, and only while her offer is on. Making the offer turns it off
+    /// (audited), so it is made once; `SetBiometricOffer` turns it back on.
+    func offerFleetEnrolment(_ caller: Caller, _ person: StoredPerson, service: String?) async -> Bool {
+        guard configuration.fingerprint.enabled, configuration.fingerprint.selfEnrollment, person.fingers.isEmpty,
+            !(service.map { configuration.access.switchUserServices.contains($0) } ?? false),
+            (try? store.fleetMembership())?.state == "member",
+            (try? store.fleetID(of: person)) != nil,
+            (try? store.identityProviderProfile(of: person))?.isBiometricOfferEnabled == true,
+            await reader?.readers.isEmpty == false
+        else { return false }
+        do {
+            return try audited { tx throws(StoreError) in
+                guard try store.markBiometricOffered(person, now: now()) else { return false }
+                try tx.audit(
+                    caller, action: .personBiometricOffer, result: .success, person: person.name.rawValue,
+                    method: "passcode", service: service,
+                    detail: "offered once: no finger enrolled on this terminal's reader")
+                return true
+            }
+        } catch {
+            logger.error("cannot record the enrolment offer", metadata: ["error": "\(error.message)"])
+            return false
+        }
+    }
+
     /// Why a change was not trusted, in words for the audit trail and `FleetStatus`.
     static func fleetRejection(_ change: FleetChange) -> String {
         let why: String

@@ -67,7 +67,7 @@ public enum KioskAuthMethod {
             E.permissionDenied, E.noSuchPerson, E.ticketInvalid, E.weakPasscode, E.passcodeNotAllowed,
             E.storeIntegrity,
         ])
-    public static let verifyPasscode = VarlinkMethod<Message.VerifyPasscode, Message.Verified>(
+    public static let verifyPasscode = VarlinkMethod<Message.VerifyPasscode, Message.PasscodeVerified>(
         "VerifyPasscode",
         errors: [
             E.busy,

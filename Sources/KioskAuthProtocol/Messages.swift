@@ -235,6 +235,21 @@ public enum Message {
         }
     }
 
+    /// `VerifyPasscode`'s reply: `Verified`, and whether to offer enrolment here.
+    public struct PasscodeVerified: Codable, Sendable {
+        public var person: PersonRecord
+        public var ticket: String
+        public var ticketExpiresIn: Int
+        /// Offer fingerprint enrolment on this terminal now (once; see the interface).
+        public var offerFingerprint: Bool?
+        public init(person: PersonRecord, ticket: String, ticketExpiresIn: Int, offerFingerprint: Bool? = nil) {
+            self.person = person
+            self.ticket = ticket
+            self.ticketExpiresIn = ticketExpiresIn
+            self.offerFingerprint = offerFingerprint
+        }
+    }
+
     public struct GetAudit: Codable, Sendable {
         public var after: Int?
         public var limit: Int?

@@ -78,7 +78,7 @@ extension Store {
         return IdentityProviderProfile(
             email: row["email"].string, subject: row["idp_subject"].string,
             contact: Self.decodeJSON(OfflineWindow.Contact.self, row["idp_contact"].string),
-            isBiometricOfferEnabled: row["biometric_offer"].string != "declined",
+            isBiometricOfferEnabled: !["declined", "offered"].contains(row["biometric_offer"].string ?? "on"),
             suspendedReason: row["suspended_reason"].string,
             refresh: Self.decodeJSON(RefreshRecord.self, row["refresh_state"].string))
     }
@@ -240,6 +240,21 @@ extension Store {
                     [.text(enabled ? "on" : "declined"), .real(now.timeIntervalSince1970), .integer(person.id)])
                 guard db.changes == 1 else { throw StoreError(.noSuchPerson(person.name.rawValue)) }
             }
+        }
+    }
+
+    /// Records that fingerprint enrolment was offered to `person` (once: the offer is then off,
+    /// as after a decline, until someone turns it back on). False when it was not on.
+    public func markBiometricOffered(_ person: StoredPerson, now: Date) throws(StoreError) -> Bool {
+        try transaction { db in
+            var changed = false
+            try updatingPerson(person.id, in: db) {
+                try db.query(
+                    "UPDATE people SET biometric_offer = 'offered', updated_at = ? WHERE id = ? AND biometric_offer = 'on'",
+                    [.real(now.timeIntervalSince1970), .integer(person.id)])
+                changed = db.changes == 1
+            }
+            return changed
         }
     }
 

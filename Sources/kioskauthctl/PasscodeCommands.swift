@@ -36,7 +36,13 @@ struct Passcode: ParsableCommand {
             let passcode = try readSecret(prompt: "Passcode for \(name): ")
             let reply = try global.call(
                 KioskAuthMethod.verifyPasscode, Message.VerifyPasscode(name: name, passcode: passcode))
-            if !global.json { print("passcode accepted for \(reply.person.displayName)") }
+            guard !global.json else { return }
+            print("passcode accepted for \(safe(reply.person.displayName))")
+            if reply.offerFingerprint == true {
+                print(
+                    "no finger of \(safe(reply.person.name)) works on this terminal's reader: enrol one with kioskauthctl finger enroll \(safe(reply.person.name)) (offered once)"
+                )
+            }
         }
     }
 }
