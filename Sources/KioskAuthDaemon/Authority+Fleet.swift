@@ -95,18 +95,26 @@ extension Authority {
     func fleetRemoveTerminal(
         _ caller: Caller, _ input: Message.FleetRemoveTerminal
     ) async throws(APIError) -> Message.FleetTerminalRemoved {
-        let (removed, generation) = try await fleetCall(caller, action: .fleetRemove, audits: false) {
+        let removal = try await fleetCall(caller, action: .fleetRemove, audits: false) {
             agent throws(APIError) in
             let named = input.terminal.trimmingCharacters(in: .whitespaces)
             guard !named.isEmpty, named.count <= 256, !named.contains(where: { $0.isNewline || $0 == "\u{0}" })
             else { throw APIError.invalidInput("terminal", "a terminal id or name") }
             return try await agent.removeTerminal(named)
         }
-        let id = removed.id.uuidString.lowercased()
+        let id = removal.terminal.id.uuidString.lowercased()
+        let rotation =
+            removal.rotationOwed
+            ? "a new data-key generation is still owed (the next member to sync publishes it)"
+            : removal.rotated
+                ? "published data-key generation \(removal.generation)"
+                : "data-key generation \(removal.generation) was published by another member"
         audit(
             caller, action: .fleetRemove, result: .success,
-            detail: "removed terminal \(removed.name) (\(id)); new secrets are sealed under generation \(generation)")
-        return Message.FleetTerminalRemoved(terminalId: id, name: removed.name, generation: Int(generation))
+            detail: "removed terminal \(removal.terminal.name) (\(id)); \(rotation)")
+        return Message.FleetTerminalRemoved(
+            terminalId: id, name: removal.terminal.name, generation: Int(removal.generation), rotated: removal.rotated,
+            rotationOwed: removal.rotationOwed)
     }
 
     func fleetLeave(_ caller: Caller) async throws(APIError) {

@@ -365,12 +365,25 @@ actor FleetAgent {
         }
     }
 
-    /// Removes another terminal, named by its id or by its name among the terminals not yet
-    /// removed (a stolen or retired one: docs/fleet.md §9.8), then publishes the data-key
-    /// generation the removal owes, so what is written from now on is sealed under a key that
-    /// terminal never had. Returns the terminal removed and the generation now current. This
-    /// terminal leaves with `leave()`, never through here.
-    func removeTerminal(_ named: String) async throws(APIError) -> (FleetTerminal, Int32) {
+    /// What `removeTerminal` did.
+    struct Removal: Sendable {
+        var terminal: FleetTerminal
+        /// The newest generation this terminal holds afterwards.
+        var generation: Int32
+        /// Whether this call published the generation the removal owed.
+        var rotated: Bool
+        /// Whether a rotation is still owed (this call's failed; the next member to sync pays).
+        var rotationOwed: Bool
+    }
+
+    /// Removes another terminal, named by its id or by its name (a stolen or retired one:
+    /// docs/fleet.md §9.8), then publishes the data-key generation the removal owes, so what is
+    /// written from now on is sealed under a key that terminal never had. A name is looked up
+    /// among the terminals not yet removed first, then among the removed ones, so repeating a
+    /// call whose rotation failed finishes it. Once the removal has committed nothing throws: a
+    /// rotation that fails afterwards is audited and reported (`rotationOwed`), and any member
+    /// pays it at its next sync. This terminal leaves with `leave()`, never through here.
+    func removeTerminal(_ named: String) async throws(APIError) -> Removal {
         let membership = try requireMembership()
         try requireNotRemoved(membership)
         guard membership.state == "member", let me = UUID(uuidString: membership.terminalID) else {
@@ -380,7 +393,8 @@ actor FleetAgent {
             try await connection.terminals()
         }
         let byID = UUID(uuidString: named).flatMap { id in all.first { $0.id == id } }
-        let byName = all.filter { $0.name == named && $0.state != "removed" }
+        let live = all.filter { $0.name == named && $0.state != "removed" }
+        let byName = live.isEmpty ? all.filter { $0.name == named }.suffix(1) : live[...]
         guard let target = byID ?? byName.first else {
             throw APIError.own("FleetTerminalNotFound", ["terminal": .string(named)])
         }
@@ -394,10 +408,21 @@ actor FleetAgent {
         try await withDirectory(membership.directory) { connection throws(FleetError) in
             try await connection.removeTerminal(target.id)
         }
-        try await loadKeyring(membership)
+        // Nothing below throws: the removal has committed, and the caller audits it as done.
         var current = membership
-        try await rotateIfDue(&current)
-        return (target, keyring.currentGeneration)
+        var rotated = false
+        do {
+            try await loadKeyring(membership)
+            rotated = try await rotateIfDue(&current)
+        } catch {
+            logger.error("fleet rotation after a removal failed", metadata: ["error": "\(error)"])
+            await record(.fleetRotate, .failure, "after removing \(target.name): \(error.name): \(error.parameters)")
+        }
+        let owed =
+            (try? await withDirectory(membership.directory) { connection throws(FleetError) in
+                try await connection.rotationDue().due
+            }) ?? true
+        return Removal(terminal: target, generation: keyring.currentGeneration, rotated: rotated, rotationOwed: owed)
     }
 
     // MARK: Sync
@@ -438,10 +463,14 @@ actor FleetAgent {
         let state = try await withDirectory(membership.directory) { connection throws(FleetError) in
             try await connection.terminalState(terminal)
         }
-        guard state == nil || state == "removed" else { return false }
-        let reason =
-            state == nil
-            ? "the directory no longer lists this terminal" : "the directory marked this terminal removed"
+        // A directory that does not list this terminal at all is more likely the wrong one (or
+        // one restored from an older backup) than a removal: say so and forget nothing.
+        guard let state else {
+            throw APIError.fleetError(
+                "the directory does not list this terminal (\(membership.terminalID)): is it the fleet's directory?")
+        }
+        guard state == "removed" else { return false }
+        let reason = "the directory marked this terminal removed"
         let queued = (try? store.fleetOutboxCount()) ?? 0
         try storeCall { () throws(StoreError) in try store.markFleetRemoved(reason: reason) }
         dataKeys = []
@@ -462,17 +491,19 @@ actor FleetAgent {
     /// Publishes the data-key generation a removal owes, if one is owed and no other member
     /// has published it first, then takes it (and any other new generation) into the store
     /// and the keyring.
-    private func rotateIfDue(_ membership: inout FleetMembership) async throws(APIError) {
-        guard let terminal = UUID(uuidString: membership.terminalID) else { return }
+    @discardableResult
+    private func rotateIfDue(_ membership: inout FleetMembership) async throws(APIError) -> Bool {
+        guard let terminal = UUID(uuidString: membership.terminalID) else { return false }
         let rotated = try await withDirectory(membership.directory) { connection throws(FleetError) in
             try await connection.rotateDataKeyIfDue(by: terminal)
         }
-        guard let rotated else { return }
+        guard let rotated else { return false }
         try await receiveKeys(terminal: terminal, membership: &membership)
         logger.notice("fleet data key rotated", metadata: ["generation": "\(rotated.generation)"])
         await record(
             .fleetRotate, .success,
             "published data-key generation \(rotated.generation), wrapped to the remaining members, after a removal")
+        return true
     }
 
     private func pull(_ membership: inout FleetMembership) async throws(APIError) {

@@ -200,7 +200,8 @@ public actor FleetDirectory {
     /// generations, so a member that has not yet taken a new generation cannot make a member
     /// without it: take the keys (`loadKeyring`) and call again.
     public func admit(joinedWith token: JoinToken, dataKeys: [FleetDataKey]) async throws(FleetError) -> UUID {
-        try await exclusive { connection, logger in
+        let legacy = try await currentSchemaVersion() < 3
+        return try await exclusive { connection, logger in
             // Read, check the proof here, then admit in one call that succeeds only while the
             // row still has the public key that was checked.
             let rows = try await connection.query(
@@ -221,6 +222,20 @@ public actor FleetDirectory {
             guard let proof,
                 HMAC<SHA256>.isValidAuthenticationCode(proof, authenticating: expected.macInput, using: expected.key)
             else { throw FleetError(.joinRefused("the pending terminal's proof does not match \(token)")) }
+            if legacy {
+                // Version 2: one generation, the newest held.
+                guard let dataKey = dataKeys.max(by: { $0.generation < $1.generation }) else {
+                    throw FleetError(.keyUnavailable("no data key to admit with"))
+                }
+                let wrapped = try WrappedDataKey.wrap(dataKey, to: terminal.publicKey, terminalID: id)
+                try await connection.query(
+                    """
+                    SELECT fleet_admit(\(id), \(token.id), \(publicKey), \(dataKey.generation),
+                                       \(Data(wrapped.encapsulatedKey)), \(Data(wrapped.ciphertext)))
+                    """, logger: logger
+                ).collect()
+                return id
+            }
             var wraps: [String: [String: String]] = [:]
             for dataKey in dataKeys {
                 let wrapped = try WrappedDataKey.wrap(dataKey, to: terminal.publicKey, terminalID: id)
@@ -249,9 +264,27 @@ public actor FleetDirectory {
         }
     }
 
+    /// The directory's schema version once it is known to be 3 or later (it only rises): a
+    /// directory not yet migrated to version 3 has no rotation debt and admits with one
+    /// generation, and is asked again each time until its owner migrates it.
+    private var schemaVersion: Int32?
+
+    func currentSchemaVersion() async throws(FleetError) -> Int32 {
+        if let schemaVersion { return schemaVersion }
+        let version = try await exclusive { connection, logger in
+            try await connection.query("SELECT COALESCE(max(version), 0) FROM fleet_schema", logger: logger)
+                .collect().first?.decode(Int32.self) ?? 0
+        }
+        if version >= 3 { schemaVersion = version }
+        return version
+    }
+
     /// Whether a removal owes the fleet a new data-key generation, and the newest generation.
+    /// Never owed by a directory before migration 3 (it has no record of the debt): its owner
+    /// migrates it with `fleet migrate`.
     public func rotationDue() async throws(FleetError) -> (due: Bool, newest: Int32) {
-        try await exclusive { connection, logger in
+        guard try await currentSchemaVersion() >= 3 else { return (false, 0) }
+        return try await exclusive { connection, logger in
             let row = try await connection.query(
                 """
                 SELECT EXISTS (SELECT 1 FROM terminals WHERE rekey_due),
@@ -267,16 +300,23 @@ public actor FleetDirectory {
     /// member published it first (members race for it; exactly one wins, the others find the
     /// debt paid at their next call).
     public func rotateDataKeyIfDue(by member: UUID) async throws(FleetError) -> FleetDataKey? {
-        let (due, newest) = try await rotationDue()
-        guard due else { return nil }
-        let dataKey = FleetDataKey.random(generation: newest + 1)
-        do {
-            try await rotateDataKey(to: dataKey, by: member, reason: "terminal removed")
-        } catch {
-            guard error.code == .conflict else { throw error }
-            return nil
+        // A conflict means another member published first (the debt is then paid) or the
+        // members changed meanwhile (it is not): look again, a few times.
+        for _ in 0..<3 {
+            let (due, newest) = try await rotationDue()
+            guard due else { return nil }
+            guard newest < Int32.max else {
+                throw FleetError(.conflict("the newest data-key generation is \(newest): there is no next one"))
+            }
+            let dataKey = FleetDataKey.random(generation: newest + 1)
+            do {
+                try await rotateDataKey(to: dataKey, by: member, reason: "terminal removed")
+                return dataKey
+            } catch {
+                guard error.code == .conflict else { throw error }
+            }
         }
-        return dataKey
+        return nil
     }
 
     /// Publishes a new data-key generation, wrapped to every current member. The caller is a

@@ -112,12 +112,18 @@ extension Message {
     public struct FleetTerminalRemoved: Codable, Sendable {
         public var terminalId: String
         public var name: String
-        /// The data-key generation new secrets are now sealed under.
+        /// The newest data-key generation this terminal holds afterwards.
         public var generation: Int
-        public init(terminalId: String, name: String, generation: Int) {
+        /// Whether this call published the generation the removal owed.
+        public var rotated: Bool
+        /// Whether a new generation is still owed (the rotation failed; any member pays it).
+        public var rotationOwed: Bool
+        public init(terminalId: String, name: String, generation: Int, rotated: Bool, rotationOwed: Bool) {
             self.terminalId = terminalId
             self.name = name
             self.generation = generation
+            self.rotated = rotated
+            self.rotationOwed = rotationOwed
         }
     }
 

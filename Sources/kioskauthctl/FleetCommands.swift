@@ -214,10 +214,14 @@ struct FleetCommand: ParsableCommand {
         func run() throws {
             let reply = try global.call(
                 KioskAuthMethod.fleetRemoveTerminal, Message.FleetRemoveTerminal(terminal: terminal))
-            if !global.json {
+            guard !global.json else { return }
+            print("removed \(safe(reply.name)) (\(safe(reply.terminalId)))")
+            if reply.rotationOwed {
                 print(
-                    "removed \(safe(reply.name)) (\(safe(reply.terminalId))); new secrets are sealed under generation \(reply.generation)"
+                    "the new data key is not published yet: the next member to sync publishes it (or run fleet remove again)"
                 )
+            } else {
+                print("new secrets are sealed under generation \(reply.generation)")
             }
         }
     }

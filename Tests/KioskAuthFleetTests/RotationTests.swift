@@ -8,6 +8,17 @@ import Testing
 /// Removal and rotation (docs/fleet.md §3, §9.8): removing a terminal that held the data key
 /// owes the fleet a new generation; exactly one member publishes it; a terminal admitted later
 /// is given every generation, so the rows written before it joined stay verifiable and open.
+extension TestPostgres {
+    /// Several statements in one psql session (one transaction when they say BEGIN ... COMMIT).
+    @discardableResult
+    func psql(_ statements: [String], as role: String) throws -> String {
+        let base = [
+            "-h", directory.path, "-p", String(port), "-U", role, "-d", "postgres", "-v", "ON_ERROR_STOP=1", "-At",
+        ]
+        return String(decoding: try run("psql", base + statements.flatMap { ["-c", $0] }), as: UTF8.self)
+    }
+}
+
 @Suite(.serialized, requiresPostgres) struct RotationTests {
     /// The rows a member pushes for one person: the person and a sealed verifier.
     func pushPerson(_ terminal: Terminal, _ id: UUID, verifier: String) async throws -> SealedBlob {
@@ -165,7 +176,8 @@ import Testing
             ).split(separator: "\n").map { $0.split(separator: "|", omittingEmptySubsequences: false).map(String.init) }
             #expect(
                 rows.map { $0[0] } == [
-                    "fleet_admit_keys", "fleet_apply_push", "fleet_bootstrap", "fleet_issue_join_token", "fleet_join",
+                    "fleet_admit", "fleet_admit_keys", "fleet_apply_push", "fleet_bootstrap", "fleet_issue_join_token",
+                    "fleet_join",
                     "fleet_record_cursor", "fleet_remove_terminal", "fleet_rotate_data_key",
                 ])
             for row in rows {
@@ -174,6 +186,68 @@ import Testing
                 #expect(row[3] == "f", "\(row[0]) is callable by a role outside kioskauth_terminal")
             }
             for terminal in fleet { await terminal.directory.close() }
+        }
+    }
+
+    /// The race the review found: terminal S, being removed, holds the change feed with an open
+    /// push, so the admin's removal of S waits inside its trigger with S's row already marked;
+    /// S then asks to publish the generation its own removal owes, with a key it chose. The
+    /// rotation takes the lock before it checks its caller, so once the removal commits S is
+    /// no member and is refused; the debt stays for an honest member.
+    @Test func aTerminalRemovedWhileItsRotationWaits_cannotPublishTheGenerationItsRemovalOwes() async throws {
+        try await TestPostgres.with { server in
+            let (fleet, _) = try await makeFleet(3, on: server)
+            let (a, b, s) = (fleet[0], fleet[1], fleet[2])
+            let nurse = UUID()
+            try await a.directory.push(PushBatch(idempotencyKey: UUID(), terminal: a.id, writes: [person(nurse)]))
+            let wrap = #"{"encapsulated":"AQ==","ciphertext":"Ag=="}"#
+            let holdingTheFeed = Task.detached {
+                try server.psql(
+                    [
+                        "BEGIN",
+                        """
+                        SELECT fleet_apply_push(gen_random_uuid(), '\(s.id.fleetText)',
+                          '[{"op":"passcode_failures","person":"\(nurse.fleetText)","count":1}]'::jsonb)
+                        """,
+                        "SELECT pg_sleep(3)", "COMMIT",
+                    ], as: s.role)
+            }
+            try await Task.sleep(for: .milliseconds(700))
+            let removal = Task { try await a.directory.removeTerminal(s.id) }
+            try await Task.sleep(for: .milliseconds(700))
+            let sRotates = Task.detached {
+                try server.psql(
+                    [
+                        """
+                        SELECT fleet_rotate_data_key(2, '\(s.id.fleetText)', 'chosen by the thief',
+                          '{"\(a.id.fleetText)": \(wrap), "\(b.id.fleetText)": \(wrap)}'::jsonb)
+                        """
+                    ], as: s.role)
+            }
+            _ = try await holdingTheFeed.value
+            try await removal.value
+            await #expect(throws: (any Error).self) { _ = try await sRotates.value }
+            #expect(try server.psql("SELECT count(*) FROM data_keys") == "1\n")
+            #expect(try await owed(a) == "true/1")
+            #expect(try await a.directory.rotateDataKeyIfDue(by: a.id)?.generation == 2)
+            #expect(try server.psql("SELECT created_by FROM data_keys WHERE generation = 2") == "\(a.id.fleetText)\n")
+            for terminal in fleet { await terminal.directory.close() }
+        }
+    }
+
+    /// A removed terminal's unused join tokens die with it: nobody could admit with them.
+    @Test func aRemovedTerminalsUnusedJoinTokens_areRefused() async throws {
+        try await TestPostgres.with { server in
+            let (fleet, _) = try await makeFleet(2, on: server)
+            let (a, b) = (fleet[0], fleet[1])
+            let token = try await b.directory.issueJoinToken(by: b.id, lifetime: .seconds(600))
+            try await a.directory.removeTerminal(b.id)
+            let joiner = try await Terminal.make("joiner", on: server)
+            await #expect(throws: FleetError.self) {
+                try await joiner.directory.join(with: token, as: joiner.registration)
+            }
+            #expect(try server.psql("SELECT count(*) FROM terminals WHERE state = 'pending'") == "0\n")
+            for terminal in fleet + [joiner] { await terminal.directory.close() }
         }
     }
 
@@ -191,11 +265,17 @@ import Testing
                     #expect(error.code == .conflict)
                 }
             }
-            // The single-generation admission of version 2 is gone.
-            let role = fleet[1].role
-            #expect(throws: (any Error).self) {
+            // Version 2's single-generation admission, kept for daemons not yet upgraded, is
+            // refused once there is more than one generation.
+            try await a.directory.removeTerminal(fleet[1].id)
+            #expect(try await a.directory.rotateDataKeyIfDue(by: a.id)?.generation == 2)
+            do {
                 try server.psql(
-                    "SELECT fleet_admit(gen_random_uuid(), gen_random_uuid(), '\\x00', 1, '\\x00', '\\x00')", as: role)
+                    "SELECT fleet_admit(gen_random_uuid(), gen_random_uuid(), '\\x00', 2, '\\x00', '\\x00')",
+                    as: a.role)
+                Issue.record("fleet_admit admitted with one of two generations")
+            } catch {
+                #expect("\(error)".contains("several data-key generations"), "\(error)")
             }
             for terminal in fleet { await terminal.directory.close() }
         }

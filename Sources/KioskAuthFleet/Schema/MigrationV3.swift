@@ -5,8 +5,11 @@ extension FleetMigration {
     /// admissions and other rotations), which clears the mark. Admission now wraps every
     /// generation to the new member (`fleet_admit_keys`, refused unless the wraps cover exactly
     /// the generations there are), so a terminal joining after a rotation can still verify and
-    /// open the rows written before it. The single-generation `fleet_admit` is dropped: a
-    /// member admitting with it would make a member that refuses the fleet's older rows.
+    /// open the rows written before it. The single-generation `fleet_admit` of version 2 is
+    /// kept for daemons not yet upgraded, refused once there is more than one generation.
+    /// Rotation and admission take the lock before they check their caller, so a terminal
+    /// removed while its call waited can neither publish the generation its own removal owes
+    /// nor admit anyone; a removed terminal's unused join tokens expire with it.
     static let v3 = FleetMigration(
         version: 3,
         summary: "removal rotates the data key (rekey_due); admission wraps every generation",
@@ -30,6 +33,11 @@ extension FleetMigration {
                 IF NOT EXISTS (SELECT 1 FROM terminals WHERE terminal_id = p_terminal) THEN
                     RAISE EXCEPTION 'no terminal %', p_terminal USING ERRCODE = 'KA404';
                 END IF;
+                -- Its unused join tokens die with it: nobody could admit with them. Before the
+                -- terminals row, in fleet_join's order (token, then terminals), so the two never
+                -- deadlock.
+                UPDATE join_tokens SET expires_at = least(expires_at, now())
+                WHERE issued_by = p_terminal AND used_at IS NULL;
                 UPDATE terminals SET state = 'removed', removed_at = now(), rekey_due = (state = 'member')
                 WHERE terminal_id = p_terminal AND state <> 'removed';
                 DELETE FROM wrapped_keys WHERE terminal_id = p_terminal;
@@ -48,8 +56,12 @@ extension FleetMigration {
             DECLARE
                 wrapped_to uuid;
             BEGIN
-                PERFORM fleet_check_terminal(p_member, true);
+                -- Lock first, then check the caller: a removal of p_member that commits while
+                -- this call waits for the lock must be seen (each statement after the lock
+                -- takes a new snapshot). Checked before the lock, a terminal removed meanwhile
+                -- could publish the generation its own removal owes, with a key it chose.
                 LOCK TABLE terminals IN SHARE ROW EXCLUSIVE MODE;
+                PERFORM fleet_check_terminal(p_member, true);
                 IF p_generation IS DISTINCT FROM (SELECT COALESCE(max(generation), 0) + 1 FROM data_keys) THEN
                     RAISE EXCEPTION 'generation % is not the next one', p_generation USING ERRCODE = 'KA409';
                 END IF;
@@ -76,14 +88,17 @@ extension FleetMigration {
             RETURNS uuid
             LANGUAGE plpgsql AS $$
             DECLARE
-                admitter uuid := fleet_session_member();
+                admitter uuid;
                 wrapped_generation integer;
             BEGIN
+                -- Lock first, then find the admitter: one removed while this call waited for
+                -- the lock admits nobody.
+                LOCK TABLE terminals IN SHARE ROW EXCLUSIVE MODE;
+                admitter := fleet_session_member();
                 IF NOT EXISTS (SELECT 1 FROM join_tokens WHERE token_id = p_token AND issued_by = admitter) THEN
                     RAISE EXCEPTION 'join token % was not issued by terminal %', p_token, admitter
                         USING ERRCODE = 'insufficient_privilege';
                 END IF;
-                LOCK TABLE terminals IN SHARE ROW EXCLUSIVE MODE;
                 IF (SELECT array_agg(generation::text ORDER BY generation::text) FROM data_keys)
                     IS DISTINCT FROM (SELECT array_agg(key ORDER BY key) FROM jsonb_object_keys(p_wraps) AS key) THEN
                     RAISE EXCEPTION 'the wraps do not cover exactly the fleet''s data-key generations'
@@ -106,7 +121,27 @@ extension FleetMigration {
             END
             $$
             """,
-            "DROP FUNCTION fleet_admit(uuid, uuid, bytea, integer, bytea, bytea)",
+            // Version 2's single-generation admission stays for daemons not yet upgraded, but
+            // only while the fleet has one generation (then one is every generation): with
+            // more it is refused (KA409), which such a daemon logs and skips, so it never makes
+            // a member without the older generations.
+            """
+            CREATE OR REPLACE FUNCTION fleet_admit(p_terminal uuid, p_token uuid, p_public_key bytea,
+                                                   p_generation integer, p_encapsulated bytea, p_ciphertext bytea)
+            RETURNS uuid
+            LANGUAGE plpgsql AS $$
+            BEGIN
+                IF (SELECT count(*) FROM data_keys) <> 1 THEN
+                    RAISE EXCEPTION 'the fleet has several data-key generations: admit with every one (fleet_admit_keys)'
+                        USING ERRCODE = 'KA409';
+                END IF;
+                RETURN fleet_admit_keys(p_terminal, p_token, p_public_key,
+                    jsonb_build_object(p_generation::text, jsonb_build_object(
+                        'encapsulated', encode(p_encapsulated, 'base64'),
+                        'ciphertext', encode(p_ciphertext, 'base64'))));
+            END
+            $$
+            """,
             // CREATE OR REPLACE resets SECURITY DEFINER and SET: give all three back, as in
             // version 2, and take the new function away from PUBLIC first.
             """
@@ -115,6 +150,7 @@ extension FleetMigration {
                 f text;
             BEGIN
                 FOREACH f IN ARRAY ARRAY[
+                    'fleet_admit(uuid, uuid, bytea, integer, bytea, bytea)',
                     'fleet_remove_terminal(uuid)',
                     'fleet_rotate_data_key(integer, uuid, text, jsonb)',
                     'fleet_admit_keys(uuid, uuid, bytea, jsonb)'
