@@ -16,6 +16,7 @@ The tests run in order on one fleet (each builds on the one before).
 from __future__ import annotations
 
 import sqlite3
+import time
 
 import pytest
 
@@ -212,3 +213,18 @@ def test_aTerminalLeavingOnItsOwn_isFollowedByExactlyOneRotation(fleet):
     settle(a, d)
     assert unlocks(d, "olga", THIRD)
     assert verifier_generation(fleet, "olga") == 3
+
+
+def test_aMemberStopsCleanly_closingItsDirectoryConnections(fleet):
+    """SIGTERM on a fleet member with both directory connections open (pulls and pushes, and
+    the LISTEN one): it exits 0 at once. Before the sync service closed them, PostgresNIO's
+    check for a connection dropped open crashed the daemon on its way out (debug builds), and
+    the crash report held the stop up for seconds."""
+    a, d = fleet[0], fleet[3]
+    for terminal in (a, d):
+        assert "error" not in terminal.sync()
+        wait_until(lambda t=terminal: t.status()["reachable"], what=f"{terminal.name} connected")
+        started = time.monotonic()
+        assert terminal.stop(timeout=30) == 0, terminal.log_text()[-3000:]
+        assert time.monotonic() - started < 5, f"{terminal.name} took {time.monotonic() - started:.1f} s to stop"
+        assert "Program crashed" not in terminal.log_text(), terminal.log_text()[-3000:]

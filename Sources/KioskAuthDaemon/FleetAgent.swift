@@ -214,6 +214,9 @@ actor FleetAgent {
         }
     }
 
+    /// Closes the directory connection at shutdown.
+    func close() async { await disconnect() }
+
     /// Drops the connection after a failure, so the next attempt reconnects.
     private func disconnect() async {
         await connection?.close()

@@ -17,9 +17,11 @@ struct FleetSyncService: Service {
     let configuration: DaemonConfiguration.Fleet
     let logger: Logger
 
-    /// Whether the LISTEN connection is up.
+    /// Whether the LISTEN connection is up, and that connection, so that shutdown can close it
+    /// (which ends the listener however its notification sequence treats cancellation).
     final class Listening: Sendable {
         let state = Mutex(false)
+        let connection = Mutex<FleetDirectory?>(nil)
         var isUp: Bool { state.withLock { $0 } }
         func set(_ value: Bool) { state.withLock { $0 = value } }
     }
@@ -54,7 +56,13 @@ struct FleetSyncService: Service {
         } onGracefulShutdown: {
             agent.wakeup.signal()
         }
+        // Close both directory connections before the daemon lets go of them: PostgresNIO
+        // requires it (a connection dropped open is an assertion failure in debug builds, and a
+        // socket left to the kernel otherwise).
         listener?.cancel()
+        if let open = listening.connection.withLock({ $0 }) { await open.close() }
+        await listener?.value
+        await agent.close()
     }
 
     /// LISTENs on a connection of its own; each notification wakes the loop, and so does the
@@ -74,6 +82,12 @@ struct FleetSyncService: Service {
                 return
             }
             guard let connection else { return }
+            listening.connection.withLock { $0 = connection }
+            defer { listening.connection.withLock { $0 = nil } }
+            if Task.isCancelled {
+                await connection.close()
+                return
+            }
             do {
                 try await connection.withChangeWakeups { wakeups in
                     for try await _ in wakeups {
