@@ -33,7 +33,7 @@ import threading
 import time
 from pathlib import Path
 
-from fprint_virtual import PrintImage, VirtualDevice, VirtualImage, environment
+from fprint_virtual import PrintImage, VirtualDevice, VirtualImage, environment, prints_directory
 from kioskauth_testing import FAST_HASH_CONFIG, KIOSKAUTHCTL, Daemon, connect, read_message, send_message
 
 ROLE = "kiosk"
@@ -60,6 +60,24 @@ def postgres_available() -> bool:
         return True
     except FileNotFoundError:
         return False
+
+
+def have_nist_prints() -> bool:
+    try:
+        prints_directory()
+        return True
+    except FileNotFoundError:
+        return False
+
+
+def fleet_test_marks() -> list:
+    """The skip marks every fleet test module carries: PostgreSQL's programs and kioskauthctl."""
+    import pytest
+
+    return [
+        pytest.mark.skipif(not postgres_available(), reason="PostgreSQL is not installed (scripts/install-deps)"),
+        pytest.mark.skipif(not KIOSKAUTHCTL.exists(), reason="kioskauthctl is not built"),
+    ]
 
 
 def free_port() -> int:

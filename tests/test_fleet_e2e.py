@@ -15,23 +15,12 @@ import time
 
 import pytest
 
-from fleet_support import CONDITION_TIMEOUT, Client, Fleet, error_name, ok, postgres_available, wait_until
-from fprint_virtual import prints_directory
-from kioskauth_testing import KIOSKAUTHCTL, send_message
+from fleet_support import (CONDITION_TIMEOUT, Client, Fleet, error_name, fleet_test_marks, have_nist_prints, ok,
+                           wait_until)
+from kioskauth_testing import send_message
 
 
-def have_nist_prints() -> bool:
-    try:
-        prints_directory()
-        return True
-    except FileNotFoundError:
-        return False
-
-
-pytestmark = [
-    pytest.mark.skipif(not postgres_available(), reason="PostgreSQL is not installed (scripts/install-deps)"),
-    pytest.mark.skipif(not KIOSKAUTHCTL.exists(), reason="kioskauthctl is not built"),
-]
+pytestmark = fleet_test_marks()
 
 PASSCODE = "482913"
 WRONG = "111111"

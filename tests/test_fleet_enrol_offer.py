@@ -8,23 +8,13 @@ from __future__ import annotations
 
 import pytest
 
-from fleet_support import Fleet, error_name, postgres_available, wait_until
-from fprint_virtual import prints_directory, scan
-from kioskauth_testing import KIOSKAUTHCTL
+from fleet_support import Fleet, error_name, fleet_test_marks, have_nist_prints, wait_until
+from fprint_virtual import scan
 from pam_support import PAM_SUCCESS, Client, PamConfig, module_build
 
-def have_nist_prints() -> bool:
-    try:
-        prints_directory()
-        return True
-    except FileNotFoundError:
-        return False
-
-
 pytestmark = [
+    *fleet_test_marks(),
     pytest.mark.skipif(not have_nist_prints(), reason="NIST prints not found (set KIOSKAUTH_TESTDATA)"),
-    pytest.mark.skipif(not postgres_available(), reason="PostgreSQL is not installed (scripts/install-deps)"),
-    pytest.mark.skipif(not KIOSKAUTHCTL.exists(), reason="kioskauthctl is not built"),
 ]
 
 PASSCODE = "482913"
@@ -68,6 +58,16 @@ def enrolled_at_a(fleet, name: str, print_name: str) -> None:
     assert "error" not in enrolled and enrolled["parameters"]["finger"] == "right-index", enrolled
     settle(fleet)
     assert fleet[1].person(name)["parameters"]["person"]["fingers"] == []
+
+
+def logs_in_without_an_offer(pam, name: str) -> None:
+    """A passcode login whose conversation is the passcode prompt and nothing else."""
+    again = Client(pam, "kioskauth", name, "authenticate")
+    again.expect_message("Passcode: ")
+    again.send(PASSCODE)
+    [result] = again.results()
+    assert result["rc"] == PAM_SUCCESS
+    assert again.messages() == [("prompt_echo_off", "Passcode: ")], again.transcript_lines()
 
 
 def offered(reply: dict) -> bool:
@@ -127,12 +127,7 @@ def test_atThePamLogin_sheIsAskedOnce_enrolsHere_andThePrintGoesToTheFleet(fleet
         "SELECT t.driver FROM templates t JOIN people p USING (person_id) WHERE p.name = 'rita' ORDER BY t.driver")
     assert drivers == [["virtual_device"], ["virtual_image"]], drivers
     # The next passcode login asks nothing.
-    again = Client(pam, "kioskauth", "rita", "authenticate")
-    again.expect_message("Passcode: ")
-    again.send(PASSCODE)
-    [result] = again.results()
-    assert result["rc"] == PAM_SUCCESS
-    assert again.messages() == [("prompt_echo_off", "Passcode: ")], again.transcript_lines()
+    logs_in_without_an_offer(pam, "rita")
 
 
 def test_aDeclinedOffer_isNotMadeAgain_andTheLoginGoesOn(fleet, pam):
@@ -148,10 +143,5 @@ def test_aDeclinedOffer_isNotMadeAgain_andTheLoginGoesOn(fleet, pam):
     assert result["rc"] == PAM_SUCCESS and result["user"] == "sam"
     assert ("info", LATER) in c.messages()
     assert b.person("sam")["parameters"]["person"]["fingers"] == []
-    again = Client(pam, "kioskauth", "sam", "authenticate")
-    again.expect_message("Passcode: ")
-    again.send(PASSCODE)
-    [result] = again.results()
-    assert result["rc"] == PAM_SUCCESS
-    assert again.messages() == [("prompt_echo_off", "Passcode: ")], again.transcript_lines()
+    logs_in_without_an_offer(pam, "sam")
     assert len(offer_audits(b, "sam")) == 1

@@ -20,13 +20,10 @@ import time
 
 import pytest
 
-from fleet_support import CONDITION_TIMEOUT, Fleet, Terminal, error_name, postgres_available, wait_until
-from kioskauth_testing import KIOSKAUTHCTL, ensure_group
+from fleet_support import CONDITION_TIMEOUT, Fleet, Terminal, error_name, fleet_test_marks, wait_until
+from kioskauth_testing import ensure_group
 
-pytestmark = [
-    pytest.mark.skipif(not postgres_available(), reason="PostgreSQL is not installed (scripts/install-deps)"),
-    pytest.mark.skipif(not KIOSKAUTHCTL.exists(), reason="kioskauthctl is not built"),
-]
+pytestmark = fleet_test_marks()
 
 FIRST, SECOND, THIRD = "482913", "730164", "915372"
 QUICK = "PollIntervalSec=1\nReconnectMaxSec=1\n"

@@ -4,6 +4,7 @@ import KioskAuthFleet
 import KioskAuthProtocol
 import KioskAuthStore
 import Logging
+import Synchronization
 
 /// The credentials a fleet member reads from `$CREDENTIALS_DIRECTORY` (docs/fleet.md §9).
 enum FleetCredentials {
@@ -214,15 +215,18 @@ actor FleetAgent {
         }
     }
 
-    /// Closes the directory connection at shutdown.
-    func close() async { await disconnect() }
-
-    /// Drops the connection after a failure, so the next attempt reconnects.
-    private func disconnect() async {
-        await connection?.close()
+    /// Closes the directory connection at shutdown (waiting at most the operation deadline).
+    func close() async {
+        let old = connection
         connection = nil
         reachable = false
+        guard let old else { return }
+        _ = await Self.race(Self.operationDeadline) { await old.close() }
     }
+
+    /// Drops the connection (a failure, leaving, a new directory), so the next attempt
+    /// reconnects; waits for the close at most the operation deadline.
+    private func disconnect() async { await close() }
 
     /// A second connection for the change feed's notifications (the sync service owns it).
     func listenerConnection() async throws(FleetError) -> FleetDirectory? {
@@ -238,36 +242,52 @@ actor FleetAgent {
     private func withDirectory<T: Sendable>(
         _ directory: String, _ body: @escaping @Sendable (FleetDirectory) async throws(FleetError) -> T
     ) async throws(APIError) -> T {
-        let connection: FleetDirectory
-        do { connection = try await connect(directory) } catch {
-            await disconnect()
-            throw APIError.fleet(error)
-        }
-        let outcome: Result<T, FleetError>? = await withTaskGroup(of: Result<T, FleetError>?.self) { group in
-            group.addTask {
-                do throws(FleetError) { return .success(try await body(connection)) } catch {
-                    return .failure(error)
-                }
-            }
-            group.addTask {
-                try? await Task.sleep(for: Self.operationDeadline)
-                return nil
-            }
-            let first = await group.next() ?? nil
-            group.cancelAll()
-            if first == nil { await connection.close() }
-            return first
+        // Connecting counts against the deadline too, and an operation that ignores
+        // cancellation is left behind rather than waited for: the agent (and with it every
+        // sync, FleetStatus and shutdown) never hangs on a directory that stopped answering.
+        let outcome: Result<T, FleetError>? = await Self.race(Self.operationDeadline) {
+            () async -> Result<T, FleetError> in
+            let connection: FleetDirectory
+            do throws(FleetError) { connection = try await self.connect(directory) } catch { return .failure(error) }
+            do throws(FleetError) { return .success(try await body(connection)) } catch { return .failure(error) }
         }
         switch outcome {
         case .success(let value)?: return value
         case .failure(let error)?:
-            if error.code == .directoryUnavailable { await disconnect() }
+            if error.code == .directoryUnavailable || connection == nil { dropConnection() }
             throw APIError.fleet(error)
         case nil:
-            await disconnect()
+            dropConnection()
             throw APIError.own(
                 "FleetUnreachable", ["reason": .string("the directory did not answer within \(Self.operationDeadline)")]
             )
+        }
+    }
+
+    /// Forgets the connection after a failure (the next attempt reconnects) and closes it in the
+    /// background: closing a connection to a directory that stopped answering may take long.
+    private func dropConnection() {
+        if let old = connection { Task { await old.close() } }
+        connection = nil
+        reachable = false
+    }
+
+    /// The outcome of `operation`, or nil once `deadline` has passed; an operation still running
+    /// then is cancelled and not waited for.
+    static func race<T: Sendable>(
+        _ deadline: Duration, _ operation: @escaping @Sendable () async -> T
+    ) async -> T? {
+        let gate = RaceGate<T>()
+        return await withCheckedContinuation { continuation in
+            gate.install(continuation)
+            let timer = Task {
+                try? await Task.sleep(for: deadline)
+                if gate.finish(nil) { gate.cancelWork() }
+            }
+            gate.setWork(
+                Task {
+                    if gate.finish(await operation()) { timer.cancel() }
+                })
         }
     }
 
@@ -473,6 +493,11 @@ actor FleetAgent {
                 "the directory does not list this terminal (\(membership.terminalID)): is it the fleet's directory?")
         }
         guard state == "removed" else { return false }
+        // A `fleet leave` that ran while this sync waited for the directory has already
+        // forgotten the fleet: nothing is left to forget, and nothing to report.
+        guard let current = try? store.fleetMembership(), current.terminalID == membership.terminalID,
+            current.state != "removed"
+        else { return true }
         let reason = "the directory marked this terminal removed"
         let queued = (try? store.fleetOutboxCount()) ?? 0
         try storeCall { () throws(StoreError) in try store.markFleetRemoved(reason: reason) }
@@ -834,4 +859,46 @@ struct FleetApplyOutcome: Sendable {
     /// Changes refused: not trusted (forged, replayed, unverifiable), audited as `fleet.reject`.
     var rejected = 0
     var problem: String?
+}
+
+/// The meeting point of `FleetAgent.race`: whichever of the operation and the timer finishes
+/// first resumes the caller, once.
+final class RaceGate<T: Sendable>: Sendable {
+    private struct State {
+        var continuation: CheckedContinuation<T?, Never>?
+        var finished = false
+        var work: Task<Void, Never>?
+    }
+    private let state = Mutex(State())
+
+    func install(_ continuation: CheckedContinuation<T?, Never>) {
+        state.withLock { $0.continuation = continuation }
+    }
+
+    func setWork(_ work: Task<Void, Never>) {
+        let finished = state.withLock { state -> Bool in
+            state.work = work
+            return state.finished
+        }
+        // The timer may have fired before the work was recorded (cancelling work that already
+        // finished does nothing).
+        if finished { work.cancel() }
+    }
+
+    /// Resumes the caller with `value` if nothing did yet; true when this call did.
+    @discardableResult
+    func finish(_ value: T?) -> Bool {
+        let continuation = state.withLock { state -> CheckedContinuation<T?, Never>? in
+            guard !state.finished else { return nil }
+            state.finished = true
+            defer { state.continuation = nil }
+            return state.continuation
+        }
+        continuation?.resume(returning: value)
+        return continuation != nil
+    }
+
+    func cancelWork() {
+        state.withLock { $0.work }?.cancel()
+    }
 }
