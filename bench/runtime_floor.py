@@ -28,6 +28,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from rss_breakdown import status
+
 SWIFT_BARE = """
 import Glibc
 if CommandLine.arguments.contains("--exit") { exit(0) }
@@ -91,12 +93,7 @@ def resident(program: Path) -> dict[str, int]:
     try:
         proc.stdout.readline()
         time.sleep(1)
-        fields = {}
-        for line in Path(f"/proc/{proc.pid}/status").read_text().splitlines():
-            key, _, value = line.partition(":")
-            if key in ("VmRSS", "RssAnon", "RssFile", "Threads"):
-                fields[key] = int(value.split()[0])
-        return fields
+        return {**status(proc.pid), "Threads": len(os.listdir(f"/proc/{proc.pid}/task"))}
     finally:
         proc.kill()
         proc.wait()

@@ -6,6 +6,8 @@ daemons on a real PostgreSQL directory, and real libpam (the pam_start_confdir c
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 
 from fleet_support import Fleet, error_name, fleet_test_marks, have_nist_prints, wait_until
@@ -96,6 +98,19 @@ def test_aPrintForAnotherReader_isOfferedOnce_afterThePasscode_andNeverWhereItWo
     assert "error" not in b.rpc("SetBiometricOffer", {"name": "nora", "enabled": True})
     assert offered(b.verify_passcode("nora", PASSCODE))
     assert not offered(b.verify_passcode("nora", PASSCODE))
+    # Eight unlocks at once, each on a connection of its own: still offered exactly once.
+    assert "error" not in b.rpc("SetBiometricOffer", {"name": "nora", "enabled": True})
+    replies: list[dict] = []
+
+    def unlock() -> None:
+        replies.append(b.call("io.kioskauth.VerifyPasscode", {"name": "nora", "passcode": PASSCODE}))
+
+    callers = [threading.Thread(target=unlock) for _ in range(8)]
+    for caller in callers:
+        caller.start()
+    for caller in callers:
+        caller.join()
+    assert len(replies) == 8 and sum(offered(reply) for reply in replies) == 1, replies
     # The CLI says so too, the one time it is offered.
     assert "error" not in b.rpc("SetBiometricOffer", {"name": "nora", "enabled": True})
     said = b.ctl("passcode", "verify", "nora", input=PASSCODE + "\n")

@@ -16,6 +16,7 @@ The tests run in order on one fleet (each builds on the one before).
 from __future__ import annotations
 
 import sqlite3
+import threading
 import time
 
 import pytest
@@ -192,10 +193,14 @@ def test_aTerminalLeavingOnItsOwn_isFollowedByExactlyOneRotation(fleet):
     left = b.ctl("fleet", "leave")
     assert left.returncode == 0, left.stderr
 
-    # Both remaining members sync; one of them publishes generation 3, and only one does.
+    # Both remaining members sync at the same moment; one of them publishes generation 3, and
+    # only one does.
     def rotated():
-        for terminal in (a, d):
-            terminal.sync()
+        both = [threading.Thread(target=terminal.sync) for terminal in (a, d)]
+        for thread in both:
+            thread.start()
+        for thread in both:
+            thread.join()
         return directory(fleet, "SELECT max(generation) FROM data_keys") == [["3"]]
 
     wait_until(rotated, interval=0.3, what="generation 3 published after B left")

@@ -76,10 +76,10 @@ extension Authority {
 
     func fleetTerminals(_ caller: Caller) async throws(APIError) -> Message.FleetTerminals {
         try await fleetCall(caller, action: .fleetTerminals, audits: false) { agent throws(APIError) in
-            let this = try await agent.status().terminalId
+            let (terminals, this) = try await agent.terminals()
             let iso = Date.ISO8601FormatStyle()
             return Message.FleetTerminals(
-                terminals: try await agent.terminals().map { terminal in
+                terminals: terminals.map { terminal in
                     let id = terminal.id.uuidString.lowercased()
                     return Message.FleetTerminal(
                         terminalId: id, name: terminal.name, state: terminal.state,

@@ -59,8 +59,10 @@ extension CredentialAuthority {
     /// su/sudo-like service, and only while her offer is on. Making the offer turns it off
     /// (audited), so it is made once; `SetBiometricOffer` turns it back on.
     func offerFleetEnrolment(_ caller: Caller, _ person: StoredPerson, service: String?) async -> Bool {
+        // Every passcode unlock passes here: the in-memory checks come first, so a terminal in
+        // no fleet, or a person with a finger, costs no query.
         guard configuration.fingerprint.enabled, configuration.fingerprint.selfEnrollment, person.fingers.isEmpty,
-            !(service.map { configuration.access.switchUserServices.contains($0) } ?? false),
+            !(service.map { configuration.access.switchUserServices.contains($0) } ?? false), store.isInFleet,
             (try? store.fleetMembership())?.state == "member",
             (try? store.fleetID(of: person)) != nil,
             (try? store.identityProviderProfile(of: person))?.isBiometricOfferEnabled == true,

@@ -189,11 +189,11 @@ actor FleetAgent {
     private func prepareTerminal(_ directory: String) async throws(APIError) {
         // Not yet in a fleet: a connection left from an earlier attempt may name another
         // directory or role.
-        await disconnect()
+        await close()
         do {
             try await checkTerminal(directory)
         } catch {
-            await disconnect()
+            await close()
             throw error
         }
     }
@@ -215,7 +215,8 @@ actor FleetAgent {
         }
     }
 
-    /// Closes the directory connection at shutdown (waiting at most the operation deadline).
+    /// Closes the directory connection (at shutdown, on leaving, before a new directory), so the
+    /// next attempt connects again; waits for the close at most the operation deadline.
     func close() async {
         let old = connection
         connection = nil
@@ -223,10 +224,6 @@ actor FleetAgent {
         guard let old else { return }
         _ = await Self.race(Self.operationDeadline) { await old.close() }
     }
-
-    /// Drops the connection (a failure, leaving, a new directory), so the next attempt
-    /// reconnects; waits for the close at most the operation deadline.
-    private func disconnect() async { await close() }
 
     /// A second connection for the change feed's notifications (the sync service owns it).
     func listenerConnection() async throws(FleetError) -> FleetDirectory? {
@@ -254,7 +251,7 @@ actor FleetAgent {
         switch outcome {
         case .success(let value)?: return value
         case .failure(let error)?:
-            if error.code == .directoryUnavailable || connection == nil { dropConnection() }
+            if error.code == .directoryUnavailable { dropConnection() }
             throw APIError.fleet(error)
         case nil:
             dropConnection()
@@ -375,17 +372,18 @@ actor FleetAgent {
         }
         try storeCall { () throws(StoreError) in try store.endFleetMembership() }
         dataKeys = []
-        await disconnect()
+        await close()
         wakeup.signal()
     }
 
-    /// The directory's terminals, for `fleet terminals`.
-    func terminals() async throws(APIError) -> [FleetTerminal] {
+    /// The directory's terminals, for `fleet terminals`, and this terminal's id among them.
+    func terminals() async throws(APIError) -> (terminals: [FleetTerminal], this: String) {
         let membership = try requireMembership()
         try requireNotRemoved(membership)
-        return try await withDirectory(membership.directory) { connection throws(FleetError) in
+        let terminals = try await withDirectory(membership.directory) { connection throws(FleetError) in
             try await connection.terminals()
         }
+        return (terminals, membership.terminalID)
     }
 
     /// What `removeTerminal` did.
@@ -442,7 +440,9 @@ actor FleetAgent {
             await record(.fleetRotate, .failure, "after removing \(target.name): \(error.name): \(error.parameters)")
         }
         let owed =
-            (try? await withDirectory(membership.directory) { connection throws(FleetError) in
+            rotated
+            ? false
+            : (try? await withDirectory(membership.directory) { connection throws(FleetError) in
                 try await connection.rotationDue().due
             }) ?? true
         return Removal(terminal: target, generation: keyring.currentGeneration, rotated: rotated, rotationOwed: owed)
@@ -456,12 +456,20 @@ actor FleetAgent {
     func sync() async throws(APIError) {
         var membership = try requireMembership()
         try requireNotRemoved(membership)
+        guard let terminal = UUID(uuidString: membership.terminalID) else {
+            throw APIError.fleetError("the stored terminal id is not a UUID")
+        }
         do {
-            if try await noticeRemoval(membership) { return }
+            let standing = try await withDirectory(membership.directory) { connection throws(FleetError) in
+                try await connection.standing(of: terminal)
+            }
+            if try await noticeRemoval(membership, state: standing.state) { return }
             try await pull(&membership)
-            if membership.state == "member" {
+            if membership.state == "member", standing.rotationDue {
                 // Before pushing, so what this sync pushes is sealed under the new generation.
                 try await rotateIfDue(&membership)
+            }
+            if membership.state == "member" {
                 try await pushQueue(membership)
                 try await pushAudit(membership)
                 // What this terminal pushed comes back in the feed: take it in now.
@@ -476,16 +484,11 @@ actor FleetAgent {
         }
     }
 
-    /// Whether the directory has removed this terminal (another member's `fleet remove`, or the
-    /// DBA). If so the terminal forgets its data keys, the tokens it issued and its queue, keeps
-    /// its local people, audits `fleet.removed`, and stops syncing until `fleet leave`.
-    private func noticeRemoval(_ membership: FleetMembership) async throws(APIError) -> Bool {
-        guard let terminal = UUID(uuidString: membership.terminalID) else {
-            throw APIError.fleetError("the stored terminal id is not a UUID")
-        }
-        let state = try await withDirectory(membership.directory) { connection throws(FleetError) in
-            try await connection.terminalState(terminal)
-        }
+    /// Whether the directory has removed this terminal (its `state` there: another member's
+    /// `fleet remove`, or the DBA). If so the terminal forgets its data keys, the tokens it
+    /// issued and its queue, keeps its local people, audits `fleet.removed`, and stops syncing
+    /// until `fleet leave`.
+    private func noticeRemoval(_ membership: FleetMembership, state: String?) async throws(APIError) -> Bool {
         // A directory that does not list this terminal at all is more likely the wrong one (or
         // one restored from an older backup) than a removal: say so and forget nothing.
         guard let state else {
@@ -502,7 +505,7 @@ actor FleetAgent {
         let queued = (try? store.fleetOutboxCount()) ?? 0
         try storeCall { () throws(StoreError) in try store.markFleetRemoved(reason: reason) }
         dataKeys = []
-        await disconnect()
+        await close()
         logger.warning("fleet: this terminal was removed", metadata: ["reason": "\(reason)"])
         await record(
             .fleetRemoved, .success,

@@ -236,12 +236,12 @@ public actor FleetDirectory {
                 ).collect()
                 return id
             }
-            var wraps: [String: [String: String]] = [:]
+            var wraps: [String: WrappedDataKey] = [:]
             for dataKey in dataKeys {
-                let wrapped = try WrappedDataKey.wrap(dataKey, to: terminal.publicKey, terminalID: id)
-                wraps[String(dataKey.generation)] = Self.wrapJSON(wrapped)
+                wraps[String(dataKey.generation)] = try WrappedDataKey.wrap(
+                    dataKey, to: terminal.publicKey, terminalID: id)
             }
-            let json = String(decoding: try JSONSerialization.data(withJSONObject: wraps), as: UTF8.self)
+            let json = try Self.wrapsJSON(wraps)
             try await connection.query(
                 "SELECT fleet_admit_keys(\(id), \(token.id), \(publicKey), \(json)::jsonb)", logger: logger
             ).collect()
@@ -328,13 +328,12 @@ public actor FleetDirectory {
             let members = try await connection.query(
                 "SELECT terminal_id, public_key FROM terminals WHERE state = 'member'", logger: logger
             ).collect()
-            var wraps: [String: [String: String]] = [:]
+            var wraps: [String: WrappedDataKey] = [:]
             for member in members {
                 let (id, publicKey) = try member.decode((UUID, Data).self)
-                let wrapped = try WrappedDataKey.wrap(dataKey, to: Array(publicKey), terminalID: id)
-                wraps[id.fleetText] = Self.wrapJSON(wrapped)
+                wraps[id.fleetText] = try WrappedDataKey.wrap(dataKey, to: Array(publicKey), terminalID: id)
             }
-            let json = String(decoding: try JSONSerialization.data(withJSONObject: wraps), as: UTF8.self)
+            let json = try Self.wrapsJSON(wraps)
             try await connection.query(
                 "SELECT fleet_rotate_data_key(\(dataKey.generation), \(member), \(reason), \(json)::jsonb)",
                 logger: logger
@@ -363,19 +362,30 @@ public actor FleetDirectory {
         }
     }
 
-    static func wrapJSON(_ wrapped: WrappedDataKey) -> [String: String] {
-        [
-            "encapsulated": Data(wrapped.encapsulatedKey).base64EncodedString(),
-            "ciphertext": Data(wrapped.ciphertext).base64EncodedString(),
-        ]
+    /// Wrapped keys as the directory's functions take them: key → {encapsulated, ciphertext} in
+    /// base64, as JSON text.
+    static func wrapsJSON(_ wraps: [String: WrappedDataKey]) throws -> String {
+        let object = wraps.mapValues { wrapped in
+            [
+                "encapsulated": Data(wrapped.encapsulatedKey).base64EncodedString(),
+                "ciphertext": Data(wrapped.ciphertext).base64EncodedString(),
+            ]
+        }
+        return String(decoding: try JSONSerialization.data(withJSONObject: object), as: UTF8.self)
     }
 
-    /// `terminal`'s state in the directory (`pending`, `member`, `removed`), nil if it has no row.
-    public func terminalState(_ terminal: UUID) async throws(FleetError) -> String? {
-        try await exclusive { connection, logger in
-            try await connection.query(
-                "SELECT state FROM terminals WHERE terminal_id = \(terminal)", logger: logger
-            ).collect().first?.decode(String.self)
+    /// Where `terminal` stands, in one query a sync makes first: its state in the directory
+    /// (`pending`, `member`, `removed`; nil if it has no row) and whether a removal owes the fleet
+    /// a new data-key generation (never before migration 3).
+    public func standing(of terminal: UUID) async throws(FleetError) -> (state: String?, rotationDue: Bool) {
+        let owes =
+            try await currentSchemaVersion() >= 3 ? "EXISTS (SELECT 1 FROM terminals WHERE rekey_due)" : "false"
+        return try await exclusive { connection, logger in
+            let row = try await connection.query(
+                "SELECT (SELECT state FROM terminals WHERE terminal_id = \(terminal)), \(unescaped: owes)",
+                logger: logger
+            ).collect().first
+            return try row?.decode((String?, Bool).self) ?? (nil, false)
         }
     }
 

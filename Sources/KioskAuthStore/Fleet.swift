@@ -101,6 +101,10 @@ extension Store {
 
     // MARK: Membership
 
+    /// Whether this terminal is in a fleet that has not removed it (pending or member), from
+    /// memory: no query.
+    public var isInFleet: Bool { (try? locked { isFleetMember }) ?? false }
+
     /// The membership, or nil when this terminal is in no fleet.
     public func fleetMembership() throws(StoreError) -> FleetMembership? {
         try locked {

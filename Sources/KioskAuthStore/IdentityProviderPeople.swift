@@ -233,25 +233,30 @@ extension Store {
 
     /// Turns the fingerprint-enrolment offer on or off (a decline is remembered until re-enabled).
     public func setBiometricOffer(_ enabled: Bool, for person: StoredPerson, now: Date) throws(StoreError) {
-        try transaction { db in
-            try updatingPerson(person.id, in: db) {
-                try db.query(
-                    "UPDATE people SET biometric_offer = ?, updated_at = ? WHERE id = ?",
-                    [.text(enabled ? "on" : "declined"), .real(now.timeIntervalSince1970), .integer(person.id)])
-                guard db.changes == 1 else { throw StoreError(.noSuchPerson(person.name.rawValue)) }
-            }
+        guard try updateBiometricOffer(to: enabled ? "on" : "declined", from: nil, of: person, now: now) else {
+            throw StoreError(.noSuchPerson(person.name.rawValue))
         }
     }
 
     /// Records that fingerprint enrolment was offered to `person` (once: the offer is then off,
     /// as after a decline, until someone turns it back on). False when it was not on.
     public func markBiometricOffered(_ person: StoredPerson, now: Date) throws(StoreError) -> Bool {
+        try updateBiometricOffer(to: "offered", from: "on", of: person, now: now)
+    }
+
+    /// Sets `biometric_offer` to `value` (only where it is `current`, when given); whether the
+    /// row changed.
+    private func updateBiometricOffer(
+        to value: String, from current: String?, of person: StoredPerson, now: Date
+    ) throws(StoreError) -> Bool {
         try transaction { db in
             var changed = false
             try updatingPerson(person.id, in: db) {
                 try db.query(
-                    "UPDATE people SET biometric_offer = 'offered', updated_at = ? WHERE id = ? AND biometric_offer = 'on'",
-                    [.real(now.timeIntervalSince1970), .integer(person.id)])
+                    "UPDATE people SET biometric_offer = ?, updated_at = ? WHERE id = ?"
+                        + (current == nil ? "" : " AND biometric_offer = ?"),
+                    [.text(value), .real(now.timeIntervalSince1970), .integer(person.id)]
+                        + (current.map { [.text($0)] } ?? []))
                 changed = db.changes == 1
             }
             return changed

@@ -8,17 +8,6 @@ import Testing
 /// Removal and rotation (docs/fleet.md §3, §9.8): removing a terminal that held the data key
 /// owes the fleet a new generation; exactly one member publishes it; a terminal admitted later
 /// is given every generation, so the rows written before it joined stay verifiable and open.
-extension TestPostgres {
-    /// Several statements in one psql session (one transaction when they say BEGIN ... COMMIT).
-    @discardableResult
-    func psql(_ statements: [String], as role: String) throws -> String {
-        let base = [
-            "-h", directory.path, "-p", String(port), "-U", role, "-d", "postgres", "-v", "ON_ERROR_STOP=1", "-At",
-        ]
-        return String(decoding: try run("psql", base + statements.flatMap { ["-c", $0] }), as: UTF8.self)
-    }
-}
-
 @Suite(.serialized, requiresPostgres) struct RotationTests {
     /// The rows a member pushes for one person: the person and a sealed verifier.
     func pushPerson(_ terminal: Terminal, _ id: UUID, verifier: String) async throws -> SealedBlob {

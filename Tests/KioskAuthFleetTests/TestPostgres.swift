@@ -206,15 +206,16 @@ extension TestPostgres {
     /// (an attacker, in the tests that say so) would.
     @discardableResult
     func psql(_ sql: String, as role: String = superuser) throws -> String {
-        String(
-            decoding: try run(
-                "psql",
-                [
-                    "-h", directory.path, "-p", String(port), "-U", role, "-d", "postgres", "-v",
-                    "ON_ERROR_STOP=1",
-                    "-At", "-c", sql,
-                ]),
-            as: UTF8.self)
+        try psql([sql], as: role)
+    }
+
+    /// Several statements in one psql session (one transaction when they say BEGIN … COMMIT).
+    @discardableResult
+    func psql(_ statements: [String], as role: String) throws -> String {
+        let session = [
+            "-h", directory.path, "-p", String(port), "-U", role, "-d", "postgres", "-v", "ON_ERROR_STOP=1", "-At",
+        ]
+        return String(decoding: try run("psql", session + statements.flatMap { ["-c", $0] }), as: UTF8.self)
     }
 
     /// pg_dump of the whole directory, as a thief with a copy of the database would have it.
