@@ -115,7 +115,6 @@ let package = Package(
             name: "kioskauthd",
             dependencies: [
                 "KioskAuthDaemon", "KioskAuthProtocol",
-                .product(name: "ArgumentParser", package: "swift-argument-parser"),
                 .product(name: "Logging", package: "swift-log"),
             ],
             swiftSettings: strictSettings),

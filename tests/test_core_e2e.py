@@ -196,6 +196,25 @@ def test_a_store_from_a_future_schema_is_refused(make_daemon):
     assert "schema version 99" in d.log_text()
 
 
+def test_the_daemons_bad_command_lines_exit_64_and_touch_nothing(make_daemon):
+    d = make_daemon()
+    for extra in (["--bogus"], ["--log-level", "loud"], ["--config"], ["stray"], ["--socket", "/a", "--socket", "/b"],
+                  ["--development-key-file=yes"]):
+        d.extra_args = extra
+        d.start(expect_ready=False)
+        assert d.wait_exit() == 64, (extra, d.log_text())
+        assert "Usage: kioskauthd [options]" in d.log_text()
+    assert not (d.state / "kioskauth.sqlite").exists()
+    d.extra_args = []
+    for asked, expected in ((["--version"], "0."), (["--help"], "--accept-store-rollback")):
+        r = subprocess.run([*d.command(), *asked], capture_output=True, text=True, env=d.environment(), timeout=20)
+        assert r.returncode == 0 and expected in r.stdout, r
+    # The joined form works as the separate one does: the daemon starts on its own socket.
+    d.extra_args = ["--log-level=debug"]
+    d.start()
+    d.stop()
+
+
 def test_swapped_passcode_ciphertexts_are_refused_and_audited(daemon):
     add(daemon, "sarah")
     add(daemon, "omar")

@@ -1,4 +1,3 @@
-import ArgumentParser
 import FoundationEssentials
 import KioskAuthDaemon
 import KioskAuthProtocol
@@ -10,51 +9,30 @@ import Logging
 
 /// kioskauthd: the fingerprint and passcode authentication daemon for shared terminals.
 @main
-struct KioskAuthD: AsyncParsableCommand {
-    static let configuration = CommandConfiguration(
-        commandName: "kioskauthd",
-        abstract: "Fingerprint and passcode authentication for shared Linux terminals.",
-        discussion: """
-            Runs in the foreground. Under systemd it takes its socket from LISTEN_FDS, its store key \
-            from $CREDENTIALS_DIRECTORY/kioskauth.store-key and reports readiness on NOTIFY_SOCKET. \
-            See kioskauthd(8) and kioskauthd.conf(5).
-            """,
-        version: KioskAuthVersion.string)
-
-    @Option(help: "Configuration file; drop-ins are read from FILE.d/*.conf.")
-    var config: String?
-
-    @Option(help: "State directory (default: $STATE_DIRECTORY, else /var/lib/kioskauth).")
-    var stateDirectory: String?
-
-    @Option(help: "Runtime directory (default: $RUNTIME_DIRECTORY, else /run/kioskauth).")
-    var runtimeDirectory: String?
-
-    @Option(help: "Socket path to bind when not socket-activated (default: RUNTIME_DIRECTORY/io.kioskauth).")
-    var socket: String?
-
-    @Flag(help: "Development only: keep the store key in a file in the state directory, created if needed.")
-    var developmentKeyFile = false
-
-    @Flag(
-        help:
-            "Start even though the store is missing, emptied or behind its audit head anchor (rolled back, or acknowledged writes lost); writes a fresh anchor and audits store.rollback.accepted with what was lost."
-    )
-    var acceptStoreRollback = false
-
-    @Option(help: "Log level: trace, debug, info, notice, warning, error, critical.")
-    var logLevel: String?
-
-    func validate() throws {
-        if let logLevel, Logger.Level(rawValue: logLevel) == nil {
-            throw ValidationError("unknown log level \(logLevel)")
+enum KioskAuthD {
+    static func main() async {
+        let options: DaemonCommandLine
+        do {
+            switch try DaemonCommandLine.parse(Array(CommandLine.arguments.dropFirst())) {
+            case .help:
+                print(DaemonCommandLine.help, terminator: "")
+                return
+            case .version:
+                print(KioskAuthVersion.string)
+                return
+            case .run(let parsed):
+                options = parsed
+            }
+        } catch {
+            fail(DaemonCommandLine.usageMessage(error), status: 64)  // EX_USAGE
         }
+        await run(options)
     }
 
-    func run() async throws {
+    static func run(_ options: DaemonCommandLine) async {
         // Everything the daemon creates (database, WAL, key file) is private to it.
         umask(0o077)
-        let level = logLevel.flatMap(Logger.Level.init(rawValue:)) ?? .info
+        let level = options.logLevel.flatMap(Logger.Level.init(rawValue:)) ?? .info
         let journal = JournalSocket.fromEnvironment()
         LoggingSystem.bootstrap { label in
             var handler = JournalLogHandler(label: label, native: journal)
@@ -64,15 +42,23 @@ struct KioskAuthD: AsyncParsableCommand {
         var logger = Logger(label: "kioskauthd")
         logger.logLevel = level
         let paths = DaemonPaths(
-            configuration: config, stateDirectory: stateDirectory, runtimeDirectory: runtimeDirectory, socket: socket)
+            configuration: options.config, stateDirectory: options.stateDirectory,
+            runtimeDirectory: options.runtimeDirectory, socket: options.socket)
         do {
             try await Daemon.run(
-                paths: paths, developmentKeyFile: developmentKeyFile, acceptStoreRollback: acceptStoreRollback,
-                logger: logger)
+                paths: paths, developmentKeyFile: options.developmentKeyFile,
+                acceptStoreRollback: options.acceptStoreRollback, logger: logger)
         } catch let error as StartupError {
-            let line = Array("kioskauthd: \(error.message)\n".utf8)
-            _ = line.withUnsafeBytes { write(STDERR_FILENO, $0.baseAddress, $0.count) }
-            throw ExitCode(error.exitCode)
+            fail("kioskauthd: \(error.message)\n", status: error.exitCode)
+        } catch {
+            fail("kioskauthd: \(error)\n", status: 1)
         }
+    }
+
+    /// Writes `message` to standard error and exits with `status`.
+    static func fail(_ message: String, status: Int32) -> Never {
+        let bytes = Array(message.utf8)
+        _ = bytes.withUnsafeBytes { write(STDERR_FILENO, $0.baseAddress, $0.count) }
+        exit(status)
     }
 }

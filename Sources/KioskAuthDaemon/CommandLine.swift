@@ -1,0 +1,157 @@
+/// kioskauthd's command line, parsed by hand: eight options do not need a parser library, and
+/// swift-argument-parser's first parse cost about a tenth of the daemon's start-up CPU (it walks
+/// the command type through Mirror; docs/footprint.md, "Start-up").
+///
+/// GNU style, as kioskauthd(8) documents: `--name VALUE` or `--name=VALUE` for options with a
+/// value, `--name` for flags, `--` ends the options. The daemon takes no positional arguments.
+public struct DaemonCommandLine: Equatable, Sendable {
+    public var config: String?
+    public var stateDirectory: String?
+    public var runtimeDirectory: String?
+    public var socket: String?
+    public var developmentKeyFile = false
+    public var acceptStoreRollback = false
+    public var logLevel: String?
+
+    /// What the command line asks for.
+    public enum Request: Equatable, Sendable {
+        case run(DaemonCommandLine)
+        case help
+        case version
+    }
+
+    /// A command line that cannot be obeyed; `message` names the argument at fault.
+    public struct UsageError: Error, Equatable, Sendable {
+        public var message: String
+    }
+
+    public init() {}
+
+    /// The log levels `--log-level` accepts (swift-log's, by name).
+    public static let logLevels = ["trace", "debug", "info", "notice", "warning", "error", "critical"]
+
+    private enum Kind { case value, flag }
+
+    private static func kind(of name: String) -> Kind? {
+        switch name {
+        case "config", "state-directory", "runtime-directory", "socket", "log-level": .value
+        case "development-key-file", "accept-store-rollback": .flag
+        default: nil
+        }
+    }
+
+    private mutating func set(_ name: String, to value: String) {
+        switch name {
+        case "config": config = value
+        case "state-directory": stateDirectory = value
+        case "runtime-directory": runtimeDirectory = value
+        case "socket": socket = value
+        case "log-level": logLevel = value
+        case "development-key-file": developmentKeyFile = true
+        case "accept-store-rollback": acceptStoreRollback = true
+        default: break
+        }
+    }
+
+    /// Parses the arguments after the program name. `--help` and `--version` win wherever they
+    /// appear, as long as everything before them parsed.
+    public static func parse(_ arguments: [String]) throws(UsageError) -> Request {
+        var parsed = DaemonCommandLine()
+        var given: Set<String> = []
+        var index = arguments.startIndex
+        while index < arguments.endIndex {
+            let argument = arguments[index]
+            index += 1
+            if argument == "--" {
+                if index < arguments.endIndex {
+                    throw UsageError(message: "unexpected argument '\(arguments[index])'")
+                }
+                break
+            }
+            if argument == "-h" || argument == "--help" { return .help }
+            if argument == "--version" { return .version }
+            guard argument.hasPrefix("--"), argument.count > 2 else {
+                throw UsageError(message: "unexpected argument '\(argument)'")
+            }
+            let body = argument.dropFirst(2)
+            let name: String
+            var inline: String?
+            if let equals = body.firstIndex(of: "=") {
+                name = String(body[..<equals])
+                inline = String(body[body.index(after: equals)...])
+            } else {
+                name = String(body)
+            }
+            guard let kind = kind(of: name) else { throw UsageError(message: "unknown option '--\(name)'") }
+            guard given.insert(name).inserted else {
+                throw UsageError(message: "option '--\(name)' given more than once")
+            }
+            switch kind {
+            case .flag:
+                if inline != nil { throw UsageError(message: "option '--\(name)' takes no value") }
+                parsed.set(name, to: "")
+            case .value:
+                if inline == nil {
+                    guard index < arguments.endIndex, !arguments[index].hasPrefix("--") else {
+                        throw UsageError(message: "missing value for '--\(name) <\(metavariable(name))>'")
+                    }
+                    inline = arguments[index]
+                    index += 1
+                }
+                guard let value = inline, !value.isEmpty else {
+                    throw UsageError(message: "empty value for '--\(name)'")
+                }
+                parsed.set(name, to: value)
+            }
+        }
+        if let level = parsed.logLevel, !logLevels.contains(level) {
+            throw UsageError(message: "unknown log level \(level) (one of: \(logLevels.joined(separator: ", ")))")
+        }
+        return .run(parsed)
+    }
+
+    private static func metavariable(_ name: String) -> String {
+        switch name {
+        case "log-level": "level"
+        case "socket": "path"
+        case "config": "file"
+        default: "directory"
+        }
+    }
+
+    /// `--help`'s text.
+    public static let help = """
+        kioskauthd: fingerprint and passcode authentication for shared Linux terminals.
+
+        Usage: kioskauthd [options]
+
+        Runs in the foreground. Under systemd it takes its socket from LISTEN_FDS, its store key
+        from $CREDENTIALS_DIRECTORY/kioskauth.store-key and reports readiness on NOTIFY_SOCKET.
+        See kioskauthd(8) and kioskauthd.conf(5).
+
+        Options:
+          --config <file>               Configuration file; drop-ins are read from FILE.d/*.conf.
+          --state-directory <directory> State directory (default: $STATE_DIRECTORY, else
+                                        /var/lib/kioskauth).
+          --runtime-directory <directory>
+                                        Runtime directory (default: $RUNTIME_DIRECTORY, else
+                                        /run/kioskauth).
+          --socket <path>               Socket path to bind when not socket-activated (default:
+                                        RUNTIME_DIRECTORY/io.kioskauth).
+          --development-key-file        Development only: keep the store key in a file in the
+                                        state directory, created if needed.
+          --accept-store-rollback       Start even though the store is missing, emptied or behind
+                                        its audit head anchor (rolled back, or acknowledged writes
+                                        lost); writes a fresh anchor and audits
+                                        store.rollback.accepted with what was lost.
+          --log-level <level>           trace, debug, info, notice, warning, error or critical.
+          --version                     Print the version and exit.
+          -h, --help                    Show this help and exit.
+
+        """
+
+    /// What a usage error prints before exiting with EX_USAGE.
+    public static func usageMessage(_ error: UsageError) -> String {
+        "kioskauthd: \(error.message)\nUsage: kioskauthd [options]; see kioskauthd --help\n"
+    }
+}
