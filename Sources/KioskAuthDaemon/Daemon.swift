@@ -310,7 +310,9 @@ public enum Daemon {
         ]
         if let reader {
             services.append(
-                .init(service: ReaderService(reader: reader, authority: authority, logger: logger), serviceName: "reader"))
+                .init(
+                    service: ReaderService(reader: reader, authority: authority, logger: logger), serviceName: "reader")
+            )
         }
         if let provider {
             services.append(
