@@ -122,6 +122,13 @@ def test_packages_dependOnlyOnDebianLibraries(packages):
         libraries = re.findall(r"NEEDED\s+(\S+)", needed)
         assert libraries, f"{program} names no shared library"
         assert not [lib for lib in libraries if "swift" in lib.lower() or "Foundation" in lib], libraries
+        # Linked as debian/rules says: full RELRO with bind-now, and none of the static Swift
+        # runtime's and the modules' symbols exported (Swift's static link exports them all:
+        # tens of thousands, which every start then searched through).
+        dynamic = run(["readelf", "-d", scratch / program]).stdout
+        assert re.search(r"\(FLAGS\)\s+BIND_NOW", dynamic) and re.search(r"\(FLAGS_1\).*\bNOW\b", dynamic), dynamic
+        exported = run(["nm", "-D", "--defined-only", scratch / program]).stdout.split()
+        assert len(exported) < 300, f"{program} exports {len(exported) // 3} dynamic symbols"
 
 
 def tempfile_dir() -> str:
