@@ -155,7 +155,12 @@ def test_a_passcode_storm_from_another_uid_cannot_starve_a_legitimate_unlock(mak
     connections while root (as PAM is) unlocks. With one hashing worker, a first-come queue puts
     the unlock behind every storm hash already waiting (five or six); the pool serves the uids in
     turn, so at most the storm hash running and one more finish while the unlock waits. The
-    storm's passcodes are right ones, so no lockout stops it hashing."""
+    storm's passcodes are right ones, so no lockout stops it hashing.
+
+    The answers are timed by the storm clients as they read them, so a client scheduled late
+    makes a hash that finished just before an unlock was sent look as if it overtook it. Each
+    hash costs about a tenth of a second (64 MiB, 3 passes), so that slack is small against
+    one hash even on a loaded machine; a first-come queue would still show five or six."""
     import subprocess
     import sys
     import time
@@ -163,7 +168,7 @@ def test_a_passcode_storm_from_another_uid_cannot_starve_a_legitimate_unlock(mak
     from kioskauth_testing import as_user
     from test_core_e2e import add, set_passcode
 
-    d = make_daemon(config="[Store]\nPasscodeHashWorkers=1\nPasscodeHashMemoryKiB=16384\nPasscodeHashIterations=2\n")
+    d = make_daemon(config="[Store]\nPasscodeHashWorkers=1\nPasscodeHashMemoryKiB=65536\nPasscodeHashIterations=3\n")
     d.start()
     clients = 6
     for name in ["sarah"] + [f"storm{i}" for i in range(clients)]:
