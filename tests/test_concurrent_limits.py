@@ -160,7 +160,7 @@ def test_a_passcode_storm_from_another_uid_cannot_starve_a_legitimate_unlock(mak
     The answers are timed by the storm clients as they read them, so a client scheduled late
     makes a hash that finished just before an unlock was sent look as if it overtook it. Each
     hash costs about a tenth of a second (64 MiB, 3 passes), so that slack is small against
-    one hash even on a loaded machine; a first-come queue would still show five or six."""
+    one hash even on a loaded machine, and one such answer is allowed for."""
     import subprocess
     import sys
     import time
@@ -193,6 +193,7 @@ def test_a_passcode_storm_from_another_uid_cannot_starve_a_legitimate_unlock(mak
     answers = [line.split() for out in outputs for line in out.splitlines() if line.strip()]
     assert answers and all(result == "ok" for _, result in answers), answers[:5]
     times = [float(t) for t, _ in answers]
-    # Storm hashes that finished while each unlock waited: the one running, and one more at most.
+    # Storm hashes that finished while each unlock waited: the one running and one more at most,
+    # plus one for a storm answer read late (see above). A first-come queue shows five or six.
     overtaken = [sum(1 for t in times if sent < t < done) for sent, done in unlocks]
-    assert max(overtaken) <= 2, overtaken
+    assert max(overtaken) <= 3, overtaken
