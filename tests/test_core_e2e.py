@@ -1,6 +1,7 @@
 """End to end: the real kioskauthd driven by kioskauthctl and by the `varlink` Python package."""
 
 import json
+import re
 import sqlite3
 import subprocess
 import time
@@ -8,7 +9,7 @@ import time
 import pytest
 import varlink
 
-from kioskauth_testing import FAST_HASH_CONFIG, KIOSKAUTHCTL, Daemon
+from kioskauth_testing import FAST_HASH_CONFIG, KIOSKAUTHCTL, REPO, Daemon
 
 
 def add(daemon, name="sarah", *extra):
@@ -198,21 +199,39 @@ def test_a_store_from_a_future_schema_is_refused(make_daemon):
 
 def test_the_daemons_bad_command_lines_exit_64_and_touch_nothing(make_daemon):
     d = make_daemon()
-    for extra in (["--bogus"], ["--log-level", "loud"], ["--config"], ["stray"], ["--socket", "/a", "--socket", "/b"],
-                  ["--development-key-file=yes"]):
-        d.extra_args = extra
-        d.start(expect_ready=False)
-        assert d.wait_exit() == 64, (extra, d.log_text())
-        assert "Usage: kioskauthd [options]" in d.log_text()
-    assert not (d.state / "kioskauth.sqlite").exists()
-    d.extra_args = []
-    for asked, expected in ((["--version"], "0."), (["--help"], "--accept-store-rollback")):
+    elsewhere = d.root / "elsewhere"
+    cases = [
+        (["--bogus"], "unknown option '--bogus'"),
+        (["--log-level", "loud"], "unknown log level loud (one of: trace, debug, info, notice, warning, error, critical)"),
+        (["--log-level"], "missing value for '--log-level <level>'"),
+        (["--socket="], "empty value for '--socket'"),
+        (["--config", str(d.config_path)], "option '--config' given more than once"),
+        (["stray"], "unexpected argument 'stray'"),
+        (["--socket", str(elsewhere / "a"), "--socket", str(elsewhere / "b")], "option '--socket' given more than once"),
+        (["--accept-store-rollback=yes"], "option '--accept-store-rollback' takes no value"),
+        (["--help=please"], "option '--help' takes no value"),
+    ]
+    for extra, fault in cases:
+        r = subprocess.run([*d.command(), *extra], capture_output=True, text=True, env=d.environment(), timeout=20)
+        assert r.returncode == 64, (extra, r)
+        assert r.stdout == "" and r.stderr == f"kioskauthd: {fault}\nUsage: kioskauthd [options]; see kioskauthd --help\n", (
+            extra, r.stderr)
+    # Refused before anything was created.
+    assert not d.state.exists() and not d.runtime.exists() and not elsewhere.exists()
+    version = re.search(r'public static let string = "([^"]+)"',
+                        (REPO / "Sources/KioskAuthProtocol/Version.swift").read_text()).group(1)
+    for asked, expected in ((["--version"], f"{version}\n"), (["-h"], None), (["--help"], None)):
         r = subprocess.run([*d.command(), *asked], capture_output=True, text=True, env=d.environment(), timeout=20)
-        assert r.returncode == 0 and expected in r.stdout, r
-    # The joined form works as the separate one does: the daemon starts on its own socket.
+        assert r.returncode == 0 and r.stderr == "", r
+        if expected:
+            assert r.stdout == expected
+        else:
+            assert r.stdout.startswith("kioskauthd: ") and "--accept-store-rollback" in r.stdout, r.stdout
+    # The joined form works as the separate one does: the level takes effect.
     d.extra_args = ["--log-level=debug"]
     d.start()
-    d.stop()
+    assert d.stop() == 0
+    assert re.search(r"^\S+ debug kioskauthd: ", d.log_text(), re.MULTILINE), d.log_text()[-2000:]
 
 
 def test_swapped_passcode_ciphertexts_are_refused_and_audited(daemon):

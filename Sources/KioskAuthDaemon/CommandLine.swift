@@ -4,6 +4,7 @@
 ///
 /// GNU style, as kioskauthd(8) documents: `--name VALUE` or `--name=VALUE` for options with a
 /// value, `--name` for flags, `--` ends the options. The daemon takes no positional arguments.
+/// Arguments are taken as Swift decodes them (invalid UTF-8 becomes U+FFFD), as before.
 public struct DaemonCommandLine: Equatable, Sendable {
     public var config: String?
     public var stateDirectory: String?
@@ -35,7 +36,7 @@ public struct DaemonCommandLine: Equatable, Sendable {
     private static func kind(of name: String) -> Kind? {
         switch name {
         case "config", "state-directory", "runtime-directory", "socket", "log-level": .value
-        case "development-key-file", "accept-store-rollback": .flag
+        case "development-key-file", "accept-store-rollback", "help", "version": .flag
         default: nil
         }
     }
@@ -73,14 +74,15 @@ public struct DaemonCommandLine: Equatable, Sendable {
             guard argument.hasPrefix("--"), argument.count > 2 else {
                 throw UsageError(message: "unexpected argument '\(argument)'")
             }
-            let body = argument.dropFirst(2)
+            // Split on the first '=' as a code point: a combining mark after it is the value's.
+            let body = argument.unicodeScalars.dropFirst(2)
             let name: String
             var inline: String?
             if let equals = body.firstIndex(of: "=") {
-                name = String(body[..<equals])
-                inline = String(body[body.index(after: equals)...])
+                name = String(Substring(body[..<equals]))
+                inline = String(Substring(body[body.index(after: equals)...]))
             } else {
-                name = String(body)
+                name = String(Substring(body))
             }
             guard let kind = kind(of: name) else { throw UsageError(message: "unknown option '--\(name)'") }
             guard given.insert(name).inserted else {
@@ -92,7 +94,8 @@ public struct DaemonCommandLine: Equatable, Sendable {
                 parsed.set(name, to: "")
             case .value:
                 if inline == nil {
-                    guard index < arguments.endIndex, !arguments[index].hasPrefix("--") else {
+                    // A separate value never starts with '-' (`--socket=-odd` can say it).
+                    guard index < arguments.endIndex, !arguments[index].hasPrefix("-") else {
                         throw UsageError(message: "missing value for '--\(name) <\(metavariable(name))>'")
                     }
                     inline = arguments[index]

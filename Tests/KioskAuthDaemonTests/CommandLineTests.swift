@@ -75,6 +75,16 @@ struct CommandLineTests {
             usageError(["--log-level", "loud"])
                 == "unknown log level loud (one of: trace, debug, info, notice, warning, error, critical)")
         #expect(usageError(["--log-level", "info"]) == nil)
+        #expect(usageError(["--config", "-x"]) == "missing value for '--config <file>'")
+        #expect(usageError(["--config", ""]) == "empty value for '--config'")
+        #expect(
+            usageError(["--development-key-file", "--development-key-file"])
+                == "option '--development-key-file' given more than once")
+        #expect(usageError(["--help=please"]) == "option '--help' takes no value")
+        #expect(usageError(["--version=1"]) == "option '--version' takes no value")
+        // The value after '=' keeps a combining mark that follows it.
+        #expect(usageError(["--development-key-file=\u{301}"]) == "option '--development-key-file' takes no value")
+        #expect((try? run(["--socket=\u{301}x"]))?.socket == "\u{301}x")
     }
 
     @Test func theHelp_namesEveryOption() {
