@@ -5,8 +5,8 @@ with an enrolled finger on libfprint's virtual_device reader (the touch queued b
 and, with --other-module, a second build of pam_kioskauth against the same daemon (to compare two
 builds of the module in one run). Prints the medians and the overheads above the floor.
 
-Run with Debian's Python (python3-gi, python3-dbusmock), after `swift build -c release` and
-`make -C pam`:
+Run with Debian's Python (python3-gi, python3-dbusmock); it builds what `bench/compare` builds
+(the release build as the package links it, in .build/compare) and the PAM module:
 
     /usr/bin/python3 bench/pam/pam_part.py [--iterations 60] [--other-module PATH]
 """
