@@ -1,3 +1,5 @@
+import Logging
+
 /// kioskauthd's command line, parsed by hand: eight options do not need a parser library, and
 /// swift-argument-parser's first parse cost about a tenth of the daemon's start-up CPU (it walks
 /// the command type through Mirror; docs/footprint.md, "Start-up").
@@ -28,30 +30,51 @@ public struct DaemonCommandLine: Equatable, Sendable {
 
     public init() {}
 
-    /// The log levels `--log-level` accepts (swift-log's, by name).
-    public static let logLevels = ["trace", "debug", "info", "notice", "warning", "error", "critical"]
+    /// The log levels `--log-level` accepts: swift-log's, by name.
+    public static var logLevels: [String] { Logger.Level.allCases.map(\.rawValue) }
 
-    private enum Kind { case value, flag }
-
-    private static func kind(of name: String) -> Kind? {
-        switch name {
-        case "config", "state-directory", "runtime-directory", "socket", "log-level": .value
-        case "development-key-file", "accept-store-rollback", "help", "version": .flag
-        default: nil
+    /// One option: its name, where its value goes (none for `--help` and `--version`, which
+    /// `parse` answers itself), and its line in `--help`.
+    private struct Option {
+        enum Target {
+            case value(WritableKeyPath<DaemonCommandLine, String?>, metavariable: String)
+            case flag(WritableKeyPath<DaemonCommandLine, Bool>?)
         }
+        var name: String
+        var target: Target
+        var help: String
     }
 
-    private mutating func set(_ name: String, to value: String) {
-        switch name {
-        case "config": config = value
-        case "state-directory": stateDirectory = value
-        case "runtime-directory": runtimeDirectory = value
-        case "socket": socket = value
-        case "log-level": logLevel = value
-        case "development-key-file": developmentKeyFile = true
-        case "accept-store-rollback": acceptStoreRollback = true
-        default: break
-        }
+    /// Every option, once: the parser, the usage errors and `--help` read this table. (Computed:
+    /// key paths are not Sendable, so it cannot be a stored static.)
+    private static var options: [Option] {
+        [
+            Option(
+                name: "config", target: .value(\.config, metavariable: "file"),
+                help: "Configuration file; drop-ins are read from FILE.d/*.conf."),
+            Option(
+                name: "state-directory", target: .value(\.stateDirectory, metavariable: "directory"),
+                help: "State directory (default: $STATE_DIRECTORY, else /var/lib/kioskauth)."),
+            Option(
+                name: "runtime-directory", target: .value(\.runtimeDirectory, metavariable: "directory"),
+                help: "Runtime directory (default: $RUNTIME_DIRECTORY, else /run/kioskauth)."),
+            Option(
+                name: "socket", target: .value(\.socket, metavariable: "path"),
+                help: "Socket path to bind when not socket-activated (default: RUNTIME_DIRECTORY/io.kioskauth)."),
+            Option(
+                name: "development-key-file", target: .flag(\.developmentKeyFile),
+                help: "Development only: keep the store key in a file in the state directory, created if needed."),
+            Option(
+                name: "accept-store-rollback", target: .flag(\.acceptStoreRollback),
+                help: "Start even though the store is missing, emptied or behind its audit head anchor (rolled "
+                    + "back, or acknowledged writes lost); writes a fresh anchor and audits "
+                    + "store.rollback.accepted with what was lost."),
+            Option(
+                name: "log-level", target: .value(\.logLevel, metavariable: "level"),
+                help: "Least severe messages to log: \(logLevels.joined(separator: ", ")) (default: info)."),
+            Option(name: "version", target: .flag(nil), help: "Print the version and exit."),
+            Option(name: "help", target: .flag(nil), help: "Show this help and exit (also -h)."),
+        ]
     }
 
     /// Parses the arguments after the program name. `--help` and `--version` win wherever they
@@ -84,19 +107,21 @@ public struct DaemonCommandLine: Equatable, Sendable {
             } else {
                 name = String(Substring(body))
             }
-            guard let kind = kind(of: name) else { throw UsageError(message: "unknown option '--\(name)'") }
+            guard let option = options.first(where: { $0.name == name }) else {
+                throw UsageError(message: "unknown option '--\(name)'")
+            }
             guard given.insert(name).inserted else {
                 throw UsageError(message: "option '--\(name)' given more than once")
             }
-            switch kind {
-            case .flag:
+            switch option.target {
+            case .flag(let key):
                 if inline != nil { throw UsageError(message: "option '--\(name)' takes no value") }
-                parsed.set(name, to: "")
-            case .value:
+                if let key { parsed[keyPath: key] = true }
+            case .value(let key, let metavariable):
                 if inline == nil {
                     // A separate value never starts with '-' (`--socket=-odd` can say it).
                     guard index < arguments.endIndex, !arguments[index].hasPrefix("-") else {
-                        throw UsageError(message: "missing value for '--\(name) <\(metavariable(name))>'")
+                        throw UsageError(message: "missing value for '--\(name) <\(metavariable)>'")
                     }
                     inline = arguments[index]
                     index += 1
@@ -104,7 +129,7 @@ public struct DaemonCommandLine: Equatable, Sendable {
                 guard let value = inline, !value.isEmpty else {
                     throw UsageError(message: "empty value for '--\(name)'")
                 }
-                parsed.set(name, to: value)
+                parsed[keyPath: key] = value
             }
         }
         if let level = parsed.logLevel, !logLevels.contains(level) {
@@ -113,45 +138,27 @@ public struct DaemonCommandLine: Equatable, Sendable {
         return .run(parsed)
     }
 
-    private static func metavariable(_ name: String) -> String {
-        switch name {
-        case "log-level": "level"
-        case "socket": "path"
-        case "config": "file"
-        default: "directory"
+    /// `--help`'s text, from the option table.
+    public static var help: String {
+        var text = """
+            kioskauthd: fingerprint and passcode authentication for shared Linux terminals.
+
+            Usage: kioskauthd [options]
+
+            Runs in the foreground. Under systemd it takes its socket from LISTEN_FDS, its store key
+            from $CREDENTIALS_DIRECTORY/kioskauth.store-key and reports readiness on NOTIFY_SOCKET.
+            See kioskauthd(8) and kioskauthd.conf(5).
+
+            Options:
+
+            """
+        for option in options {
+            var form = "--\(option.name)"
+            if case .value(_, let metavariable) = option.target { form += " <\(metavariable)>" }
+            text += "  \(form)\n      \(option.help)\n"
         }
+        return text
     }
-
-    /// `--help`'s text.
-    public static let help = """
-        kioskauthd: fingerprint and passcode authentication for shared Linux terminals.
-
-        Usage: kioskauthd [options]
-
-        Runs in the foreground. Under systemd it takes its socket from LISTEN_FDS, its store key
-        from $CREDENTIALS_DIRECTORY/kioskauth.store-key and reports readiness on NOTIFY_SOCKET.
-        See kioskauthd(8) and kioskauthd.conf(5).
-
-        Options:
-          --config <file>               Configuration file; drop-ins are read from FILE.d/*.conf.
-          --state-directory <directory> State directory (default: $STATE_DIRECTORY, else
-                                        /var/lib/kioskauth).
-          --runtime-directory <directory>
-                                        Runtime directory (default: $RUNTIME_DIRECTORY, else
-                                        /run/kioskauth).
-          --socket <path>               Socket path to bind when not socket-activated (default:
-                                        RUNTIME_DIRECTORY/io.kioskauth).
-          --development-key-file        Development only: keep the store key in a file in the
-                                        state directory, created if needed.
-          --accept-store-rollback       Start even though the store is missing, emptied or behind
-                                        its audit head anchor (rolled back, or acknowledged writes
-                                        lost); writes a fresh anchor and audits
-                                        store.rollback.accepted with what was lost.
-          --log-level <level>           trace, debug, info, notice, warning, error or critical.
-          --version                     Print the version and exit.
-          -h, --help                    Show this help and exit.
-
-        """
 
     /// What a usage error prints before exiting with EX_USAGE.
     public static func usageMessage(_ error: UsageError) -> String {
