@@ -218,11 +218,18 @@ actor FleetAgent {
     /// Closes the directory connection (at shutdown, on leaving, before a new directory), so the
     /// next attempt connects again; waits for the close at most the operation deadline.
     func close() async {
-        let old = connection
-        connection = nil
-        reachable = false
-        guard let old else { return }
+        guard let old = forgetConnection() else { return }
         _ = await Self.race(Self.operationDeadline) { await old.close() }
+    }
+
+    /// Forgets the connection, so the next attempt connects again; the caller closes what it
+    /// returns.
+    private func forgetConnection() -> FleetDirectory? {
+        defer {
+            connection = nil
+            reachable = false
+        }
+        return connection
     }
 
     /// A second connection for the change feed's notifications (the sync service owns it).
@@ -264,9 +271,7 @@ actor FleetAgent {
     /// Forgets the connection after a failure (the next attempt reconnects) and closes it in the
     /// background: closing a connection to a directory that stopped answering may take long.
     private func dropConnection() {
-        if let old = connection { Task { await old.close() } }
-        connection = nil
-        reachable = false
+        if let old = forgetConnection() { Task { await old.close() } }
     }
 
     /// The outcome of `operation`, or nil once `deadline` has passed; an operation still running
