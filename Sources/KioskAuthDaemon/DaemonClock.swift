@@ -48,6 +48,10 @@ public struct DaemonClock: Sendable {
         #endif
     }
 
+    /// Whether readings are the system clocks themselves: neither shifted by a test clock file
+    /// nor taken from an in-process test's source, so that time passes only as it really does.
+    var followsSystemClocks: Bool { source == nil && !isTestClock }
+
     /// A clock whose readings all come from `source` (for in-process tests).
     static func readings(bootID: String, _ source: @escaping @Sendable () -> ClockReading) -> DaemonClock {
         #if DEBUG

@@ -101,18 +101,26 @@ extension OnlineAuthority {
         if entry.state.machine != before { applySession(id, actions, at: reading) }
     }
 
-    /// Re-checks every session (the timekeeping service, every second) and feeds the offline
-    /// window a reading every `OfflineWindow.recommendedObservationInterval`.
-    func timekeepingTick() {
+    /// Re-checks every session and feeds the offline window a reading every
+    /// `OfflineWindow.recommendedObservationInterval`. Returns how long the timekeeping service
+    /// may wait before the next tick: a second while a session is open (its idle lock and end
+    /// rules are counted in seconds) or the clock is a test clock (tests move it at will);
+    /// otherwise until the next observation is due, so that an idle daemon does not wake every
+    /// second for nothing. Opening a session signals the service, which then ticks at once.
+    func timekeepingTick() -> Duration {
         let reading = services.clock.reading()
         for id in Array(online.sessions.keys) { checkSession(id, at: reading) }
         let interval = OfflineWindow.recommendedObservationInterval
+        var sinceObservation = Duration.zero
         if let last = online.lastObservation, let elapsed = reading.bootTimeElapsed(since: last), elapsed < interval,
             elapsed >= .zero
         {
-            return
+            sinceObservation = elapsed
+        } else {
+            observeClock()
         }
-        observeClock()
+        guard online.sessions.isEmpty, services.clock.followsSystemClocks else { return .seconds(1) }
+        return max(.seconds(1), interval - sinceObservation)
     }
 
     /// Ends every open session of a person.

@@ -89,9 +89,10 @@ struct RefreshService: Service {
     }
 }
 
-/// Re-checks sessions every second (ending idle and overnight sessions and telling
-/// subscribers), feeds the offline window a clock reading every minute, and once more at
-/// shutdown, so the durable high-water mark is never far behind.
+/// Re-checks sessions every second while any is open (ending idle and overnight sessions and
+/// telling subscribers), feeds the offline window a clock reading every minute, and once more at
+/// shutdown, so the durable high-water mark is never far behind. With no session open it sleeps
+/// until the next reading is due (`timekeepingTick`).
 ///
 /// It stops before the socket server (services stop in reverse order), and on its way ends every
 /// `Subscribe` call, which would otherwise hold the server's drain.
@@ -103,8 +104,8 @@ struct TimekeepingService: Service {
     func run() async throws {
         await withGracefulShutdownHandler {
             while !Task.isCancelled && !Task.isShuttingDownGracefully {
-                await authority.online.timekeepingTick()
-                await wakeup.wait(upTo: .seconds(1))
+                let next = await authority.online.timekeepingTick()
+                await wakeup.wait(upTo: next)
             }
         } onGracefulShutdown: {
             events.finishAll()

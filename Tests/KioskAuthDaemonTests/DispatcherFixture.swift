@@ -34,7 +34,8 @@ final class PasswordTable: Sendable {
 }
 
 /// The real dispatcher over a real authority and a real store in a temporary directory, called
-/// in-process: no socket, no reader, a test clock.
+/// in-process: no socket, no reader, a test clock (or, with `systemClock`, the system's clocks
+/// for the authority's online part, as a deployed daemon has).
 final class DispatcherFixture {
     static let adminGID = 2001
     static let kioskGID = 2002
@@ -50,7 +51,7 @@ final class DispatcherFixture {
     let passwd = PasswordTable()
     private var nextConnection: UInt64 = 1
 
-    init() throws {
+    init(systemClock: Bool = false) throws {
         directory =
             FileManager.default.temporaryDirectory.appendingPathComponent("kioskauth-daemon-\(UUID().uuidString)").path
         try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: false)
@@ -69,7 +70,9 @@ final class DispatcherFixture {
             store: store, configuration: configuration,
             groups: AccessGroups(admin: Self.adminGID, authenticator: Self.kioskGID), hashingPool: pool,
             isSocketActivated: false, usesDevelopmentKey: false, reader: nil, logger: logger,
-            services: OnlineServices(clock: .readings(bootID: "test-boot") { clock.reading() }, provider: nil),
+            services: OnlineServices(
+                clock: systemClock ? .system(environment: [:]) : .readings(bootID: "test-boot") { clock.reading() },
+                provider: nil),
             accounts: SystemAccounts(
                 uidOfAccount: { name in passwd.withLock { $0.first { $0.value == name }?.key } },
                 accountOfUID: { uid in passwd.withLock { $0[uid] } }, systemUIDMax: 999),
