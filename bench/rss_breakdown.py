@@ -6,7 +6,8 @@ and prints from /proc/PID/smaps the resident size of each group of mappings — 
 Swift runtime, Foundation (and FoundationEssentials, ICU, FoundationNetworking), the HTTP stack
 FoundationNetworking brings (curl, gnutls, krb5, LDAP, ...), libfprint and GLib, SQLite, libc, the
 heap and malloc arenas, thread stacks — and the threads by name, three times: idle after start,
-under GetStatus load (--connections clients for --seconds), and idle again after the load. Then
+under GetStatus load (--connections clients for --seconds), and idle again after the load; and,
+idle, the binary's own resident pages by ELF section (from /proc/PID/pagemap). Then
 the wall time from exec to exit of `kioskauthd --version` (median of --runs) and the libraries
 the binary needs (ldd); the same two for kioskauthctl.
 
@@ -16,6 +17,7 @@ the binary needs (ldd); the same two for kioskauthctl.
 from __future__ import annotations
 
 import argparse
+import bisect
 import json
 import os
 import re
@@ -85,6 +87,57 @@ def breakdown(pid: int, binary: str) -> dict[str, int]:
         elif fields[0] == "Rss:" and current:
             sizes[current] += int(fields[1])
     return dict(sizes)
+
+
+def elf_sections(binary: str) -> list[tuple[int, int, str]]:
+    """The binary's allocated sections: (address, size, name), by address."""
+    listing = subprocess.run(["readelf", "-S", "-W", binary], capture_output=True, text=True).stdout
+    sections = []
+    for match in re.finditer(r"^\s*\[\s*\d+\]\s+(\S+)\s+\S+\s+([0-9a-f]{16})\s+[0-9a-f]+\s+([0-9a-f]+)", listing, re.M):
+        name, address, size = match.group(1), int(match.group(2), 16), int(match.group(3), 16)
+        if address and size:
+            sections.append((address, size, name))
+    return sorted(sections)
+
+
+def binary_sections(pid: int, binary: str) -> dict[str, tuple[int, int]] | None:
+    """KiB of the binary resident by ELF section, (all, of which private copies): which pages of
+    its mappings are present, from /proc/PID/pagemap (None when it cannot be read). A page is
+    counted under the section at its start; private copies are pages written since mapping
+    (relocated data, .data). Text pages are resident because they ran or because the kernel
+    mapped them around a page fault that did (fault-around, 64 KiB)."""
+    mappings = []
+    for line in Path(f"/proc/{pid}/maps").read_text().splitlines():
+        fields = line.split()
+        if len(fields) >= 6 and Path(fields[5]).name == Path(binary).name:
+            low, high = (int(x, 16) for x in fields[0].split("-"))
+            mappings.append((low, high, int(fields[2], 16)))
+    if not mappings:
+        return None
+    base = min(low - offset for low, _, offset in mappings)
+    sections = elf_sections(binary)
+    starts = [address for address, _, _ in sections]
+    counts: Counter[str] = Counter()
+    private: Counter[str] = Counter()
+    try:
+        with open(f"/proc/{pid}/pagemap", "rb") as pagemap:
+            for low, high, _ in mappings:
+                pagemap.seek(low // 4096 * 8)
+                entries = pagemap.read((high - low) // 4096 * 8)
+                for index in range(len(entries) // 8):
+                    entry = int.from_bytes(entries[index * 8:index * 8 + 8], "little")
+                    if not entry >> 63 & 1:
+                        continue
+                    address = low + index * 4096 - base
+                    position = bisect.bisect_right(starts, address) - 1
+                    inside = position >= 0 and address < sections[position][0] + sections[position][1]
+                    name = sections[position][2] if inside else "(between sections)"
+                    counts[name] += 4
+                    if not entry >> 61 & 1:  # not file-backed: a private copy
+                        private[name] += 4
+    except OSError:
+        return None
+    return {name: (size, private[name]) for name, size in counts.most_common()}
 
 
 def status(pid: int) -> dict[str, int]:
@@ -161,6 +214,7 @@ def main() -> int:
     try:
         time.sleep(2)
         idle = sample(d.proc.pid, binary)
+        sections = binary_sections(d.proc.pid, binary)
         loaded: dict = {}
 
         def sample_midway() -> None:
@@ -175,7 +229,7 @@ def main() -> int:
         after = sample(d.proc.pid, binary)
     finally:
         d.close()
-    result = {"binary": binary, "idle": idle, "loaded": loaded, "after_load": after,
+    result = {"binary": binary, "idle": idle, "binary_sections_idle": sections, "loaded": loaded, "after_load": after,
               "load_calls_per_s": round(calls / args.seconds), "exec_to_exit_ms": round(exec_to_exit(args.runs), 2),
               "libraries": libraries(), "ctl_exec_to_exit_ms": round(exec_to_exit(args.runs, KIOSKAUTHCTL), 2),
               "ctl_libraries": libraries(KIOSKAUTHCTL)}
@@ -192,6 +246,13 @@ def main() -> int:
     print(f"{'threads':34}" + "".join(f"{sum(s['threads'].values()):>22}" for _, s in phases))
     for _, s in phases[:1]:
         print("threads idle: " + ", ".join(f"{n}×{c}" if c > 1 else n for n, c in sorted(s["threads"].items())))
+    if sections is None:
+        print("the binary by section: /proc/PID/pagemap cannot be read")
+    else:
+        print("the binary idle, KiB resident by ELF section (of which private copies):")
+        for name, (size, copied) in sections.items():
+            if size >= 64:
+                print(f"  {name:32}{size:>10}" + (f"  ({copied})" if copied else ""))
     print(f"GetStatus under load: {result['load_calls_per_s']} calls/s")
     print(f"exec-to-exit of kioskauthd --version: {result['exec_to_exit_ms']} ms (median of {args.runs})")
     print("libraries: " + " ".join(Path(lib).name for lib in result["libraries"]))

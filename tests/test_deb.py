@@ -27,6 +27,10 @@ import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 OUT = REPO / ".build-deb"
+# Where the functions of debian/kioskauthd.text-order must lie, from the start of .text (29 MiB).
+# Their own code is 1.8 MiB, but the toolchain's static libraries come with one .text per object
+# (libswiftCore's is 1.5 MB), and a listed function in one brings all of it: they span 12.8 MiB.
+HOT_TEXT_BYTES = 14 << 20
 ROOT_CACHE = REPO / ".build-debroot"
 SUITE = "bookworm"
 UPGRADE_SUFFIX = "+upgradetest1"
@@ -110,6 +114,8 @@ def test_packages_dependOnlyOnDebianLibraries(packages):
     # Computed by dh_shlibdeps from the binaries: the C libraries behind the Swift modules.
     for library in ("libc6", "libsqlite3-0", "libargon2-1", "libfprint-2-2", "libglib2.0-0"):
         assert re.search(rf"\b{re.escape(library)}\b", depends), f"{library} missing from {depends}"
+    # DT_RELR (below) needs glibc 2.36's loader, and dh_shlibdeps says so.
+    assert re.search(r"\blibc6 \(>= 2\.(3[6-9]|[4-9]\d)\)", depends), depends
     assert "systemd" in depends
     assert "swift" not in depends.lower()
     pam_depends = control_field(pam, "Depends")
@@ -129,6 +135,11 @@ def test_packages_dependOnlyOnDebianLibraries(packages):
         assert re.search(r"\(FLAGS\)\s+BIND_NOW", dynamic) and re.search(r"\(FLAGS_1\).*\bNOW\b", dynamic), dynamic
         exported = run(["nm", "-D", "--defined-only", scratch / program]).stdout.splitlines()
         assert len(exported) < 100, f"{program} exports {len(exported)} dynamic symbols"
+        # Linked by lld with the relative relocations packed (DT_RELR): a few tens of kB that
+        # start-up reads instead of the 3 MB RELA table gold writes for kioskauthd.
+        sizes = {tag: int(size) for tag, size in re.findall(r"\((RELA|RELR)SZ\)\s+(\d+)", dynamic)}
+        assert 0 < sizes.get("RELR", 0) and sizes.get("RELA", 0) < 256 * 1024, (program, sizes)
+        assert "GLIBC_ABI_DT_RELR" in run(["readelf", "-V", scratch / program]).stdout
         # Stripped, but a crash trace still names the functions: MiniDebugInfo, the function
         # symbols xz-compressed in .gnu_debugdata (what gdb and systemd-coredump read).
         main = f"{Path(program).name}_main"
@@ -140,6 +151,27 @@ def test_packages_dependOnlyOnDebianLibraries(packages):
         functions = [line for line in names.splitlines() if line.split()[1:2] in (["T"], ["t"])]
         assert len(functions) > 10_000 and any(line.endswith(f" {main}") for line in functions), names[:2000]
         assert any("KioskAuthProtocol" in line for line in functions)
+        if program.endswith("kioskauthd"):
+            assert_hot_text_first(scratch / program, functions)
+
+
+def assert_hot_text_first(binary: Path, functions: list[str]) -> None:
+    """The functions debian/kioskauthd.text-order lists (what a kiosk's daemon runs) are linked
+    together at the start of .text (debian/rules: function sections and lld's symbol order).
+    Linked in the default order they are spread over the whole of it."""
+    text = re.search(r"\]\s+\.text\s+PROGBITS\s+([0-9a-f]+)\s+[0-9a-f]+\s+([0-9a-f]+)",
+                     run(["readelf", "-S", "-W", binary]).stdout)
+    start, size = int(text.group(1), 16), int(text.group(2), 16)
+    address = {line.split()[2]: int(line.split()[0], 16) for line in functions}
+    listed = [line.strip() for line in (REPO / "debian" / "kioskauthd.text-order").read_text().splitlines()
+              if line.strip() and not line.startswith("#")]
+    offsets = sorted(address[name] - start for name in listed if name in address)
+    # Nearly all are found (a stale list would still link, with less effect).
+    assert len(offsets) > 0.9 * len(listed), f"{len(offsets)} of the {len(listed)} listed functions are in {binary}"
+    within = sum(1 for offset in offsets if offset < HOT_TEXT_BYTES)
+    step(f"{len(offsets)} listed functions, {within} in the first {HOT_TEXT_BYTES >> 20} MiB of "
+         f"{size / 2**20:.1f} MiB of text; the last at {offsets[-1] / 2**20:.1f} MiB")
+    assert within > 0.99 * len(offsets), (within, len(offsets), size)
 
 
 def tempfile_dir() -> str:

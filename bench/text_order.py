@@ -1,0 +1,184 @@
+#!/usr/bin/python3
+"""Writes debian/kioskauthd.text-order: the functions a kiosk's kioskauthd runs, for lld's
+--symbol-ordering-file, so that the package links them next to one another at the start of
+.text (docs/footprint.md, "Linking: lld, packed relocations, hot text first").
+
+Why: the kernel maps a binary's pages around each page fault (fault-around, 64 KiB) and reads
+far ahead of it (read_ahead_kb: 8 MiB on this machine's disk), so a daemon whose few thousand
+running functions are spread over 28 MB of text keeps most of that text resident. Packed
+together, they are a few MB.
+
+How: builds what bench/compare builds (the release build as debian/rules builds it, with the
+current order file), copies kioskauthd without its debug information (valgrind cannot read
+the toolchain's DWARF), and runs a kiosk's day in short with every daemon under valgrind's
+callgrind: cold starts with and without a reader, status calls, a person added, a passcode set
+and verified, a finger enrolled on libfprint's virtual reader and PAM unlocks through
+pamtester. Every function of the binary that callgrind saw run is written, in the order
+callgrind first reports them. Names are mangled: lld matches them to the binary's symbols and
+ignores those it does not find, so a stale file costs only memory.
+
+Needs valgrind (`apt-get install valgrind`) and what bench/compare needs (it installs that).
+Rerun it when code that runs at start or on every unlock changed much:
+
+    /usr/bin/python3 bench/text_order.py            # writes debian/kioskauthd.text-order
+    /usr/bin/python3 bench/text_order.py --check    # prints the figures, writes nothing
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.machinery
+import importlib.util
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+ORDER_FILE = REPO / "debian" / "kioskauthd.text-order"
+
+
+def load_compare():
+    loader = importlib.machinery.SourceFileLoader("compare", str(REPO / "bench" / "compare"))
+    spec = importlib.util.spec_from_loader("compare", loader)
+    module = importlib.util.module_from_spec(spec)
+    loader.exec_module(module)
+    return module
+
+
+# The binary --------------------------------------------------------------------------------------
+
+
+def functions(binary: Path) -> dict[str, int]:
+    """Size of every function symbol of the binary, by name."""
+    listing = subprocess.run(["nm", "-S", "--defined-only", str(binary)], capture_output=True, text=True,
+                             check=True).stdout
+    found = {}
+    for line in listing.splitlines():
+        fields = line.split()
+        if len(fields) == 4 and fields[2] in "tTwW":
+            found[fields[3]] = int(fields[1], 16)
+    return found
+
+
+def text_size(binary: Path) -> int:
+    listing = subprocess.run(["readelf", "-S", "-W", str(binary)], capture_output=True, text=True, check=True).stdout
+    match = re.search(r"\]\s+\.text\s+PROGBITS\s+[0-9a-f]+\s+[0-9a-f]+\s+([0-9a-f]+)", listing)
+    return int(match.group(1), 16) if match else 0
+
+
+def functions_run(profiles: list[Path]) -> list[str]:
+    """Every function callgrind reports as run (fn=) or called (cfn=), first report first."""
+    seen: dict[str, None] = {}
+    pattern = re.compile(r"^c?fn=\(\d+\) (.+)$")
+    for profile in profiles:
+        for line in profile.read_text(errors="replace").splitlines():
+            match = pattern.match(line)
+            if match:
+                seen.setdefault(match.group(1), None)
+    return list(seen)
+
+
+# A kiosk's day, in short -------------------------------------------------------------------------
+
+
+def workload(compare, starts: int, unlocks: int, status_calls: int) -> None:
+    """What a kiosk's daemon does most, through the real socket, reader and PAM stack."""
+    sys.path.insert(0, str(REPO / "tests"))
+    from pam_support import MODULE, PamConfig, enroll
+
+    for index in range(starts):
+        daemon = compare.kioskauth_daemon(fast_hash=True, reader=index % 2 == 0)
+        try:
+            daemon.start(timeout=300)
+            compare.varlink_calls(daemon.socket, [("GetStatus", {})] * 20 + [
+                ("AddPerson", {"name": "p1"}),
+                ("SetPasscode", {"name": "p1", "passcode": compare.PASSCODE, "confirmation": compare.PASSCODE}),
+                ("VerifyPasscode", {"name": "p1", "passcode": compare.PASSCODE}),
+                ("ListPeople", {}), ("GetPerson", {"name": "p1"})])
+        finally:
+            compare.discard(daemon)
+    work = Path(tempfile.mkdtemp(prefix="kioskauth-text-order-"))
+    work.chmod(0o755)
+    world = compare.FprintdWorld(work)
+    daemon = compare.kioskauth_daemon(fast_hash=True)
+    try:
+        daemon.start(timeout=300)
+        compare.varlink_calls(daemon.socket, [("AddPerson", {"name": compare.PERSON})])
+        enroll(daemon, daemon.sensor, compare.PERSON, compare.FINGER_ID)
+        config = PamConfig(Path(tempfile.mkdtemp(prefix="pam-", dir=world.root)))
+        config.add("finger", f"auth required {MODULE} socket={daemon.socket} mode=verify\n")
+        for _ in range(unlocks):
+            compare.touch(daemon.sensor, compare.FINGER_ID)
+            compare.pamtester(config.dir, "finger", compare.PERSON, world.env)
+        compare.varlink_calls(daemon.socket, [("GetStatus", {})] * status_calls)
+    finally:
+        compare.discard(daemon)
+        world.close()
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--starts", type=int, default=4)
+    parser.add_argument("--unlocks", type=int, default=20)
+    parser.add_argument("--status-calls", type=int, default=200)
+    parser.add_argument("--check", action="store_true", help="print the figures, write nothing")
+    parser.add_argument("--output", type=Path, default=ORDER_FILE)
+    args = parser.parse_args()
+    if not shutil.which("valgrind") or not shutil.which("callgrind_control"):
+        sys.exit("bench/text_order.py needs valgrind: apt-get install valgrind")
+    compare = load_compare()
+    compare.ensure_build()
+    built = Path(os.environ["KIOSKAUTH_BIN_DIR"]) / "kioskauthd"
+    scratch = Path(tempfile.mkdtemp(prefix="kioskauth-text-order-"))
+    try:
+        binary = scratch / "kioskauthd"
+        subprocess.run(["objcopy", "--strip-debug", str(built), str(binary)], check=True)
+        profiles = scratch / "profiles"
+        profiles.mkdir()
+        sys.path.insert(0, str(REPO / "tests"))
+        import kioskauth_testing
+
+        kioskauth_testing.KIOSKAUTHD = str(binary)
+        make_daemon, discard = compare.kioskauth_daemon, compare.discard
+
+        def under_callgrind(**options):
+            daemon = make_daemon(**options)
+            daemon.prefix = ["valgrind", "--tool=callgrind", "--demangle=no", "-q",
+                             f"--callgrind-out-file={profiles}/callgrind.%p"]
+            return daemon
+
+        def dump_then_discard(daemon):
+            # The profile is written at exit, which a stopping daemon under valgrind may not reach
+            # before the harness kills it: dump it first.
+            if daemon.proc and daemon.proc.poll() is None:
+                subprocess.run(["callgrind_control", "--dump", str(daemon.proc.pid)], capture_output=True, timeout=120)
+            discard(daemon)
+
+        compare.kioskauth_daemon, compare.discard = under_callgrind, dump_then_discard
+        workload(compare, args.starts, args.unlocks, args.status_calls)
+        ran = functions_run(sorted(profiles.iterdir()))
+        sizes = functions(binary)
+        chosen = [name for name in ran if name in sizes]
+        print(f"functions that ran: {len(ran)}; of kioskauthd: {len(chosen)}, "
+              f"{sum(sizes[name] for name in chosen) / 2**20:.2f} MiB of its {text_size(binary) / 2**20:.1f} MiB "
+              "of text")
+        if not chosen:
+            sys.exit("callgrind reported no function of kioskauthd: nothing written")
+        if not args.check:
+            args.output.write_text(
+                "# Written by bench/text_order.py: the functions of kioskauthd that ran in a kiosk's day in\n"
+                "# short, for lld's --symbol-ordering-file (debian/rules). Regenerate it; do not edit it.\n"
+                + "\n".join(chosen) + "\n")
+            print(f"wrote {args.output}")
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
