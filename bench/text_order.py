@@ -27,8 +27,6 @@ Rerun it when code that runs at start or on every unlock changed much:
 from __future__ import annotations
 
 import argparse
-import importlib.machinery
-import importlib.util
 import os
 import re
 import shutil
@@ -39,14 +37,8 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 ORDER_FILE = REPO / "debian" / "kioskauthd.text-order"
-
-
-def load_compare():
-    loader = importlib.machinery.SourceFileLoader("compare", str(REPO / "bench" / "compare"))
-    spec = importlib.util.spec_from_loader("compare", loader)
-    module = importlib.util.module_from_spec(spec)
-    loader.exec_module(module)
-    return module
+sys.path.insert(0, str(REPO / "bench" / "pam"))
+from pam_part import load_compare  # noqa: E402  (bench/compare's functions, as a module)
 
 
 # The binary --------------------------------------------------------------------------------------
