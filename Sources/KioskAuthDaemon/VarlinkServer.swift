@@ -129,10 +129,29 @@ public final class VarlinkServer: Service, Sendable {
         self.rateLimit = Mutex(RequestRateLimit(rate: configuration.requestsPerSecondPerUID))
     }
 
-    struct Connection: Sendable {
-        var channel: NIOAsyncChannel<ByteBuffer, ByteBuffer>
-        var caller: Caller?
-        var admission: ConnectionRegistry.Admission
+    /// An accepted connection on its way from the server's stream to `serve`.
+    ///
+    /// One accepted while the server shuts down can be dropped by the server's stream and never
+    /// reach `serve`; NIO traps when a channel's writer is released unfinished, so such a
+    /// connection finishes its writer and closes its channel itself when it goes. `serve` keeps
+    /// the connection alive until it is done with the channel (finishing an already finished
+    /// writer, or closing a closed channel, does nothing).
+    final class Connection: Sendable {
+        let channel: NIOAsyncChannel<ByteBuffer, ByteBuffer>
+        let caller: Caller?
+        let admission: ConnectionRegistry.Admission
+
+        init(channel: NIOAsyncChannel<ByteBuffer, ByteBuffer>, caller: Caller?, admission: ConnectionRegistry.Admission)
+        {
+            self.channel = channel
+            self.caller = caller
+            self.admission = admission
+        }
+
+        deinit {
+            channel.outbound.finish()
+            channel.channel.close(promise: nil)
+        }
     }
 
     public func run() async throws {
@@ -254,6 +273,7 @@ public final class VarlinkServer: Service, Sendable {
 
     /// Serves one connection: calls in order, one reply (or a stream for `more`) each.
     private func serve(_ connection: Connection) async {
+        defer { withExtendedLifetime(connection) {} }
         let channel = connection.channel
         guard case .admitted(let connectionID) = connection.admission, let caller = connection.caller else {
             let error: APIError
