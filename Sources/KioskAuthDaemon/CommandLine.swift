@@ -82,6 +82,7 @@ public struct DaemonCommandLine: Equatable, Sendable {
     public static func parse(_ arguments: [String]) throws(UsageError) -> Request {
         var parsed = DaemonCommandLine()
         var given: Set<String> = []
+        let table = options  // built once: `options` is computed
         var index = arguments.startIndex
         while index < arguments.endIndex {
             let argument = arguments[index]
@@ -107,7 +108,7 @@ public struct DaemonCommandLine: Equatable, Sendable {
             } else {
                 name = String(Substring(body))
             }
-            guard let option = options.first(where: { $0.name == name }) else {
+            guard let option = table.first(where: { $0.name == name }) else {
                 throw UsageError(message: "unknown option '--\(name)'")
             }
             guard given.insert(name).inserted else {
