@@ -225,11 +225,10 @@ actor FleetAgent {
     /// Forgets the connection, so the next attempt connects again; the caller closes what it
     /// returns.
     private func forgetConnection() -> FleetDirectory? {
-        defer {
-            connection = nil
-            reachable = false
-        }
-        return connection
+        let old = connection
+        connection = nil
+        reachable = false
+        return old
     }
 
     /// A second connection for the change feed's notifications (the sync service owns it).
