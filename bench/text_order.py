@@ -77,13 +77,13 @@ def functions_run(profiles: list[Path]) -> list[str]:
 # A kiosk's day, in short -------------------------------------------------------------------------
 
 
-def workload(compare, starts: int, unlocks: int, status_calls: int) -> None:
-    """What a kiosk's daemon does most, through the real socket, reader and PAM stack."""
-    sys.path.insert(0, str(REPO / "tests"))
+def workload(compare, new_daemon, discard, starts: int, unlocks: int, status_calls: int) -> None:
+    """What a kiosk's daemon does most, through the real socket, reader and PAM stack; daemons
+    come from `new_daemon(reader=)` and go through `discard`."""
     from pam_support import MODULE, PamConfig, enroll
 
     for index in range(starts):
-        daemon = compare.kioskauth_daemon(fast_hash=True, reader=index % 2 == 0)
+        daemon = new_daemon(reader=index % 2 == 0)
         try:
             daemon.start(timeout=300)
             compare.varlink_calls(daemon.socket, [("GetStatus", {})] * 20 + [
@@ -92,11 +92,11 @@ def workload(compare, starts: int, unlocks: int, status_calls: int) -> None:
                 ("VerifyPasscode", {"name": "p1", "passcode": compare.PASSCODE}),
                 ("ListPeople", {}), ("GetPerson", {"name": "p1"})])
         finally:
-            compare.discard(daemon)
+            discard(daemon)
     work = Path(tempfile.mkdtemp(prefix="kioskauth-text-order-"))
     work.chmod(0o755)
     world = compare.FprintdWorld(work)
-    daemon = compare.kioskauth_daemon(fast_hash=True)
+    daemon = new_daemon(reader=True)
     try:
         daemon.start(timeout=300)
         compare.varlink_calls(daemon.socket, [("AddPerson", {"name": compare.PERSON})])
@@ -108,7 +108,7 @@ def workload(compare, starts: int, unlocks: int, status_calls: int) -> None:
             compare.pamtester(config.dir, "finger", compare.PERSON, world.env)
         compare.varlink_calls(daemon.socket, [("GetStatus", {})] * status_calls)
     finally:
-        compare.discard(daemon)
+        discard(daemon)
         world.close()
         shutil.rmtree(work, ignore_errors=True)
 
@@ -136,10 +136,8 @@ def main() -> int:
         import kioskauth_testing
 
         kioskauth_testing.KIOSKAUTHD = str(binary)
-        make_daemon, discard = compare.kioskauth_daemon, compare.discard
-
-        def under_callgrind(**options):
-            daemon = make_daemon(**options)
+        def under_callgrind(reader: bool):
+            daemon = compare.kioskauth_daemon(fast_hash=True, reader=reader)
             daemon.prefix = ["valgrind", "--tool=callgrind", "--demangle=no", "-q",
                              f"--callgrind-out-file={profiles}/callgrind.%p"]
             return daemon
@@ -149,10 +147,9 @@ def main() -> int:
             # before the harness kills it: dump it first.
             if daemon.proc and daemon.proc.poll() is None:
                 subprocess.run(["callgrind_control", "--dump", str(daemon.proc.pid)], capture_output=True, timeout=120)
-            discard(daemon)
+            compare.discard(daemon)
 
-        compare.kioskauth_daemon, compare.discard = under_callgrind, dump_then_discard
-        workload(compare, args.starts, args.unlocks, args.status_calls)
+        workload(compare, under_callgrind, dump_then_discard, args.starts, args.unlocks, args.status_calls)
         ran = functions_run(sorted(profiles.iterdir()))
         sizes = functions(binary)
         chosen = [name for name in ran if name in sizes]
