@@ -18,9 +18,10 @@ public struct ReplySink: Sendable {
 /// A method's implementation: decode input, call the authority, encode the output.
 typealias MethodHandler = @Sendable (Caller, JSONValue?, ReplySink) async throws -> JSONValue
 
-/// A method that does no I/O and needs no actor, answered where the call is read; nil when it
-/// cannot answer this call (then it takes the ordinary path, which reports why).
-typealias ImmediateHandler = @Sendable (Caller, JSONValue?) -> JSONValue?
+/// A method that does no I/O and needs no actor, answered where the call is read: the reply's
+/// frame (NUL included), or nil when it cannot answer this call (then it takes the ordinary
+/// path, which reports why).
+typealias ImmediateHandler = @Sendable (Caller, JSONValue?) -> [UInt8]?
 
 /// Routes calls to methods: `org.varlink.service` for introspection, `io.kioskauth` for the rest.
 public struct Dispatcher: Sendable {
@@ -197,7 +198,27 @@ public struct Dispatcher: Sendable {
     mutating func registerImmediate<Input: Decodable & SendableMetatype, Output: Encodable & SendableMetatype>(
         _ method: String, _ body: @escaping @Sendable (Input, Caller) -> Output?
     ) {
-        immediateMethods[method] = { (caller: Caller, parameters: JSONValue?) -> JSONValue? in
+        immediateMethods[method] = Self.immediateHandler(body) { output in
+            try? VarlinkCoding.frame(VarlinkReply(parameters: try VarlinkCoding.encode(output)))
+        }
+    }
+
+    /// Registers a method that may be answered immediately and whose answers repeat: the frames
+    /// of its last few distinct answers are kept (`ReplyFrameCache`), so a call whose answer
+    /// equals one of them costs no encoding.
+    mutating func registerImmediate<
+        Input: Decodable & SendableMetatype, Output: Encodable & Equatable & Sendable & SendableMetatype
+    >(
+        _ method: String, _ body: @escaping @Sendable (Input, Caller) -> Output?
+    ) {
+        let frames = ReplyFrameCache<Output>()
+        immediateMethods[method] = Self.immediateHandler(body) { frames.frame(for: $0) }
+    }
+
+    private static func immediateHandler<Input: Decodable & SendableMetatype, Output>(
+        _ body: @escaping @Sendable (Input, Caller) -> Output?, frame: @escaping @Sendable (Output) -> [UInt8]?
+    ) -> ImmediateHandler {
+        { (caller: Caller, parameters: JSONValue?) -> [UInt8]? in
             switch parameters {
             case nil, .null?: break
             case .object(let members)?:
@@ -207,7 +228,7 @@ public struct Dispatcher: Sendable {
             guard let input = try? VarlinkCoding.decode(Input.self, from: parameters == .null ? nil : parameters),
                 let output = body(input, caller)
             else { return nil }
-            return try? VarlinkCoding.encode(output)
+            return frame(output)
         }
     }
 
@@ -277,7 +298,7 @@ public struct Dispatcher: Sendable {
     }
 }
 
-struct ServiceInfo: Codable, Sendable {
+struct ServiceInfo: Codable, Sendable, Equatable {
     var vendor: String
     var product: String
     var version: String
@@ -289,6 +310,6 @@ struct InterfaceRequest: Codable, Sendable {
     var interface: String
 }
 
-struct InterfaceDescriptionReply: Codable, Sendable {
+struct InterfaceDescriptionReply: Codable, Sendable, Equatable {
     var description: String
 }

@@ -344,10 +344,8 @@ public final class VarlinkServer: Service, Sendable {
         else { return .forward }
         // A refused token is not taken: the ordinary path asks again and says RateLimited.
         if !authority.isPrivileged(caller), takeToken(caller) != nil { return .forward }
-        guard let parameters = method(caller, call.parameters) else { return .forward }
-        if call.oneway == true { return .noReply }
-        guard let reply = try? VarlinkCoding.frame(VarlinkReply(parameters: parameters)) else { return .forward }
-        return .reply(reply)
+        guard let reply = method(caller, call.parameters) else { return .forward }
+        return call.oneway == true ? .noReply : .reply(reply)
     }
 
     /// Handles one message; returns false when the connection must close.

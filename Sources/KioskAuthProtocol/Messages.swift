@@ -123,7 +123,7 @@ public enum Message {
         public init(summary: Bool? = nil) { self.summary = summary }
     }
 
-    public struct Status: Codable, Sendable {
+    public struct Status: Codable, Sendable, Equatable {
         public var version: String
         public var schemaVersion: Int
         public var people: Int
