@@ -194,31 +194,16 @@ public struct Dispatcher: Sendable {
 
     /// Registers a method that may be answered immediately. Anything unusual about the call
     /// (parameters that are not an object, forbidden text, input that does not decode, an answer
-    /// that does not encode) leaves it to the ordinary path, which says what is wrong.
-    mutating func registerImmediate<Input: Decodable & SendableMetatype, Output: Encodable & SendableMetatype>(
-        _ method: String, _ body: @escaping @Sendable (Input, Caller) -> Output?
-    ) {
-        immediateMethods[method] = Self.immediateHandler(body) { output in
-            try? VarlinkCoding.frame(VarlinkReply(parameters: try VarlinkCoding.encode(output)))
-        }
-    }
-
-    /// Registers a method that may be answered immediately and whose answers repeat: the frames
-    /// of its last few distinct answers are kept (`ReplyFrameCache`), so a call whose answer
-    /// equals one of them costs no encoding.
+    /// that does not encode) leaves it to the ordinary path, which says what is wrong. Answers
+    /// repeat (the same status until something changes), so the frames of the last few distinct
+    /// ones are kept (`ReplyFrameCache`) and a call whose answer equals one costs no encoding.
     mutating func registerImmediate<
         Input: Decodable & SendableMetatype, Output: Encodable & Equatable & Sendable & SendableMetatype
     >(
         _ method: String, _ body: @escaping @Sendable (Input, Caller) -> Output?
     ) {
         let frames = ReplyFrameCache<Output>()
-        immediateMethods[method] = Self.immediateHandler(body) { frames.frame(for: $0) }
-    }
-
-    private static func immediateHandler<Input: Decodable & SendableMetatype, Output>(
-        _ body: @escaping @Sendable (Input, Caller) -> Output?, frame: @escaping @Sendable (Output) -> [UInt8]?
-    ) -> ImmediateHandler {
-        { (caller: Caller, parameters: JSONValue?) -> [UInt8]? in
+        immediateMethods[method] = { (caller: Caller, parameters: JSONValue?) -> [UInt8]? in
             switch parameters {
             case nil, .null?: break
             case .object(let members)?:
@@ -228,7 +213,7 @@ public struct Dispatcher: Sendable {
             guard let input = try? VarlinkCoding.decode(Input.self, from: parameters == .null ? nil : parameters),
                 let output = body(input, caller)
             else { return nil }
-            return frame(output)
+            return frames.frame(for: output)
         }
     }
 
