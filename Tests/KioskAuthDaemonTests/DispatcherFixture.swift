@@ -51,13 +51,18 @@ final class DispatcherFixture {
     let passwd = PasswordTable()
     private var nextConnection: UInt64 = 1
 
-    init(systemClock: Bool = false) throws {
+    /// Audit delivery's status, when the fixture was made with an endpoint.
+    let auditMonitor: AuditDeliveryMonitor?
+
+    init(systemClock: Bool = false, auditEndpointHost: String? = nil) throws {
         directory =
             FileManager.default.temporaryDirectory.appendingPathComponent("kioskauth-daemon-\(UUID().uuidString)").path
         try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: false)
         let logger = Logger(label: "kioskauth.tests") { _ in SwiftLogNoOpLogHandler() }
         let clock = self.clock
         let passwd = self.passwd
+        let auditMonitor = auditEndpointHost.map { AuditDeliveryMonitor(endpointHost: $0) }
+        self.auditMonitor = auditMonitor
         store = try Store(
             path: directory + "/" + Store.databaseFileName, key: .random(), logger: logger, now: clock.reading().wall)
         pool = HashingPool(workers: 1, queueLimit: 16)
@@ -72,7 +77,7 @@ final class DispatcherFixture {
             isSocketActivated: false, usesDevelopmentKey: false, reader: nil, logger: logger,
             services: OnlineServices(
                 clock: systemClock ? .system(environment: [:]) : .readings(bootID: "test-boot") { clock.reading() },
-                provider: nil),
+                provider: nil, auditDelivery: auditMonitor),
             accounts: SystemAccounts(
                 uidOfAccount: { name in passwd.withLock { $0.first { $0.value == name }?.key } },
                 accountOfUID: { uid in passwd.withLock { $0[uid] } }, systemUIDMax: 999),

@@ -83,9 +83,13 @@ struct ReplyFrameCacheTests {
     ) throws
         -> JSONValue?
     {
-        guard let handler = fixture.dispatcher.immediate(KioskAuthMethod.getStatus.qualifiedName),
-            let frame = handler(caller, parameters)
-        else { return nil }
+        guard let handler = fixture.dispatcher.immediate(KioskAuthMethod.getStatus.qualifiedName) else { return nil }
+        return try replyParameters(handler(caller, parameters))
+    }
+
+    /// The parameters of a reply frame; nil for no frame.
+    static func replyParameters(_ frame: [UInt8]?) throws -> JSONValue? {
+        guard let frame else { return nil }
         #expect(frame.last == 0)
         return try VarlinkCoding.message(VarlinkReply.self, from: frame.dropLast()).parameters
     }
@@ -117,6 +121,46 @@ struct ReplyFrameCacheTests {
             return
         }
         #expect(uptime == earlier + 7)
+    }
+
+    @Test("Every rank gets its own view of audit delivery, in turns and all at once")
+    func eachRankGetsItsOwnView() async throws {
+        let fixture = try DispatcherFixture(auditEndpointHost: "audit.clinic.example:8443")
+        fixture.auditMonitor?.update {
+            $0.lastError = "connection refused by 10.1.2.3"
+            $0.consecutiveFailures = 2
+        }
+        try await fixture.addPerson("alice", uid: 1234)
+        let callers = [
+            fixture.admin, fixture.stranger, fixture.root, fixture.caller(uid: 1234), fixture.kioskApp, fixture.admin,
+            fixture.stranger,
+        ]
+        // In turns: each caller's immediate reply is what the ordinary path gives that caller.
+        for caller in callers {
+            let expected = try await fixture.call("GetStatus", as: caller).get()
+            #expect(try Self.immediateStatus(fixture, caller) == expected)
+            guard case .object(let status) = expected, case .object(let delivery)? = status["auditDelivery"] else {
+                Issue.record("no auditDelivery in \(expected)")
+                continue
+            }
+            let isAdmin = caller.uid == 0 || caller.groups?.contains(DispatcherFixture.adminGID) == true
+            #expect((delivery["endpointHost"] != nil) == isAdmin, "uid \(caller.uid)")
+            #expect((delivery["lastError"] != nil) == isAdmin, "uid \(caller.uid)")
+        }
+        // All at once, more ranks than the cache keeps answers for: nobody gets another's frame.
+        let handler = try #require(fixture.dispatcher.immediate(KioskAuthMethod.getStatus.qualifiedName))
+        let views = try await withThrowingTaskGroup(of: (Bool, JSONValue?).self) { group in
+            for round in 0..<200 {
+                let caller = callers[round % callers.count]
+                let isAdmin = caller.uid == 0 || caller.groups?.contains(DispatcherFixture.adminGID) == true
+                group.addTask { (isAdmin, try Self.replyParameters(handler(caller, nil))) }
+            }
+            return try await group.reduce(into: []) { $0.append($1) }
+        }
+        let admin = try await fixture.call("GetStatus", as: fixture.admin).get()
+        let stranger = try await fixture.call("GetStatus", as: fixture.stranger).get()
+        #expect(admin != stranger)
+        for (isAdmin, view) in views { #expect(view == (isAdmin ? admin : stranger)) }
     }
 
     @Test("The summary is not immediate: it reads every person on the actor")
