@@ -71,12 +71,8 @@ def group_of(input_section: str) -> str:
 
 def link_with_map(compare, map_path: Path) -> Path:
     """Links kioskauthd as bench/compare (and the package) does, writing lld's map; the binary."""
-    flags = ["-c", "release", "--static-swift-stdlib", *compare.debian_build_flags()]
-    compare.forget_objects_built_with_other_flags(flags)
     print("building kioskauthd as bench/compare builds it, with lld's -Map", flush=True)
-    subprocess.run(["swift", "build", *flags, "-Xlinker", f"-Map={map_path}", "--product", "kioskauthd",
-                    "--scratch-path", str(compare.SCRATCH)], cwd=REPO, check=True)
-    (compare.SCRATCH / "build-flags").write_text("\n".join(flags) + "\n")
+    compare.build_release(("-Xlinker", f"-Map={map_path}", "--product", "kioskauthd"))
     return compare.SCRATCH / "release" / "kioskauthd"
 
 
