@@ -1,4 +1,5 @@
 import FoundationEssentials
+import KioskAuthCore
 import KioskAuthFleet
 import KioskAuthProtocol
 
@@ -77,15 +78,15 @@ extension Authority {
     func fleetTerminals(_ caller: Caller) async throws(APIError) -> Message.FleetTerminals {
         try await fleetCall(caller, action: .fleetTerminals, audits: false) { agent throws(APIError) in
             let (terminals, this) = try await agent.terminals()
-            let iso = Date.ISO8601FormatStyle()
             return Message.FleetTerminals(
                 terminals: terminals.map { terminal in
                     let id = terminal.id.uuidString.lowercased()
                     return Message.FleetTerminal(
                         terminalId: id, name: terminal.name, state: terminal.state,
                         readerDriver: terminal.readerDriver, readerDeviceType: terminal.readerDeviceType,
-                        matchOnChip: terminal.isMatchOnChip, joinedAt: terminal.joinedAt.formatted(iso),
-                        removedAt: terminal.removedAt?.formatted(iso), lastSeenAt: terminal.lastSeenAt?.formatted(iso),
+                        matchOnChip: terminal.isMatchOnChip, joinedAt: ISO8601.string(terminal.joinedAt),
+                        removedAt: terminal.removedAt.map { ISO8601.string($0) },
+                        lastSeenAt: terminal.lastSeenAt.map { ISO8601.string($0) },
                         isThisTerminal: id == this)
                 })
         }

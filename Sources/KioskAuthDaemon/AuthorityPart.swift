@@ -42,7 +42,7 @@ extension AuthorityPart {
     }
 
     nonisolated static func timestamp(_ date: Date) -> String {
-        date.formatted(Date.ISO8601FormatStyle(includingFractionalSeconds: false))
+        ISO8601.string(date)
     }
 
     // MARK: The audit trail

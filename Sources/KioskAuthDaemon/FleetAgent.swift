@@ -1,5 +1,6 @@
 import Crypto
 import FoundationEssentials
+import KioskAuthCore
 import KioskAuthFleet
 import KioskAuthProtocol
 import KioskAuthStore
@@ -783,7 +784,7 @@ actor FleetAgent {
             directory: membership.directory, reachable: reachable, cursor: Int(membership.cursor),
             head: Int(shownHead), lag: Int(shownHead - membership.cursor), queuedPushes: queued,
             generation: Int(generations.max() ?? 0),
-            lastSyncAt: membership.lastSyncAt.map { $0.formatted(Date.ISO8601FormatStyle()) },
+            lastSyncAt: membership.lastSyncAt.map { ISO8601.string($0) },
             lastError: membership.lastError, rejectedChanges: membership.rejectedChanges,
             lastRejection: membership.lastRejection)
     }

@@ -72,7 +72,7 @@ final class TerminalAuthority: AuthorityPart {
         return entries.map { entry in
             AuditEventRecord(
                 sequence: entry.sequence,
-                time: entry.time.formatted(Date.ISO8601FormatStyle(includingFractionalSeconds: true)),
+                time: ISO8601.string(entry.time, milliseconds: true),
                 action: entry.record.action, result: entry.record.result, person: entry.record.person,
                 method: entry.record.method, callerUid: entry.record.callerUID, callerPid: entry.record.callerPID,
                 service: entry.record.service, detail: entry.record.detail, mac: entry.macHex)

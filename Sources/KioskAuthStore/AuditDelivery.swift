@@ -165,7 +165,7 @@ public struct AuditBatch: Sendable {
             events: entries.map { entry in
                 Event(
                     id: Self.eventID(stream: stream, entry: entry), sequence: entry.sequence,
-                    time: entry.time.formatted(Date.ISO8601FormatStyle(includingFractionalSeconds: true)),
+                    time: ISO8601.string(entry.time, milliseconds: true),
                     timeMicroseconds: entry.timeMicroseconds, action: entry.record.action,
                     result: entry.record.result, person: entry.record.person, method: entry.record.method,
                     callerUid: entry.record.callerUID, callerPid: entry.record.callerPID,
