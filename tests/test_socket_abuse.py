@@ -9,6 +9,7 @@ import time
 
 import pytest
 
+from idp_testing import wait_until
 from kioskauth_testing import FAST_HASH_CONFIG, connect, ensure_group, read_message, send_message
 
 
@@ -22,6 +23,43 @@ def served(make_daemon):
     r = d.ctl("user", "add", "omar")
     assert d.ctl("passcode", "set", "omar", input="593024\n593024\n").returncode == 0
     return d
+
+
+# For the child processes that hold connections: asks every connection once and waits for its
+# first answer, so that a refusal (TooManyConnections, sent as the daemon accepts) is told from an
+# accepted connection by what the daemon said, not by how long the child waited for it.
+FIRST_ANSWERS = r"""
+def first_answers(socks):
+    call = json.dumps({"method": "org.varlink.service.GetInfo", "parameters": {}}).encode() + b"\0"
+    for s in socks:
+        try:
+            s.sendall(call)
+        except OSError:
+            pass  # refused and closed already; the refusal is still there to read
+    answers = []
+    for s in socks:
+        s.settimeout(20)
+        data = b""
+        while b"\0" not in data:
+            chunk = s.recv(4096)
+            if not chunk:
+                break
+            data += chunk
+        reply = json.loads(data.split(b"\0")[0]) if data else {"error": "closed without an answer"}
+        answers.append(reply.get("error", ""))
+    return answers
+"""
+
+
+def tallied(summaries: list[dict]) -> tuple[int, int]:
+    """The refused and the rate-limited calls that `access.refused.summary` entries count."""
+    refused = limited = 0
+    for entry in summaries:
+        counted = re.match(r"(\d+) refused calls?(?:, (\d+) rate-limited)? within ", entry["detail"])
+        assert counted, entry
+        refused += int(counted.group(1))
+        limited += int(counted.group(2) or 0)
+    return refused, limited
 
 
 def well_behaved(d):
@@ -179,21 +217,13 @@ def test_many_connections_from_one_user_hit_the_per_uid_limit_while_others_are_s
     # nobody (uid 65534) opens connections in a child process so the kernel records its uid.
     script = f"""
 import socket, json, sys, time
-socks, refused = [], []
+socks = []
 for i in range(20):
     s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     s.connect({served.socket!r})
     socks.append(s)
-time.sleep(0.5)
-for s in socks:
-    s.setblocking(False)
-    try:
-        data = s.recv(4096)
-        if data:
-            refused.append(json.loads(data.split(b"\\0")[0])["error"])
-    except BlockingIOError:
-        pass
-print(json.dumps(refused))
+{FIRST_ANSWERS}
+print(json.dumps([e for e in first_answers(socks) if e == "io.kioskauth.TooManyConnections"]))
 sys.stdout.flush()
 time.sleep(3)
 """
@@ -243,16 +273,21 @@ def test_unprivileged_user_cannot_call_admin_methods(served):
         reply = served.call(method, params, user="nobody")
         assert reply["error"] == "io.kioskauth.PermissionDenied", (method, reply)
     assert served.ctl("user", "show", "omar").returncode == 0
-    # An unprivileged caller's refusals are audited as one summary per uid and interval.
-    time.sleep(2)
-    events = json.loads(served.ctl("audit", "--json").stdout)["events"]
-    summaries = [e for e in events if e["action"] == "access.refused.summary" and e.get("callerUid") == 65534]
-    # The interval is 1 s: on a loaded machine the six calls may straddle two intervals, so the
-    # summaries are added up; every refusal is counted exactly once.
+    # An unprivileged caller's refusals are audited as one summary per uid and interval, written
+    # when the interval (1 s) ends.
+    def summaries():
+        events = json.loads(served.ctl("audit", "--json").stdout)["events"]
+        return events, [e for e in events if e["action"] == "access.refused.summary" and e.get("callerUid") == 65534]
+
+    def all_six():
+        found = summaries()
+        return found if tallied(found[1])[0] >= 6 else None
+
+    events, summaries = wait_until(all_six, 10, message="the summaries of six refusals")
+    # On a loaded machine the six calls may straddle two intervals, so the summaries are added
+    # up; every refusal is counted exactly once.
     assert summaries and all(e["result"] == "refused" for e in summaries), summaries
-    counted = [re.match(r"(\d+) refused calls?", e["detail"]) for e in summaries]
-    assert all(counted), summaries
-    assert sum(int(m.group(1)) for m in counted) == 6, summaries
+    assert tallied(summaries) == (6, 0), summaries
     assert sum("person.add×1" in e["detail"] for e in summaries) == 1, summaries
     assert not any(e.get("callerUid") == 65534 and e["action"] == "person.add" for e in events)
 
@@ -348,21 +383,13 @@ def _as_uid(uid: int, cmd: list[str], groups: list[int] | None = None) -> list[s
 
 HOLD_CONNECTIONS = """
 import json, socket, sys, time
-socks, refused = [], 0
+socks = []
 for i in range({count}):
     s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     s.connect({path!r})
     socks.append(s)
-time.sleep(1.0)
-for s in socks:
-    s.setblocking(False)
-    try:
-        data = s.recv(4096)
-        if data and json.loads(data.split(b"\\0")[0])["error"] == "io.kioskauth.TooManyConnections":
-            refused += 1
-    except BlockingIOError:
-        pass
-print(refused, flush=True)
+{first_answers}
+print(first_answers(socks).count("io.kioskauth.TooManyConnections"), flush=True)
 sys.stdin.read()  # hold the connections until the test is done
 """
 
@@ -376,7 +403,7 @@ def test_unprivileged_uids_cannot_take_the_connections_reserved_for_root_and_the
     d = make_daemon(config=FAST_HASH_CONFIG + "\n[Socket]\nIdleTimeoutSec=30\nMaxConnections=64\n"
                     "MaxConnectionsPerUID=8\nReservedConnections=16\n").start()
     # Eight unprivileged uids each take their whole per-uid share: 64 connections, the total.
-    holders = [subprocess.Popen(_as_uid(70001 + i, [sys.executable, "-c", HOLD_CONNECTIONS.format(count=8, path=d.socket)]),
+    holders = [subprocess.Popen(_as_uid(70001 + i, [sys.executable, "-c", HOLD_CONNECTIONS.format(count=8, path=d.socket, first_answers=FIRST_ANSWERS)]),
                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True) for i in range(8)]
     try:
         refused = sum(int(h.stdout.readline()) for h in holders)
@@ -390,7 +417,7 @@ def test_unprivileged_uids_cannot_take_the_connections_reserved_for_root_and_the
         reply = d.call("io.kioskauth.GetStatus", user="nobody")
         assert reply == {"error": "io.kioskauth.TooManyConnections", "parameters": {"limit": 48}}
         # Even with privileged connections held open alongside the flood.
-        greeter = subprocess.Popen(_as_uid(70100, [sys.executable, "-c", HOLD_CONNECTIONS.format(count=8, path=d.socket)],
+        greeter = subprocess.Popen(_as_uid(70100, [sys.executable, "-c", HOLD_CONNECTIONS.format(count=8, path=d.socket, first_answers=FIRST_ANSWERS)],
                                            groups=[kiosk_gid]), stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         holders.append(greeter)
         assert int(greeter.stdout.readline()) == 0
@@ -400,9 +427,9 @@ def test_unprivileged_uids_cannot_take_the_connections_reserved_for_root_and_the
         for h in holders:
             h.stdin.close()
             h.wait(timeout=20)
-    # Once the flood is gone its slots are free again.
-    time.sleep(0.5)
-    assert "error" not in d.call("io.kioskauth.GetStatus", user="nobody")
+    # Once the flood is gone its slots are free again (as soon as the daemon has seen 64 closes).
+    wait_until(lambda: "error" not in d.call("io.kioskauth.GetStatus", user="nobody"), 10,
+               message="the flood's connection slots to be free again")
 
 
 def test_a_client_that_never_reads_its_replies_is_closed_within_the_idle_timeout(make_daemon):
@@ -447,8 +474,8 @@ for n in range(2): print(*outcome[n], flush=True)
         assert kind == "closed", results
         assert float(seconds) < 3 + 5, results
     # Their slots are free again: nobody can connect and be served.
-    time.sleep(0.5)
-    assert "error" not in d.call("io.kioskauth.GetStatus", user="nobody")
+    wait_until(lambda: "error" not in d.call("io.kioskauth.GetStatus", user="nobody"), 10,
+               message="the closed connections' slots to be free again")
 
 
 FLOOD = """
@@ -524,14 +551,22 @@ def test_a_flood_of_refused_calls_is_audited_as_a_bounded_summary(make_daemon):
     assert len(errors) == 400
     assert 20 <= errors.count("io.kioskauth.PermissionDenied") <= 20 + int(elapsed * 20) + 1, elapsed
     assert set(errors) == {"io.kioskauth.PermissionDenied", "io.kioskauth.RateLimited"}
-    time.sleep(3)
     # Nothing lost: omar is still there.
     assert d.ctl("user", "show", "omar").returncode == 0
-    events = json.loads(d.ctl("audit", "--json").stdout)["events"][before:]
-    from_nobody = [e for e in events if e.get("callerUid") == 65534]
-    assert [e["action"] for e in from_nobody] == ["access.refused.summary"], from_nobody
+
+    def all_400():
+        events = json.loads(d.ctl("audit", "--json").stdout)["events"][before:]
+        found = [e for e in events if e.get("callerUid") == 65534]
+        return found if sum(tallied(found)) >= 400 else None
+
+    # The summary is written when the interval that began with the first refusal ends.
+    found = wait_until(all_400, 15, message="the summary of 400 refusals")
+    assert {e["action"] for e in found} == {"access.refused.summary"}, found
     denied = errors.count("io.kioskauth.PermissionDenied")
-    assert from_nobody[0]["detail"].startswith(f"{denied} refused calls, {400 - denied} rate-limited within 2 s: ")
+    assert tallied(found) == (denied, 400 - denied), found
+    if elapsed < 1.5:  # the whole flood within one 2 s interval: one entry for all of it
+        assert len(found) == 1, found
+        assert found[0]["detail"].startswith(f"{denied} refused calls, {400 - denied} rate-limited within 2 s: ")
     # The summary is flushed at shutdown too.
     r = d.call("io.kioskauth.ListPeople", {}, user="nobody")
     assert r["error"] == "io.kioskauth.PermissionDenied"
