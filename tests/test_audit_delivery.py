@@ -385,6 +385,26 @@ def test_a_restart_resumes_from_the_durable_cursor_and_resends_nothing_acknowled
     assert sequences(collector.stored) == list(range(1, status["deliveredThrough"] + 1))
 
 
+def test_from_the_first_status_after_a_restart_the_cursor_is_the_durable_one(make_daemon, collector):
+    d = make_delivery_daemon(make_daemon, collector.url).start()
+    add_person(d)
+    acknowledged = wait_delivered(d)["deliveredThrough"]
+    collector.set_mode("down")
+    d.stop()
+    # The delivery service starts late (a debug-build hook), as it may on a busy terminal: the
+    # status must not show the whole trail as queued meanwhile.
+    d.extra_env["KIOSKAUTH_TEST_AUDIT_DELIVERY_START_DELAY"] = "3"
+    d.start()
+    r = d.ctl("status", "--json")
+    assert r.returncode == 0, r.stderr
+    status = json.loads(r.stdout)
+    assert "TEST HOOK ACTIVE: audit delivery starts" in d.log_text()
+    assert not collector.attempts_in("down")  # the service had not started yet
+    assert status["auditDelivery"]["deliveredThrough"] == acknowledged
+    assert status["auditDelivery"]["queued"] == status["auditEvents"] - acknowledged > 0
+    assert status["auditDelivery"]["lastDeliveryAt"]
+
+
 def test_a_hanging_endpoint_does_not_slow_down_passcode_unlock(make_daemon, collector):
     d = make_delivery_daemon(make_daemon, collector.url).start()
     add_person(d)

@@ -92,8 +92,12 @@ struct AuditDeliveryService: Service {
     /// The longest the loop sleeps without looking for new entries (appends also wake it).
     static let pollInterval: Duration = .seconds(5)
 
-    func run() async throws {
-        let stream = store.auditStreamID
+    /// The monitor for delivery to `endpoint`, starting from the durable cursor. Made before the
+    /// socket is served, so that no status shows the whole trail as queued while the service has
+    /// yet to start.
+    static func monitor(
+        store: Store, endpoint: String, endpointHost: String, logger: Logger
+    ) -> AuditDeliveryMonitor {
         let progress: AuditDeliveryProgress
         do {
             if let recorded = try store.recordedAuditDeliveryProgress(), recorded.endpoint != endpoint {
@@ -109,20 +113,37 @@ struct AuditDeliveryService: Service {
                 metadata: ["error": "\(error.message)"])
             progress = AuditDeliveryProgress(endpoint: endpoint, deliveredThrough: 0, lastDeliveryAt: nil)
         }
+        let monitor = AuditDeliveryMonitor(endpointHost: endpointHost)
         monitor.update {
             $0.deliveredThrough = progress.deliveredThrough
             $0.lastDeliveryAt = progress.lastDeliveryAt
         }
+        return monitor
+    }
+
+    func run() async throws {
+        #if DEBUG
+            // Test-only (debug builds): the service starts this many seconds late, as it may on a
+            // busy machine; what the status shows meanwhile must already be the durable cursor.
+            if let delay = ProcessInfo.processInfo.environment["KIOSKAUTH_TEST_AUDIT_DELIVERY_START_DELAY"]
+                .flatMap(Double.init)
+            {
+                logger.warning("TEST HOOK ACTIVE: audit delivery starts \(delay) s late (debug build, tests only)")
+                try? await Task.sleep(for: .seconds(delay))
+            }
+        #endif
+        let stream = store.auditStreamID
+        let deliveredThrough = monitor.snapshot.deliveredThrough  // the durable cursor, read before serving
         let head = (try? store.auditHead().events) ?? 0
         logger.info(
             "audit delivery running",
             metadata: [
-                "endpoint": "\(client.endpointHost)", "delivered_through": "\(progress.deliveredThrough)",
-                "queued": "\(max(head - progress.deliveredThrough, 0))",
+                "endpoint": "\(client.endpointHost)", "delivered_through": "\(deliveredThrough)",
+                "queued": "\(max(head - deliveredThrough, 0))",
             ])
         await withGracefulShutdownHandler {
             var schedule = AuditDeliverySchedule<ContinuousClock.Instant>(
-                policy: policy, deliveredThrough: progress.deliveredThrough)
+                policy: policy, deliveredThrough: deliveredThrough)
             var random = SystemRandomNumberGenerator()
             delivery: while !Task.isCancelled && !Task.isShuttingDownGracefully {
                 if monitor.takeNetworkAvailable() { schedule.networkAvailable() }

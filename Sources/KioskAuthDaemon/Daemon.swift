@@ -261,7 +261,11 @@ public enum Daemon {
             logger.info(
                 "identity provider configured", metadata: ["issuer": "\(configuration.identityProvider.issuer)"])
         }
-        let auditMonitor = auditEndpoint.map { AuditDeliveryMonitor(endpointHost: $0.endpointHost) }
+        let auditMonitor = auditEndpoint.map {
+            AuditDeliveryService.monitor(
+                store: store, endpoint: configuration.auditDelivery.endpoint, endpointHost: $0.endpointHost,
+                logger: logger)
+        }
         if let auditEndpoint {
             logger.info("audit delivery configured", metadata: ["endpoint": "\(auditEndpoint.endpointHost)"])
         }
