@@ -269,6 +269,35 @@ def test_withoutAnyFleetSync_aWriteAtA_wakesItsPush_andTheNotificationWakesB(fle
         time.sleep(0.1)
 
 
+def test_aChangeMadeWhileBsListenerConnects_reachesB_withoutThePoll(fleet):
+    """B pulls, then its listener connects. A NOTIFY sent before the LISTEN is in force reaches
+    nobody: B must pull once more when it is, not wait for the hour's poll."""
+    import time
+    a, b = fleet
+    delay = 8.0
+    b.extra_env["KIOSKAUTH_TEST_FLEET_LISTEN_DELAY"] = str(delay)
+    try:
+        b.restart()
+        # The listener starts after B's first pull of this run; the hook then holds its LISTEN.
+        deadline = time.monotonic() + 30
+        while "TEST HOOK ACTIVE: the fleet listener LISTENs" not in b.log_text():
+            assert time.monotonic() < deadline, "B's listener never started"
+            time.sleep(0.05)
+        held = time.monotonic()
+        assert "error" not in call(a, "AddPerson", name="ivan")
+        assert "error" not in call(a, "SetPasscode", name="ivan", passcode=PASSCODE, confirmation=PASSCODE)
+        ok(a, "fleet", "sync")  # in the directory now, its NOTIFY gone by
+        assert time.monotonic() - held < delay - 2, "too slow to make the change while B's LISTEN was held"
+        assert call(b, "VerifyPasscode", name="ivan", passcode=PASSCODE)["error"] == "io.kioskauth.NoSuchPerson"
+        deadline = time.monotonic() + delay + 20
+        while "error" in call(b, "VerifyPasscode", name="ivan", passcode=PASSCODE):
+            assert time.monotonic() < deadline, "ivan waited for B's poll (an hour)"
+            time.sleep(0.1)
+    finally:
+        del b.extra_env["KIOSKAUTH_TEST_FLEET_LISTEN_DELAY"]
+        b.restart()
+
+
 def test_aRemovalAtA_erasesThePersonAtB(fleet):
     a, b = fleet
     assert "error" not in call(a, "AddPerson", name="frank")

@@ -84,12 +84,27 @@ struct FleetSyncService: Service {
             guard let connection else { return }
             listening.connection.withLock { $0 = connection }
             defer { listening.connection.withLock { $0 = nil } }
+            #if DEBUG
+                // Test-only (debug builds): the LISTEN goes out this many seconds late, as it may
+                // on a slow link; a change made meanwhile must still arrive without the poll.
+                if let delay = ProcessInfo.processInfo.environment["KIOSKAUTH_TEST_FLEET_LISTEN_DELAY"]
+                    .flatMap(Double.init)
+                {
+                    logger.warning(
+                        "TEST HOOK ACTIVE: the fleet listener LISTENs \(delay) s late (debug build, tests only)")
+                    try? await Task.sleep(for: .seconds(delay))
+                }
+            #endif
             if Task.isCancelled {
                 await connection.close()
                 return
             }
             do {
                 try await connection.withChangeWakeups { wakeups in
+                    // The LISTEN is in force from here on. A change committed between the last
+                    // pull and now sent its NOTIFY to nobody: pull once more, or it would wait
+                    // for the backstop poll (an hour by default).
+                    agent.wakeup.signal()
                     for try await _ in wakeups {
                         agent.wakeup.signal()
                     }
