@@ -51,6 +51,20 @@ import Testing
         }
     }
 
+    @Test func timesOutsideYearsOneTo9999AreClampedNotACrash() {
+        let latest = "9999-12-31T23:59:59Z"
+        let earliest = "0001-01-01T00:00:00Z"
+        #expect(ISO8601.string(Date(timeIntervalSinceReferenceDate: .infinity)) == latest)
+        #expect(ISO8601.string(Date(timeIntervalSinceReferenceDate: .greatestFiniteMagnitude)) == latest)
+        #expect(
+            ISO8601.string(Date(timeIntervalSinceReferenceDate: 1e300), milliseconds: true)
+                == "9999-12-31T23:59:59.000Z")
+        #expect(ISO8601.string(Date(timeIntervalSinceReferenceDate: -.infinity)) == earliest)
+        #expect(ISO8601.string(Date(timeIntervalSinceReferenceDate: -1e300)) == earliest)
+        #expect(ISO8601.string(Date(timeIntervalSinceReferenceDate: .nan)) == earliest)
+        #expect(ISO8601.string(Date.distantFuture) == foundation(Date.distantFuture, milliseconds: false))
+    }
+
     @Test func civilDatesRoundTheYear() {
         #expect(ISO8601.civilDate(daysSince1970: 0) == (1970, 1, 1))
         #expect(ISO8601.civilDate(daysSince1970: -1) == (1969, 12, 31))

@@ -17,7 +17,7 @@ public enum ISO8601 {
         // Foundation's arithmetic: the whole seconds and the nanoseconds of the time since 2001
         // (what a `Date` holds), the milliseconds truncated from those. Computed from 1970 instead,
         // the last digit would differ now and then: 0.884 s can be stored as 0.88399…
-        let sinceReference = date.timeIntervalSinceReferenceDate
+        let sinceReference = clamped(date.timeIntervalSinceReferenceDate)
         let whole = sinceReference.rounded(.down)
         let nanosecond = Int64((sinceReference - whole) * 1_000_000_000)
         let seconds = Int64(whole) + 978_307_200
@@ -45,6 +45,16 @@ public enum ISO8601 {
         }
         text.append("Z")
         return text
+    }
+
+    /// Seconds since 2001 within years 1 to 9999: a time read from a damaged record or a bad
+    /// clock (even NaN or infinite) is shown as the nearest of those ends, never a crash in the
+    /// conversion to integers.
+    static func clamped(_ sinceReference: Double) -> Double {
+        let first = -63_113_904_000.0  // 0001-01-01T00:00:00Z
+        let last = 252_423_993_599.0  // 9999-12-31T23:59:59Z
+        guard !sinceReference.isNaN else { return first }
+        return min(max(sinceReference, first), last)
     }
 
     /// The proleptic Gregorian year, month and day of a day count from 1970-01-01 (Howard
