@@ -157,6 +157,12 @@ public struct DeviceAuthorization: Sendable {
     /// The secret the terminal polls with.
     public var deviceCode: OAuthToken
 
+    /// The longest validity an answer is taken to give the codes (a day; RFC 8628's example is
+    /// 30 minutes).
+    static let longestValidity: Double = 86_400
+    /// The longest interval between polls an answer is taken to ask for.
+    static let longestInterval: Double = 600
+
     /// Creates a device authorization.
     public init(
         userCode: String, verificationURI: URL, verificationURIComplete: URL?, interval: Duration, expiresIn: Duration,

@@ -99,21 +99,7 @@ public actor IdentityProviderClient: IdentityProvider {
         guard (200..<300).contains(response.status) else {
             throw ProviderResponses.error(for: response, context: .deviceStart, dialect: .oidc)
         }
-        guard let object = JSONValue.parseObject(response.body),
-            let deviceCode = object["device_code"]?.stringValue, let userCode = object["user_code"]?.stringValue,
-            // `verification_url` is what Google sends.
-            let uri = (object["verification_uri"] ?? object["verification_url"])?.stringValue.flatMap(
-                URL.init(string:)),
-            let expiresIn = ProviderResponses.number(object["expires_in"]), expiresIn > 0
-        else {
-            throw IdentityError(.invalidResponse, "the device authorization response lacks required fields")
-        }
-        let interval = ProviderResponses.number(object["interval"]).map { max($0, 1) } ?? 5
-        return DeviceAuthorization(
-            userCode: userCode, verificationURI: uri,
-            verificationURIComplete: object["verification_uri_complete"]?.stringValue.flatMap(URL.init(string:)),
-            interval: .milliseconds(Int64(interval * 1000)), expiresIn: .milliseconds(Int64(expiresIn * 1000)),
-            deviceCode: OAuthToken(deviceCode))
+        return try ProviderResponses.deviceAuthorization(response)
     }
 
     /// Polls the token endpoint once for a device authorization.

@@ -27,6 +27,8 @@ struct TokenResponse: Sendable {
 
     /// Used when a provider sends neither `expires_in` nor a JWT access token.
     static let assumedLifetime: TimeInterval = 300
+    /// The longest lifetime an answer is taken to give (366 days); a longer one is read as this.
+    static let longestLifetime: TimeInterval = 366 * 86_400
 
     var tokens: TokenSet {
         TokenSet(
@@ -72,10 +74,14 @@ enum ProviderResponses {
             throw IdentityError(.invalidResponse, "unsupported token type \(type)")
         }
         let expiresAt: Date
-        if let seconds = number(object["expires_in"]), seconds > 0 {
+        if let seconds = seconds(object["expires_in"], atMost: TokenResponse.longestLifetime) {
             expiresAt = now.addingTimeInterval(seconds)
         } else if let exp = JSONWebToken.unverifiedClaims(of: access)?["exp"]?.doubleValue {
-            expiresAt = Date(timeIntervalSince1970: exp)
+            // Finite (the JSON parser refuses anything else), and held to a lifetime either side
+            // of now, like `expires_in`.
+            let reach = TokenResponse.longestLifetime
+            let latest = now.timeIntervalSince1970 + reach
+            expiresAt = Date(timeIntervalSince1970: min(max(exp, latest - 2 * reach), latest))
         } else {
             expiresAt = now.addingTimeInterval(TokenResponse.assumedLifetime)
         }
@@ -193,6 +199,35 @@ enum ProviderResponses {
     }
 
     /// A JSON number, or a string holding one (some providers quote `expires_in`).
+    /// A number of seconds in an answer (`expires_in`, `interval`): nil when absent, unreadable,
+    /// not finite or not positive, and at most `longest`. A provider may send the number as a
+    /// string, and Double("inf") or a finite 1e19 would trap later, converted to an integer or a
+    /// `Duration`: no answer from a provider may stop the daemon.
+    static func seconds(_ value: JSONValue?, atMost longest: Double) -> Double? {
+        guard let seconds = number(value), seconds.isFinite, seconds > 0 else { return nil }
+        return min(seconds, longest)
+    }
+
+    /// Parses a 2xx device authorization response (RFC 8628 §3.2).
+    static func deviceAuthorization(_ response: HTTPResponse) throws -> DeviceAuthorization {
+        guard let object = JSONValue.parseObject(response.body),
+            let deviceCode = object["device_code"]?.stringValue, let userCode = object["user_code"]?.stringValue,
+            // `verification_url` is what Google sends.
+            let uri = (object["verification_uri"] ?? object["verification_url"])?.stringValue.flatMap(
+                URL.init(string:)),
+            let expiresIn = seconds(object["expires_in"], atMost: DeviceAuthorization.longestValidity)
+        else {
+            throw IdentityError(.invalidResponse, "the device authorization response lacks required fields")
+        }
+        // At least the RFC's 1 s (and 5 s when absent), at most the longest back-off of a poll.
+        let interval = max(seconds(object["interval"], atMost: DeviceAuthorization.longestInterval) ?? 5, 1)
+        return DeviceAuthorization(
+            userCode: userCode, verificationURI: uri,
+            verificationURIComplete: object["verification_uri_complete"]?.stringValue.flatMap(URL.init(string:)),
+            interval: .milliseconds(Int64(interval * 1000)), expiresIn: .milliseconds(Int64(expiresIn * 1000)),
+            deviceCode: OAuthToken(deviceCode))
+    }
+
     static func number(_ value: JSONValue?) -> Double? {
         switch value {
         case .number(let number)?: number

@@ -122,6 +122,65 @@ struct ProviderShapeTests {
         #expect(assumed.refreshToken == nil)
     }
 
+    /// Numbers from a provider are bounded before any arithmetic: each of these used to trap (an
+    /// integer or `Duration` conversion overflowing), stopping the daemon on one answer.
+    @Test func tokenResponse_absurdLifetimes_areBounded_notATrap() throws {
+        let now = Date(timeIntervalSince1970: 1_800_000_000)
+        let latest = now.addingTimeInterval(TokenResponse.longestLifetime)
+        let earliest = now.addingTimeInterval(-TokenResponse.longestLifetime)
+        let assumed = now.addingTimeInterval(TokenResponse.assumedLifetime)
+        let cases: [(String, Date)] = [
+            (#""expires_in": 1e19"#, latest),
+            (#""expires_in": 1.7e308"#, latest),
+            (#""expires_in": "1e19""#, latest),
+            (#""expires_in": "1e400""#, assumed),  // Double("1e400") is infinite
+            (#""expires_in": "inf""#, assumed),
+            (#""expires_in": "nan""#, assumed),
+            (#""expires_in": "-inf""#, assumed),
+            (#""expires_in": -5"#, assumed),
+            (#""expires_in": 3600"#, now.addingTimeInterval(3600)),
+        ]
+        for (field, expected) in cases {
+            let parsed = try ProviderResponses.parseTokens(
+                response(200, #"{"access_token": "opaque", \#(field)}"#), now: now)
+            #expect(parsed.expiresAt == expected, "\(field)")
+            // What the daemon then does with it: a lifetime (a `Duration`) and a countdown.
+            _ = Duration.seconds(parsed.expiresAt.timeIntervalSince(now))
+            _ = Int(parsed.expiresAt.timeIntervalSince(now))
+        }
+        for (exp, expected) in [(1e300, latest), (-1e300, earliest), (1_800_000_060.0, now.addingTimeInterval(60))] {
+            let jwt = TokenFactory.token(TokenFactory.claims(["exp": exp]))
+            let parsed = try ProviderResponses.parseTokens(response(200, #"{"access_token": "\#(jwt)"}"#), now: now)
+            #expect(parsed.expiresAt == expected, "exp \(exp)")
+            _ = Duration.seconds(parsed.expiresAt.timeIntervalSince(now))
+        }
+    }
+
+    @Test func deviceAuthorization_absurdNumbers_areBounded_notATrap() throws {
+        func parse(_ numbers: String) throws -> DeviceAuthorization {
+            try ProviderResponses.deviceAuthorization(
+                response(
+                    200,
+                    #"{"device_code": "d", "user_code": "ABCD-EFGH", "verification_uri": "https://idp.example/device", "#
+                        + numbers + "}"))
+        }
+        var parsed = try parse(#""expires_in": 1e19, "interval": 1e19"#)
+        #expect(parsed.expiresIn == .seconds(86_400) && parsed.interval == .seconds(600))
+        parsed = try parse(#""expires_in": "1e19", "interval": "inf""#)
+        #expect(parsed.expiresIn == .seconds(86_400) && parsed.interval == .seconds(5))
+        parsed = try parse(#""expires_in": 900, "interval": "nan""#)
+        #expect(parsed.expiresIn == .seconds(900) && parsed.interval == .seconds(5))
+        parsed = try parse(#""expires_in": 900, "interval": 0.2"#)
+        #expect(parsed.interval == .seconds(1))
+        parsed = try parse(#""expires_in": 900"#)
+        #expect(parsed.interval == .seconds(5))
+        for bad in [#""expires_in": "inf""#, #""expires_in": "nan""#, #""expires_in": 0"#, #""interval": 5"#] {
+            #expect {
+                _ = try parse(bad)
+            } throws: { ($0 as? IdentityError)?.code == .invalidResponse }
+        }
+    }
+
     @Test func tokenResponse_malformed_isInvalidResponse() {
         for body in [#"{"token_type": "Bearer"}"#, #"{"access_token": "a", "token_type": "DPoP"}"#, "[]", "not json"] {
             #expect {
