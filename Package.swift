@@ -86,6 +86,7 @@ let package = Package(
         .target(
             name: "KioskAuthFleet",
             dependencies: [
+                "KioskAuthCore",
                 .product(name: "PostgresNIO", package: "postgres-nio"),
                 .product(name: "NIOSSL", package: "swift-nio-ssl"),
                 .product(name: "NIOCore", package: "swift-nio"),

@@ -77,7 +77,8 @@ def add_with_passcode(terminal, name, passcode=PASSCODE):
 def directory_audit(fleet, terminal) -> list[list[str]]:
     terminal_id = terminal.terminal_id()
     return fleet.postgres.fleet(
-        "SELECT terminal_sequence, action, result, coalesce(person, '') FROM audit_events "
+        "SELECT terminal_sequence, action, result, coalesce(person, ''), "
+        "to_char(occurred_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS\"Z\"') FROM audit_events "
         f"WHERE terminal_id = '{terminal_id}' ORDER BY terminal_sequence, event_id")
 
 
@@ -87,7 +88,7 @@ def local_sequences(terminal, after: int = 0) -> set[int]:
 
 def assert_audit_mirrored(fleet, terminal, must_include: set[int] = frozenset()):
     """The directory holds the terminal's audit events as the terminal has them: each once, with
-    the same action, result and person; none missing between the first and the last pushed; and
+    the same action, result, person and time (to the second); none missing between the first and the last pushed; and
     every event of `must_include` (made before the queue was seen drained) among them."""
     if must_include:  # audit may follow the other pushes: wait for it, with a deadline
         wait_until(lambda: set(must_include) <= {int(r[0]) for r in directory_audit(fleet, terminal)},
@@ -97,10 +98,11 @@ def assert_audit_mirrored(fleet, terminal, must_include: set[int] = frozenset())
     assert len(sequences) == len(set(sequences)), f"events stored twice: {sorted(s for s in sequences if sequences.count(s) > 1)}"
     assert sequences, f"no audit events of {terminal.name} in the directory"
     local = {e["sequence"]: e for e in terminal.audit()}
-    for sequence, action, result, person in remote:
+    for sequence, action, result, person, occurred in remote:
         event = local.get(int(sequence))
         assert event is not None, f"directory event {sequence} of {terminal.name} is not in its own audit"
         assert (action, result, person) == (event["action"], event["result"], event.get("person") or ""), (sequence, event)
+        assert occurred == event["time"][:19] + "Z", (sequence, occurred, event["time"])
     expected = {s for s in local if min(sequences) <= s <= max(sequences)} | set(must_include)
     missing = sorted(expected - set(sequences))
     assert not missing, f"{terminal.name}'s events {missing} never reached the directory"

@@ -1,4 +1,5 @@
 public import Foundation
+import KioskAuthCore
 
 /// A terminal's registration: who it is and which reader it has, so templates reach only
 /// terminals that can use them.
@@ -85,7 +86,7 @@ public enum FleetWrite: Sendable, Equatable {
         case .audit(let key, let sequence, let occurredAt, let person, let action, let result):
             var record = [
                 "op": "audit", "key": key.fleetText, "sequence": String(sequence),
-                "occurred_at": ISO8601DateFormatter().string(from: occurredAt), "action": action, "result": result,
+                "occurred_at": ISO8601.string(occurredAt), "action": action, "result": result,
             ]
             if let person { record["person"] = person }
             return record
