@@ -103,7 +103,7 @@ struct FleetSyncService: Service {
                 try await connection.withChangeWakeups { wakeups in
                     // The LISTEN is in force from here on. A change committed between the last
                     // pull and now sent its NOTIFY to nobody: pull once more, or it would wait
-                    // for the backstop poll (an hour by default).
+                    // for the backstop poll (`[Fleet] PollIntervalSec`).
                     agent.wakeup.signal()
                     for try await _ in wakeups {
                         agent.wakeup.signal()

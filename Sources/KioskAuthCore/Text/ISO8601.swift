@@ -4,8 +4,9 @@ public import FoundationEssentials
 /// one formatter for every time the daemon shows or sends: in replies, the audit trail and audit
 /// delivery.
 ///
-/// Plain integer arithmetic on the Unix time, byte for byte what `Date.ISO8601FormatStyle`
-/// writes (the tests compare the two). Not that style itself: it builds a Gregorian calendar in
+/// Plain integer arithmetic on the time since 2001, byte for byte what `Date.ISO8601FormatStyle`
+/// writes in Swift 6.3 (the tests compare the two; milliseconds are truncated, as there: should
+/// a later Foundation round them, the tests say so, and this keeps 6.3's text). Not that style itself: it builds a Gregorian calendar in
 /// the current time zone first, and in a binary that links Foundation proper (postgres-nio
 /// imports it) the zone comes from ICU's database. The first timestamp then loads ICU's zone
 /// metadata, which kept about 1.3 MiB of ICU code and data resident in an idle daemon
