@@ -298,6 +298,31 @@ def test_aChangeMadeWhileBsListenerConnects_reachesB_withoutThePoll(fleet):
         b.restart()
 
 
+def test_aListenerThatCannotConnect_isRetriedWithBackOff_notInATightLoop(fleet, postgres):
+    """B's role may hold one connection (PostgreSQL's CONNECTION LIMIT): the agent's connection
+    works and every LISTEN connection is refused. Each refusal wakes the sync loop; without a
+    pause of its own the listener was retried at once, over and over."""
+    import time
+    a, b = fleet
+    postgres.query("ALTER ROLE kt_b CONNECTION LIMIT 1")
+    try:
+        before = b.log_text().count("fleet listener cannot connect")
+        b.restart()
+        deadline = time.monotonic() + 30
+        while b.log_text().count("fleet listener cannot connect") == before:
+            assert time.monotonic() < deadline, "B's listener was never refused"
+            time.sleep(0.05)
+        time.sleep(6)
+        attempts = b.log_text().count("fleet listener cannot connect") - before
+        # Pauses of 1, 2 and 4 s (ReconnectMaxSec is 30 by default): at most 4 attempts in ~6 s.
+        assert 1 <= attempts <= 4, attempts
+        assert status(b)["reachable"], status(b)  # syncs go on, on the agent's connection
+    finally:
+        postgres.query("ALTER ROLE kt_b CONNECTION LIMIT -1")
+        b.restart()
+    ok(b, "fleet", "sync")
+
+
 def test_aRemovalAtA_erasesThePersonAtB(fleet):
     a, b = fleet
     assert "error" not in call(a, "AddPerson", name="frank")

@@ -18,16 +18,59 @@ struct FleetSyncService: Service {
     let logger: Logger
 
     /// Whether the LISTEN connection is up, and that connection, so that shutdown can close it
-    /// (which ends the listener however its notification sequence treats cancellation).
+    /// (which ends the listener however its notification sequence treats cancellation). A
+    /// listener that ends soon after it started (a refused connection, a role's connection
+    /// limit, a LISTEN that fails) is started again only after a pause that doubles each time,
+    /// up to `[Fleet] ReconnectMaxSec`: every end wakes the sync loop, which would otherwise
+    /// reconnect at once, over and over.
     final class Listening: Sendable {
-        let state = Mutex(false)
+        struct State {
+            var isUp = false
+            var startedAt: ContinuousClock.Instant?
+            /// Not before then, after a short-lived listener.
+            var retryAt: ContinuousClock.Instant?
+            var pause: Duration = .seconds(1)
+        }
+
+        /// A listener that lasted this long was not failing: the next one starts at once.
+        static let steadyLifetime: Duration = .seconds(30)
+
+        let state = Mutex(State())
         let connection = Mutex<FleetDirectory?>(nil)
-        var isUp: Bool { state.withLock { $0 } }
-        func set(_ value: Bool) { state.withLock { $0 = value } }
+        let longestPause: Duration
+
+        init(longestPause: Duration) { self.longestPause = longestPause }
+
+        var isUp: Bool { state.withLock { $0.isUp } }
+
+        /// How long until a new listener may start (zero when it may start now).
+        func wait(at now: ContinuousClock.Instant) -> Duration {
+            state.withLock { state in state.retryAt.map { max(now.duration(to: $0), .zero) } ?? .zero }
+        }
+
+        func started(at now: ContinuousClock.Instant) {
+            state.withLock { state in
+                state.isUp = true
+                state.startedAt = now
+                state.retryAt = nil
+            }
+        }
+
+        func ended(at now: ContinuousClock.Instant) {
+            state.withLock { state in
+                state.isUp = false
+                if let started = state.startedAt, started.duration(to: now) < Self.steadyLifetime {
+                    state.retryAt = now + state.pause
+                    state.pause = min(state.pause * 2, longestPause)
+                } else {
+                    state.pause = .seconds(1)
+                }
+            }
+        }
     }
 
     func run() async throws {
-        let listening = Listening()
+        let listening = Listening(longestPause: .milliseconds(Int64(configuration.reconnectMax * 1000)))
         var listener: Task<Void, Never>?
         await withGracefulShutdownHandler {
             var backoff = 1.0
@@ -41,11 +84,17 @@ struct FleetSyncService: Service {
                 do throws(APIError) {
                     try await agent.sync()
                     backoff = 1
+                    var wait = Duration.milliseconds(Int64(configuration.pollInterval * 1000))
                     if !listening.isUp {
-                        listener?.cancel()
-                        listener = startListener(listening)
+                        let pause = listening.wait(at: .now)
+                        if pause == .zero {
+                            listener?.cancel()
+                            listener = startListener(listening)
+                        } else {
+                            wait = min(wait, pause)
+                        }
                     }
-                    await agent.wakeup.wait(upTo: .milliseconds(Int64(configuration.pollInterval * 1000)))
+                    await agent.wakeup.wait(upTo: wait)
                 } catch {
                     logger.warning(
                         "fleet sync failed", metadata: ["error": "\(error.name)", "detail": "\(error.parameters)"])
@@ -70,10 +119,10 @@ struct FleetSyncService: Service {
     private func startListener(_ listening: Listening) -> Task<Void, Never> {
         let agent = agent
         let logger = logger
-        listening.set(true)
+        listening.started(at: .now)
         return Task {
             defer {
-                listening.set(false)
+                listening.ended(at: .now)
                 agent.wakeup.signal()
             }
             let connection: FleetDirectory?
