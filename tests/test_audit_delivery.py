@@ -30,7 +30,7 @@ BATCH = 5
 class Collector:
     """An audit collector on loopback. `mode` decides how the next requests are answered."""
 
-    MODES = ("up", "down", "error", "reject", "hang", "lose")
+    MODES = ("up", "down", "error", "reject", "hang", "lose", "throttle-forever")
 
     def __init__(self, lifetime: float = 240.0):
         self.lock = threading.Lock()
@@ -103,6 +103,14 @@ class Collector:
                     self.answer(500, {"error": "collector unwell"})
                 elif mode == "reject":
                     self.answer(401, {"error": "bad token"})
+                elif mode == "throttle-forever":
+                    # The largest delay-seconds a signed 64-bit integer holds.
+                    data = b"{}"
+                    self.send_response(429)
+                    self.send_header("Retry-After", "9223372036854775807")
+                    self.send_header("Content-Length", str(len(data)))
+                    self.end_headers()
+                    self.wfile.write(data)
                 else:
                     if mode == "hang":
                         collector.release.wait(60)
@@ -452,6 +460,22 @@ def test_a_hanging_endpoint_does_not_hold_up_shutdown_and_its_batch_goes_out_aft
     # Never acknowledged, so sent again under the same ids; nothing acknowledged went again.
     assert hung <= set(collector.stored_ids()[acknowledged:])
     assert len(set(collector.stored_ids())) == len(collector.stored_ids()) == len(trail(d))
+
+
+def test_an_endpoint_asking_to_wait_forever_is_waited_for_at_most_the_backoff_cap(make_daemon, collector):
+    # Retry-After: 2^63 - 1 seconds, from the endpoint or anything posing as it: the daemon stays
+    # up (formatting the wait trapped it), says what it was told, and retries at its own cap.
+    collector.set_mode("throttle-forever")
+    d = make_delivery_daemon(make_daemon, collector.url).start()
+    add_person(d)
+    wait_until(lambda: len(collector.attempts_in("throttle-forever")) >= 2, 10, message="a retry at the cap")
+    assert d.proc.poll() is None, d.log_text()[-2000:]
+    status = delivery(d)
+    assert status["lastError"] == "the endpoint answered HTTP 429, retry after 86400 s", status
+    assert status["state"] == "retrying" and status["queued"] > 0
+    collector.set_mode("up")
+    status = wait_delivered(d)
+    assert sequences(collector.stored) == list(range(1, status["deliveredThrough"] + 1))
 
 
 def test_a_new_endpoint_receives_the_whole_trail(make_daemon, collector):

@@ -184,15 +184,26 @@ public final class AuditEndpointClient: Sendable {
         }
     }
 
-    /// `Retry-After` as delay-seconds or an HTTP date; nil when absent or unreadable.
+    /// The longest `Retry-After` taken from an answer (a day); a longer one is read as this. The
+    /// schedule caps the wait far lower anyway (`MaximumBackoffSec`), but the figure is shown
+    /// and computed with first: an endpoint's `Retry-After: 9223372036854775807` trapped the
+    /// daemon formatting it.
+    static let longestRetryAfter: Int64 = 86_400
+
+    /// `Retry-After` as delay-seconds or an HTTP date, at most `longestRetryAfter`; nil when
+    /// absent or unreadable.
     static func retryAfter(_ value: String?, now: Date) -> Duration? {
         let blank: (Character) -> Bool = { $0 == " " || $0 == "\t" }
         guard let value = value.map({ String($0.drop(while: blank).reversed().drop(while: blank).reversed()) }),
             !value.isEmpty
         else { return nil }
-        if let seconds = Int(value), seconds >= 0 { return .seconds(seconds) }
+        if value.utf8.allSatisfy({ (UInt8(ascii: "0")...UInt8(ascii: "9")).contains($0) }) {
+            // Digits only, any number of them: too many for an Int is as long as the longest.
+            return .seconds(Int64(value).map { min($0, longestRetryAfter) } ?? longestRetryAfter)
+        }
         guard let date = httpDate(value) else { return nil }
-        return .seconds(max(0, date.timeIntervalSince(now).rounded(.up)))
+        let wait = date.timeIntervalSince(now).rounded(.up)
+        return .seconds(Int64(min(max(0, wait), Double(longestRetryAfter))))
     }
 
     /// An HTTP date in the preferred format of RFC 9110 (IMF-fixdate,
@@ -259,11 +270,12 @@ public final class AuditEndpointClient: Sendable {
         }
     }
 
+    /// Seconds to a tenth ("2", "0.5"), in integers on the duration's parts: no duration, however
+    /// long, traps in a conversion (`Int(Double)` did, at 2^63 s).
     private static func seconds(_ duration: Duration) -> String {
         let parts = duration.components
-        let value = Double(parts.seconds) + Double(parts.attoseconds) * 1e-18
-        if value == value.rounded() { return String(Int(value)) }
-        let tenths = Int((value * 10).rounded())
-        return "\(tenths / 10).\(tenths % 10)"
+        let tenths = (abs(parts.attoseconds) + 50_000_000_000_000_000) / 100_000_000_000_000_000  // 0...10
+        let whole = parts.seconds &+ tenths / 10
+        return tenths % 10 == 0 ? "\(whole)" : "\(whole).\(tenths % 10)"
     }
 }

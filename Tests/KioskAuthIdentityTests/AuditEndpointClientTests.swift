@@ -83,6 +83,26 @@ struct AuditEndpointClientTests {
         #expect(AuditEndpointClient.retryAfter("Sun, 15 Jun 2025 15:00:00 GMT", now: now) == .zero)
     }
 
+    /// An endpoint (or anything posing as it) decides the header: no value may trap the daemon.
+    /// `Retry-After: 9223372036854775807` did, formatting the wait for the message.
+    @Test func retryAfter_ofAnyLength_isBoundedToADay_andSaidInWords() {
+        let day = Duration.seconds(AuditEndpointClient.longestRetryAfter)
+        for huge in ["9223372036854775807", "9223372036854775296", "99999999999999999999999999", "86401"] {
+            guard case .failure(let failure) = answer(429, ["retry-after": huge]) else {
+                Issue.record("expected a failure")
+                return
+            }
+            #expect(failure.retryAfter == day, "\(huge)")
+            #expect(failure.message == "the endpoint answered HTTP 429, retry after 86400 s", "\(huge)")
+        }
+        #expect(AuditEndpointClient.retryAfter("Fri, 31 Dec 9999 23:59:59 GMT", now: now) == day)
+        #expect(AuditEndpointClient.retryAfter("0", now: now) == .zero)
+        // delay-seconds is digits only (RFC 9110 §10.2.3): no sign, no fraction.
+        for junk in ["+5", "-5", "1.5", "1e3", "٣"] {
+            #expect(AuditEndpointClient.retryAfter(junk, now: now) == nil, "\(junk)")
+        }
+    }
+
     @Test func transportFailures_sayWhetherTheBatchMayHaveBeenStored() {
         let timeout = Duration.seconds(2)
         let hanging = AuditEndpointClient.failure(
