@@ -187,6 +187,21 @@ def test_missing_credential_without_development_flag_is_a_clear_startup_error(ma
     assert "no credential kioskauth.store-key" in d.log_text()
 
 
+@pytest.mark.parametrize("section, key", [
+    ("Access", "RefusalSummaryIntervalSec"), ("Access", "TicketLifetimeSec"), ("Socket", "IdleTimeoutSec"),
+    ("Socket", "WriteTimeoutSec"), ("Store", "AuditVerifyInterval"), ("Fingerprint", "ScanTimeoutSec"),
+    ("Passcode", "LockoutDelaysSec"), ("Activation", "CodeLifetimeSec"),
+])
+def test_seconds_beyond_a_year_are_a_named_configuration_error_not_a_later_crash(make_daemon, section, key):
+    # 1e16 s passed the parser and trapped later (milliseconds into Int64), at the first refused
+    # call, unlock or scan. Refused at start now, naming the key and the range.
+    d = make_daemon(config=FAST_HASH_CONFIG + f"\n[{section}]\n{key}=1e16\n")
+    d.start(expect_ready=False)
+    assert d.wait_exit() == 78
+    assert f"{key}" in d.log_text() and "expected a number of seconds in 0...31622400 (a year)" in d.log_text(), \
+        d.log_text()
+
+
 def test_a_store_from_a_future_schema_is_refused(make_daemon):
     d = make_daemon().start()
     d.stop()

@@ -222,9 +222,14 @@ public struct DaemonConfiguration: Sendable {
         return number
     }
 
+    /// The longest time any of the base sections' `…Sec` keys may name: a year. Unbounded, a
+    /// value such as 1e16 passed the parser and trapped later, converted to milliseconds or an
+    /// integer, at the first refused call or the first unlock.
+    static let longestSeconds: TimeInterval = 366 * 86_400
+
     private func seconds(_ value: String) throws -> TimeInterval {
-        guard let number = Double(value), number >= 0, number.isFinite else {
-            throw ValueError(message: "expected a number of seconds")
+        guard let number = Double(value), number.isFinite, (0...Self.longestSeconds).contains(number) else {
+            throw ValueError(message: "expected a number of seconds in 0...\(Int(Self.longestSeconds)) (a year)")
         }
         return number
     }
