@@ -205,6 +205,41 @@ def test_aUsedToken_andAMalformedOne_areRefused_andLeaveNoMembership(fleet, post
     assert status(c)["configured"] is False
 
 
+def test_aUidTheDirectoryCannotHold_isRefusedOnAMember_andKeepsATerminalOutOfFleets(fleet, postgres):
+    """The directory keeps uids as PostgreSQL integers. A person bound above 2^31 - 1 used to trap
+    the daemon when their change was pushed, and at every sync after it (the change stays
+    queued). A member refuses such a binding by name; a terminal holding one founds no fleet
+    until it changes."""
+    a, _ = fleet
+    big = 3_000_000_000  # a valid uid (uid_t is 32-bit unsigned), beyond PostgreSQL's integer
+    reply = call(a, "AddPerson", name="kim", uid=big)
+    assert reply["error"] == "io.kioskauth.BindingRefused" and "2147483647" in reply["parameters"]["reason"], reply
+    assert "error" not in call(a, "AddPerson", name="kim")
+    reply = call(a, "BindAccount", name="kim", uid=big)
+    assert reply["error"] == "io.kioskauth.BindingRefused" and "2147483647" in reply["parameters"]["reason"], reply
+    assert "error" not in call(a, "BindAccount", name="kim", uid=2_147_483_647)  # the largest it holds
+    ok(a, "fleet", "sync")
+    assert status(a)["queuedPushes"] == 0
+
+    # Outside any fleet the binding is a terminal's own business; founding a fleet is refused.
+    postgres.query("CREATE DATABASE other_fleet")
+    c = terminal(a.factory)
+    assert "error" not in call(c, "AddPerson", name="lee", uid=big)
+    assert "error" not in call(c, "SetPasscode", name="lee", passcode=PASSCODE, confirmation=PASSCODE)
+    assert "version" in ok(c, "fleet", "migrate", postgres.url_as("fleet", "other_fleet"))
+    url = postgres.terminal_url("kt_other_c", "other_fleet")
+    refused = c.ctl("fleet", "create", url, "--name", "c")
+    assert refused.returncode != 0, refused.stderr
+    assert "lee is bound to uid 3000000000, above 2147483647" in refused.stderr, refused.stderr
+    assert status(c)["configured"] is False
+    # Bound to a uid the directory holds, lee goes into the new fleet with it.
+    assert "error" not in call(c, "BindAccount", name="lee", uid=2_000_000_000)
+    ok(c, "fleet", "create", url, "--name", "c")
+    ok(c, "fleet", "sync")
+    assert c.proc.poll() is None and status(c)["queuedPushes"] == 0
+    assert postgres.query("SELECT uid FROM people WHERE name = 'lee'", "other_fleet") == "2000000000"
+
+
 def test_personAndPasscodeMadeAtA_unlockAtB_andASuspensionAtA_isRefusedAtB(fleet):
     a, b = fleet
     assert "error" not in call(a, "AddPerson", name="carol")

@@ -83,7 +83,7 @@ final class CredentialAuthority: AuthorityPart {
         if let reason =
             name.rawValue.hasPrefix(IdentityProviderLoginName.digestPrefix)
             ? "names beginning with \(IdentityProviderLoginName.digestPrefix) are kept for identity-provider people"
-            : access.bindingRefusal(name, uid: input.uid)
+            : access.bindingRefusal(name, uid: input.uid) ?? fleetUIDRefusal(input.uid)
         {
             audit(caller, action: .personAdd, result: .refused, person: name.rawValue, detail: reason)
             throw Self.bindingRefused(name, reason)

@@ -13,8 +13,16 @@ extension CallerContext {
 }
 
 extension CredentialAuthority {
-    static func bindingRefused(_ name: LoginName, _ reason: String) -> APIError {
+    nonisolated static func bindingRefused(_ name: LoginName, _ reason: String) -> APIError {
         APIError.own("BindingRefused", ["name": .string(name.rawValue), "reason": .string(reason)])
+    }
+
+    /// Why `uid` cannot be bound on a fleet member, or nil: the fleet directory holds uids as
+    /// PostgreSQL `integer`s, so one above 2147483647 could not be shared (it used to trap the
+    /// daemon when the person's change was pushed, at every sync, since the change stays queued).
+    func fleetUIDRefusal(_ uid: Int?) -> String? {
+        guard let uid, uid > Int(Int32.max), store.isInFleet else { return nil }
+        return "uid \(uid) is above 2147483647, the largest the fleet directory holds"
     }
 
     /// BindAccount: binds a person (local or from the identity provider) to a Unix uid, or unbinds
@@ -23,7 +31,7 @@ extension CredentialAuthority {
         try requireAdmin(caller, action: .personBind, person: input.name)
         let name = try loginName(input.name)
         let person = try existingPerson(name, caller: caller, action: .personBind)
-        if let reason = access.bindingRefusal(name, uid: input.uid) {
+        if let reason = access.bindingRefusal(name, uid: input.uid) ?? fleetUIDRefusal(input.uid) {
             audit(caller, action: .personBind, result: .refused, person: name.rawValue, detail: reason)
             throw Self.bindingRefused(name, reason)
         }

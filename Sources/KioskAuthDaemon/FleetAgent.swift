@@ -300,6 +300,7 @@ actor FleetAgent {
             throw APIError.own("FleetAlreadyMember", ["directory": .string(membership.directory)])
         }
         do { _ = try FleetEndpoint(url: directory) } catch { throw APIError.fleet(error) }
+        try requireSharableUIDs()
         let terminal = try await registration(id: UUID(), name: name)
         try await prepareTerminal(directory)
         let dataKey = try await withDirectory(directory) { connection throws(FleetError) in
@@ -348,6 +349,7 @@ actor FleetAgent {
         let token: JoinToken
         do { token = try JoinToken(text: tokenText) } catch { throw APIError.fleet(error) }
         do { _ = try FleetEndpoint(url: directory) } catch { throw APIError.fleet(error) }
+        try requireSharableUIDs()
         let terminal = try await registration(id: UUID(), name: name)
         try await prepareTerminal(directory)
         try await withDirectory(directory) { connection throws(FleetError) in
@@ -710,7 +712,15 @@ actor FleetAgent {
             switch operation {
             case .person(let id, let name, let roles, let uid, let state):
                 guard let person = UUID(uuidString: id) else { continue }
-                writes.append(.person(id: person, name: name, role: roles, uid: uid.map { Int32($0) }, state: state))
+                // The directory holds uids as `integer`; a larger one is refused before it can
+                // be queued (bind, create, join). Should one be queued all the same, the batch
+                // fails by name, and stays queued, rather than trap the daemon at every sync.
+                let shared = uid.flatMap { Int32(exactly: $0) }
+                if let uid, shared == nil {
+                    throw APIError.fleetError(
+                        "\(name)'s uid \(uid) is above 2147483647, the largest the directory holds")
+                }
+                writes.append(.person(id: person, name: name, role: roles, uid: shared, state: state))
             case .verifier(let id, let verifier):
                 guard let person = UUID(uuidString: id) else { continue }
                 do {
@@ -797,6 +807,19 @@ actor FleetAgent {
     }
 
     // MARK: Helpers
+
+    /// The directory holds uids as PostgreSQL `integer`s: a terminal whose people include one
+    /// bound above 2147483647 founds or joins no fleet until that binding changes (a member
+    /// refuses such a binding, `fleetUIDRefusal`), rather than share the person without it.
+    private func requireSharableUIDs() throws(APIError) {
+        let people = try storeCall { () throws(StoreError) in try store.people() }
+        if let person = people.first(where: { $0.origin == .local && ($0.uid ?? 0) > Int(Int32.max) }) {
+            throw CredentialAuthority.bindingRefused(
+                person.name,
+                "\(person.name) is bound to uid \(person.uid ?? 0), above 2147483647, the largest the fleet "
+                    + "directory holds: bind them to another uid, or unbind them, before the terminal joins a fleet")
+        }
+    }
 
     private func requireMembership() throws(APIError) -> FleetMembership {
         guard let membership = try storeCall({ () throws(StoreError) in try store.fleetMembership() }) else {
