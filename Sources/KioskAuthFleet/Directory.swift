@@ -511,13 +511,21 @@ public actor FleetDirectory {
         if version > rowVersions[row]?.version ?? Int64.min { rowVersions[row] = (version, []) }
     }
 
+    /// The largest row version taken from the directory. Versions are microseconds since 1970
+    /// (this is the year 148,000); one near `Int64.max`, validly MACed by a member gone bad, made
+    /// every later version overflow, trapping each terminal that pulled it at its next writes.
+    public static let largestRowVersion = Int64.max / 2
+
     /// A fresh version: the writer's clock in microseconds, and above any version this
     /// directory has written, or seen for the row, so a terminal's write supersedes what it
-    /// pulled even if its clock is behind.
+    /// pulled even if its clock is behind. (`Int64.max`, or anything past the largest version,
+    /// marks a deleted row: a row made again starts afresh.)
     private func nextVersion(for row: String) -> Int64 {
         let now = Int64(Date().timeIntervalSince1970 * 1_000_000)
         let seen = rowVersions[row]?.version ?? 0
-        lastVersion = max(now, lastVersion + 1, seen == Int64.max ? 0 : seen + 1)
+        let afterSeen = seen < Self.largestRowVersion ? seen + 1 : 0
+        let afterLast = lastVersion < Self.largestRowVersion ? lastVersion + 1 : 0
+        lastVersion = max(now, afterLast, afterSeen)
         return lastVersion
     }
 
@@ -567,6 +575,9 @@ public actor FleetDirectory {
             let mac = fields["mac"].flatMap(FleetRowMAC.bytea),
             let content = FleetRowMAC.content(ofChange: change.entity, key: change.key, fields: fields)
         else { return reject(.forged("\(row) carries no row MAC")) }
+        guard (1...Self.largestRowVersion).contains(version) else {
+            return reject(.forged("\(row) carries version \(version), beyond any clock"))
+        }
         let input = FleetRowMAC.input(
             table: change.entity, row: change.key, generation: generation, version: version, fields: content)
         guard let keyring, let valid = keyring.isValidRowMAC(mac, for: input, generation: generation) else {

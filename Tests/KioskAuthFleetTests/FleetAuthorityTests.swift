@@ -227,6 +227,49 @@ import Testing
         }
     }
 
+    /// A member gone bad (it holds the data key, so its row MACs are valid) writes a version near
+    /// Int64.max. Taken as the newest, it made the next versions overflow: each terminal that
+    /// pulled it trapped at its next writes of the row. It is refused as forged, and writing goes on.
+    @Test func aVersionNearInt64Max_isRefused_andTheRowCanStillBeWritten() async throws {
+        try await TestPostgres.with { server in
+            let (fleet, _) = try await makeFleet(2, on: server)
+            let (a, b) = (fleet[0], fleet[1])
+            let nurse = UUID()
+            try await a.directory.push(PushBatch(idempotencyKey: UUID(), terminal: a.id, writes: [person(nurse)]))
+            let cursor = try await b.directory.pull(after: 0).last!.id
+            // A, gone bad, writes her suspended at version Int64.max - 1, with a valid row MAC.
+            let keyring = try await a.keyring()
+            let write = person(nurse, state: "suspended")
+            let (table, row, fields) = try #require(FleetRowMAC.content(of: write))
+            let generation = keyring.currentGeneration
+            let input = FleetRowMAC.input(
+                table: table, row: row, generation: generation, version: Int64.max - 1, fields: fields)
+            let mac = try #require(keyring.rowMAC(input, generation: generation))
+            try server.psql(
+                """
+                UPDATE people SET state = 'suspended', generation = \(generation), version = \(Int64.max - 1),
+                    mac = '\\x\(hex(Array(mac)))' WHERE person_id = '\(nurse.fleetText)'
+                """)
+            let pulled = try await b.directory.pull(after: cursor).filter { $0.entity == "people" }
+            guard case .forged(let why)? = pulled.last?.integrity else {
+                Issue.record("\(String(describing: pulled.last?.integrity)), not forged")
+                return
+            }
+            #expect(why.contains("beyond any clock") && pulled.last?.body == nil)
+            // B writes the row twice, and so does A: nothing overflows. (The directory keeps the
+            // highest version, so the bad row stays there, republished and refused at each pull:
+            // refusing such versions in the directory itself needs a schema change; see
+            // docs/fleet.md.)
+            for writer in [b, b, a, a] {
+                try await writer.directory.push(
+                    PushBatch(idempotencyKey: UUID(), terminal: writer.id, writes: [person(nurse)]))
+            }
+            let again = try await b.directory.pull(after: pulled.last!.id).filter { $0.entity == "people" }
+            #expect(!again.isEmpty && again.allSatisfy { !$0.isTrusted })
+            for terminal in fleet { await terminal.directory.close() }
+        }
+    }
+
     /// The other rows that decide an unlock: a writer who moves one person's verifier (with its
     /// MAC) onto another person, or retags a template for another reader, is caught too; and a
     /// member cannot admit with a join token another member issued.
