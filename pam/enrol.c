@@ -101,10 +101,13 @@ void show_enrol_progress(const struct login *l, const struct json *progress) {
         }
         snprintf(text, sizeof(text), "%s…", hint ? hint : "Touch the reader");
     } else if (strcmp(state, "touch") == 0 || strcmp(state, "stage") == 0) {
-        if (stages <= 0 || stage >= stages)
+        if (stages <= 0 || stages > MAX_ENROL_STAGES || stage < 0 || stage >= stages)
             return;
         snprintf(text, sizeof(text), "Touch the reader (stage %lld of %lld)…", stage + 1, stages);
     } else if (strcmp(state, "retry") == 0) {
+        /* A daemon's numbers, never trusted to fit arithmetic (stage + 1 overflowed). */
+        if (stage < 0 || stage >= MAX_ENROL_STAGES || stages > MAX_ENROL_STAGES)
+            return;
         snprintf(text, sizeof(text), "%s. Touch the reader (stage %lld of %lld)…",
                  hint ? hint : "Try again", stage + 1, stages > 0 ? stages : stage + 1);
     } else {

@@ -44,6 +44,8 @@ int offer_enrolment(const struct login *l, struct activation *a);
  * for the session. A conversation that fails at the offer fails the login (PAM_CONV_ERR). */
 int offer_enrolment_after_passcode(const struct login *l, struct connection *c, const char *name,
                                    const char *passcode, const struct json *parameters);
+/* The most enrolment stages a progress report is shown with (readers take a handful). */
+#define MAX_ENROL_STAGES 100
 /* Shows one enrolment progress report as the person's next step. */
 void show_enrol_progress(const struct login *l, const struct json *progress);
 
