@@ -460,7 +460,26 @@ actor FleetAgent {
     /// Pulls until the feed is exhausted and pushes the queue; the sync service and `FleetSync`
     /// both call it (the actor runs one at a time). A terminal the directory has removed stops
     /// here (`noticeRemoval`).
+    /// One sync at a time: the agent is an actor, but a sync awaits the directory, so a second
+    /// one (`fleet sync` from the CLI while the sync service runs one) would interleave with it.
+    /// Both would pull from the same cursor, and the one behind would meet rows older than what
+    /// the other had just recorded, and refuse them as replayed. Callers queue, in order.
+    private var isSyncing = false
+    private var waitingToSync: [CheckedContinuation<Void, Never>] = []
+
     func sync() async throws(APIError) {
+        if isSyncing {
+            await withCheckedContinuation { waitingToSync.append($0) }
+        } else {
+            isSyncing = true
+        }
+        defer {
+            if waitingToSync.isEmpty { isSyncing = false } else { waitingToSync.removeFirst().resume() }
+        }
+        try await syncOnce()
+    }
+
+    private func syncOnce() async throws(APIError) {
         var membership = try requireMembership()
         try requireNotRemoved(membership)
         guard let terminal = UUID(uuidString: membership.terminalID) else {
