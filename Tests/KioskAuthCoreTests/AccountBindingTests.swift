@@ -10,6 +10,14 @@ struct AccountBindingTests {
         #expect(AccountBinding.systemUIDMax(loginDefs: "SYS_UID_MAX 200\nSYS_UID_MAX 300\n") == 300)
         #expect(AccountBinding.systemUIDMax(loginDefs: "SYS_UID_MAX lots\n") == 999)
         #expect(AccountBinding.systemUIDMax(loginDefs: "SYS_UID_MAX_X 5\n") == 999)
+        #expect(AccountBinding.systemUIDMax(loginDefs: "SYS_UID_MAX -5\n") == 999)
+        #expect(AccountBinding.systemUIDMax(loginDefs: " SYS_UID_MAX 700 # pinned\n") == 700)
+    }
+
+    @Test func systemUIDMax_readsWindowsLineEndsAndTextBesideIt() {
+        #expect(AccountBinding.systemUIDMax(loginDefs: "UID_MIN 1000\r\nSYS_UID_MAX 1234\r\nGID_MIN 1000\r\n") == 1234)
+        #expect(AccountBinding.systemUIDMax(loginDefs: "# Standardwerte für Benutzer — café\nSYS_UID_MAX\t850") == 850)
+        #expect(AccountBinding.systemUIDMax(loginDefs: "SYS_UID_MAX\u{0B}850\n") == 999)
     }
 
     @Test func rootAndSystemUIDs_areNeverBound() {

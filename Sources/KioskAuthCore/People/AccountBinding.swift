@@ -7,12 +7,16 @@ public enum AccountBinding {
     /// The highest system uid that `text` (the contents of login.defs) sets with `SYS_UID_MAX`,
     /// or ``defaultSystemUIDMax`` when it sets none (or an unreadable one). The last setting wins,
     /// as in shadow's own reader.
+    ///
+    /// Read as bytes: this runs at every start, and splitting Debian's 12 KB login.defs into
+    /// Characters (grapheme breaking) cost more than the rest of the configuration together.
     public static func systemUIDMax(loginDefs text: String) -> Int {
         var result = defaultSystemUIDMax
-        for line in text.split(whereSeparator: \.isNewline) {
-            let fields = line.split(whereSeparator: { $0 == " " || $0 == "\t" })
-            guard fields.count >= 2, fields[0] == "SYS_UID_MAX" else { continue }
-            if let value = Int(fields[1]), value >= 0 { result = value }
+        let key = "SYS_UID_MAX".utf8
+        for line in text.utf8.split(whereSeparator: { (0x0A...0x0D).contains($0) }) {
+            let fields = line.split(whereSeparator: { $0 == UInt8(ascii: " ") || $0 == UInt8(ascii: "\t") })
+            guard fields.count >= 2, fields[0].elementsEqual(key) else { continue }
+            if let value = Int(Substring(fields[1])), value >= 0 { result = value }
         }
         return result
     }
