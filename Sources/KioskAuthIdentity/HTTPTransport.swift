@@ -160,7 +160,13 @@ final class HTTPTransport: Sendable {
         return HTTPClient(eventLoopGroup: eventLoops, configuration: configuration)
     }()
 
-    init() {}
+    /// Tests only: how long the caller's task takes to run again once the exchange has ended,
+    /// as on a machine so busy that the answer waits for a thread.
+    private let lateResume: Duration
+
+    init(lateResumeForTesting lateResume: Duration = .zero) {
+        self.lateResume = lateResume
+    }
 
     /// Sends `request`; the whole exchange (connection, request, answer) must finish within
     /// `timeout`.
@@ -188,15 +194,21 @@ final class HTTPTransport: Sendable {
         let cut = eventLoop.scheduleTask(in: TimeAmount(timeout)) {
             if exchange.markTimedOut() { task.cancel() }
         }
+        // The outcome is settled on the event loop the moment the client's task ends, in order
+        // with the cut above: an answer (or a refusal) that came within the timeout stays what it
+        // was however late this task runs again. Settled here when this task resumed, a token
+        // endpoint's answer, with a rotated refresh token in it, could be thrown away as a
+        // timeout on a busy machine.
+        let settled = task.futureResult
+            .map { Result<HTTPResponse, any Error>.success($0) }
+            .recover { .failure($0) }
+            .map { exchange.outcome($0) }
+        let lateResume = lateResume
         return try await withTaskCancellationHandler {
-            let result: Result<HTTPResponse, any Error>
-            do {
-                result = .success(try await task.futureResult.get())
-            } catch {
-                result = .failure(error)
-            }
+            let outcome = try await settled.get()
+            if lateResume > .zero { try? await Task.sleep(for: lateResume) }
             cut.cancel()
-            return try exchange.outcome(result).get()
+            return try outcome.get()
         } onCancel: {
             exchange.markCancelled()
             task.cancel()

@@ -357,8 +357,72 @@ final class UnacceptingListener {
     }
 }
 
+/// A loopback port that answers one request with `response`, from a thread of its own.
+final class AnsweringListener: @unchecked Sendable {
+    let port: UInt16
+    private let listener: Int32
+
+    init(response: String) throws {
+        let listener = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
+        self.listener = listener
+        var address = sockaddr_in()
+        address.sin_family = sa_family_t(AF_INET)
+        address.sin_addr.s_addr = inet_addr("127.0.0.1")
+        address.sin_port = 0
+        var length = socklen_t(MemoryLayout<sockaddr_in>.size)
+        let bound = withUnsafeMutablePointer(to: &address) {
+            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { pointer in
+                bind(listener, pointer, length) == 0 && listen(listener, 1) == 0
+                    && getsockname(listener, pointer, &length) == 0
+            }
+        }
+        guard bound else { throw POSIXError(.EADDRNOTAVAIL) }
+        port = UInt16(bigEndian: address.sin_port)
+        Thread.detachNewThread {
+            let connection = accept(listener, nil, nil)
+            guard connection >= 0 else { return }
+            var request: [UInt8] = []
+            var buffer = [UInt8](repeating: 0, count: 4096)
+            while !request.ends(with: Array("\r\n\r\n".utf8)) {
+                let count = read(connection, &buffer, buffer.count)
+                guard count > 0 else { break }
+                request += buffer[0..<count]
+            }
+            let bytes = Array(response.utf8)
+            _ = bytes.withUnsafeBytes { write(connection, $0.baseAddress, $0.count) }
+            close(connection)
+        }
+    }
+
+    deinit {
+        shutdown(listener, Int32(SHUT_RDWR))
+        close(listener)
+    }
+}
+
+extension Array where Element: Equatable {
+    fileprivate func ends(with suffix: [Element]) -> Bool {
+        count >= suffix.count && Array(self[(count - suffix.count)...]) == suffix
+    }
+}
+
 @Suite("Transport deadlines without a server")
 struct TransportDeadlineTests {
+    /// The answer comes at once; the caller's task runs again only after the timeout has passed
+    /// (a busy machine). The answer is what the caller gets, not a timeout: from a token
+    /// endpoint it may carry the only copy of a rotated refresh token.
+    @Test func anAnswerHeardLateIsStillTheAnswer() async throws {
+        let server = try AnsweringListener(
+            response: "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 16\r\n"
+                + "Connection: close\r\n\r\n{\"rotated\":true}")
+        let transport = HTTPTransport(lateResumeForTesting: .milliseconds(800))
+        let response = try await transport.send(
+            .get(URL(string: "http://127.0.0.1:\(server.port)/token")!), timeout: .milliseconds(300))
+        #expect(response.status == 200)
+        #expect(String(decoding: response.body, as: UTF8.self) == "{\"rotated\":true}")
+        withExtendedLifetime(server) {}
+    }
+
     @Test func connectionNeverEstablished_isTimedOut_andNotAmbiguous() async throws {
         let listener = try UnacceptingListener()
         let base = URL(string: "http://127.0.0.1:\(listener.port)")!
