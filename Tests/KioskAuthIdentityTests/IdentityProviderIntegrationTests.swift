@@ -24,8 +24,12 @@ struct IdentityProviderIntegrationTests {
         "noor@clinic.example:pw::nurses",
     ]
 
+    /// `timeout` is the client's request timeout. The tests of timeouts set their own; the others
+    /// get 15 s, as a real deployment would: Django's password hashing alone can take seconds
+    /// on a CI machine busy with the rest of the parallel run, and a flow test is not a test of
+    /// the machine's speed.
     func withServer(
-        extraArguments: [String] = [], timeout: Duration = .seconds(2), logs: CollectedLogs = CollectedLogs(),
+        extraArguments: [String] = [], timeout: Duration = .seconds(15), logs: CollectedLogs = CollectedLogs(),
         configure: (inout IdentityProviderConfiguration, TestIdentityServer) -> Void = { _, _ in },
         _ body: (IdentityProviderClient, TestIdentityServer) async throws -> Void
     ) async throws {
