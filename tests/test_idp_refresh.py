@@ -296,6 +296,33 @@ def test_a_refresh_interrupted_by_a_crash_is_retried_as_a_lost_response(make_dae
     assert person(d)["state"] == "active"
 
 
+def test_tokens_that_arrived_as_the_daemon_stops_are_kept(make_daemon, idp):
+    # The refresh's answer (with the rotated refresh token) has arrived, but is reported only
+    # after the daemon has been told to stop (a debug-build hook holds it until shutdown). It
+    # holds the only copy of the new token: dropped, the next start would retry with the spent
+    # one, the IdP would see it reused, and she would be suspended until she signs in online.
+    d, _ = make_identity_daemon(make_daemon, idp, env={"KIOSKAUTH_TEST_REFRESH_REPORT_DELAY": "120"})
+    d.start()
+    ok(login(d))
+    first = contact(d)
+
+    def rotated_at_the_idp():
+        with sqlite3.connect(idp.state_dir / "idp.sqlite3") as db:
+            (revoked,) = db.execute("SELECT revoked FROM oauth2_provider_refreshtoken ORDER BY id LIMIT 1").fetchone()
+        return revoked is not None
+    wait_until(rotated_at_the_idp, ACCESS_SECONDS * 3, interval=0.05, message="the IdP rotating the token")
+    assert contact(d) == first  # the answer is still held by the hook
+    assert d.stop() == 0
+    del d.extra_env["KIOSKAUTH_TEST_REFRESH_REPORT_DELAY"]
+    d.start()
+    details = [e["detail"] for e in audit_events(d) if e["action"] == "idp.refresh"]
+    assert not any("in flight when the daemon stopped" in detail for detail in details), details
+    assert contact(d) > first  # the answer was recorded on the way out
+    # The rotated token works: the next refreshes succeed and nothing is suspended.
+    wait_for_refresh(d, contact(d), timeout=ACCESS_SECONDS * 3 + 10)
+    assert person(d)["state"] == "active" and person(d).get("suspendedReason") is None
+
+
 def test_removing_a_person_revokes_their_refresh_token_at_the_idp(make_daemon, idp):
     d, _, name = signed_in(make_daemon, idp, passcode=False)
     idp.kill()  # offline: the revocation waits in the queue, sealed

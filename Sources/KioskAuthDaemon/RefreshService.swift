@@ -57,7 +57,22 @@ struct RefreshService: Service {
             // Cancellation at shutdown: the persisted in-flight marker speaks for it.
             return
         }
-        if Task.isCancelled { return }
+        #if DEBUG
+            // Test-only (debug builds): the answer waits this long (or until shutdown cancels the
+            // wait) before it is reported, as on a machine busy when the daemon is stopped.
+            if let delay = ProcessInfo.processInfo.environment["KIOSKAUTH_TEST_REFRESH_REPORT_DELAY"]
+                .flatMap(Double.init)
+            {
+                logger.warning(
+                    "TEST HOOK ACTIVE: a refresh answer is reported \(delay) s late (debug build, tests only)")
+                try? await Task.sleep(for: .seconds(delay))
+            }
+        #endif
+        // Tokens that arrived are reported even when shutdown has begun meanwhile: the provider
+        // has rotated the refresh token, and this answer holds the only copy of the new one
+        // (dropped, the next start would retry with the spent one and meet reuse detection).
+        // A failure at shutdown is not reported: the persisted in-flight marker speaks for it.
+        if case .failed = result, Task.isCancelled { return }
         await authority.online.completeRefresh(job, result)
     }
 

@@ -139,6 +139,9 @@ public actor IdentityProviderClient: IdentityProvider {
             identity = try await self.identity(from: response, endpoints: endpoints, required: false)
         } catch let error as IdentityError where error.isTransient {
             logger.debug("no identity with this refresh", metadata: ["error": "\(error)"])
+        } catch is CancellationError {
+            // Shutdown while the identity was being fetched: the tokens still go back.
+            logger.debug("no identity with this refresh: cancelled")
         }
         var violation: IdentityError?
         if let found = identity {
