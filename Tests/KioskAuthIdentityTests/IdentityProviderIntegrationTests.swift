@@ -323,6 +323,27 @@ struct IdentityProviderIntegrationTests {
     }
 }
 
+/// A TCP socket listening on 127.0.0.1 at a port the kernel chose, and its address.
+private func loopbackListener(backlog: Int32) throws -> (Int32, sockaddr_in) {
+    let listener = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
+    var address = sockaddr_in()
+    address.sin_family = sa_family_t(AF_INET)
+    address.sin_addr.s_addr = inet_addr("127.0.0.1")
+    address.sin_port = 0
+    var length = socklen_t(MemoryLayout<sockaddr_in>.size)
+    let bound = withUnsafeMutablePointer(to: &address) {
+        $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { pointer in
+            bind(listener, pointer, length) == 0 && listen(listener, backlog) == 0
+                && getsockname(listener, pointer, &length) == 0
+        }
+    }
+    guard bound else {
+        close(listener)
+        throw POSIXError(.EADDRNOTAVAIL)
+    }
+    return (listener, address)
+}
+
 /// A loopback port whose accept queue is full, so new connections hang in SYN-SENT: the
 /// request never leaves the client.
 final class UnacceptingListener {
@@ -330,25 +351,14 @@ final class UnacceptingListener {
     private var descriptors: [Int32] = []
 
     init() throws {
-        let listener = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
-        var address = sockaddr_in()
-        address.sin_family = sa_family_t(AF_INET)
-        address.sin_addr.s_addr = inet_addr("127.0.0.1")
-        address.sin_port = 0
-        var length = socklen_t(MemoryLayout<sockaddr_in>.size)
-        let bound = withUnsafeMutablePointer(to: &address) {
-            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { pointer in
-                bind(listener, pointer, length) == 0 && listen(listener, 0) == 0
-                    && getsockname(listener, pointer, &length) == 0
-            }
-        }
-        guard bound else { throw POSIXError(.EADDRNOTAVAIL) }
+        let (listener, address) = try loopbackListener(backlog: 0)
+        let length = socklen_t(MemoryLayout<sockaddr_in>.size)
         port = UInt16(bigEndian: address.sin_port)
         descriptors.append(listener)
         // Fill the accept queue (backlog 0 holds one connection); later SYNs are dropped.
         for _ in 0..<2 {
             let filler = socket(AF_INET, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_NONBLOCK.rawValue), 0)
-            _ = withUnsafePointer(to: &address) {
+            _ = withUnsafePointer(to: address) {
                 $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { connect(filler, $0, length) }
             }
             descriptors.append(filler)
@@ -367,20 +377,8 @@ final class AnsweringListener: @unchecked Sendable {
     private let listener: Int32
 
     init(response: String) throws {
-        let listener = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
+        let (listener, address) = try loopbackListener(backlog: 1)
         self.listener = listener
-        var address = sockaddr_in()
-        address.sin_family = sa_family_t(AF_INET)
-        address.sin_addr.s_addr = inet_addr("127.0.0.1")
-        address.sin_port = 0
-        var length = socklen_t(MemoryLayout<sockaddr_in>.size)
-        let bound = withUnsafeMutablePointer(to: &address) {
-            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { pointer in
-                bind(listener, pointer, length) == 0 && listen(listener, 1) == 0
-                    && getsockname(listener, pointer, &length) == 0
-            }
-        }
-        guard bound else { throw POSIXError(.EADDRNOTAVAIL) }
         port = UInt16(bigEndian: address.sin_port)
         Thread.detachNewThread {
             let connection = accept(listener, nil, nil)
