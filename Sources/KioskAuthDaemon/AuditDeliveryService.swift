@@ -125,12 +125,7 @@ struct AuditDeliveryService: Service {
         #if DEBUG
             // Test-only (debug builds): the service starts this many seconds late, as it may on a
             // busy machine; what the status shows meanwhile must already be the durable cursor.
-            if let delay = ProcessInfo.processInfo.environment["KIOSKAUTH_TEST_AUDIT_DELIVERY_START_DELAY"]
-                .flatMap(Double.init)
-            {
-                logger.warning("TEST HOOK ACTIVE: audit delivery starts \(delay) s late (debug build, tests only)")
-                try? await Task.sleep(for: .seconds(delay))
-            }
+            await testHookDelay("KIOSKAUTH_TEST_AUDIT_DELIVERY_START_DELAY", logger: logger, "audit delivery starts")
         #endif
         let stream = store.auditStreamID
         let deliveredThrough = monitor.snapshot.deliveredThrough  // the durable cursor, read before serving

@@ -136,13 +136,7 @@ struct FleetSyncService: Service {
             #if DEBUG
                 // Test-only (debug builds): the LISTEN goes out this many seconds late, as it may
                 // on a slow link; a change made meanwhile must still arrive without the poll.
-                if let delay = ProcessInfo.processInfo.environment["KIOSKAUTH_TEST_FLEET_LISTEN_DELAY"]
-                    .flatMap(Double.init)
-                {
-                    logger.warning(
-                        "TEST HOOK ACTIVE: the fleet listener LISTENs \(delay) s late (debug build, tests only)")
-                    try? await Task.sleep(for: .seconds(delay))
-                }
+                await testHookDelay("KIOSKAUTH_TEST_FLEET_LISTEN_DELAY", logger: logger, "the fleet listener LISTENs")
             #endif
             if Task.isCancelled {
                 await connection.close()

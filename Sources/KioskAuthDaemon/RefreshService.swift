@@ -60,13 +60,7 @@ struct RefreshService: Service {
         #if DEBUG
             // Test-only (debug builds): the answer waits this long (or until shutdown cancels the
             // wait) before it is reported, as on a machine busy when the daemon is stopped.
-            if let delay = ProcessInfo.processInfo.environment["KIOSKAUTH_TEST_REFRESH_REPORT_DELAY"]
-                .flatMap(Double.init)
-            {
-                logger.warning(
-                    "TEST HOOK ACTIVE: a refresh answer is reported \(delay) s late (debug build, tests only)")
-                try? await Task.sleep(for: .seconds(delay))
-            }
+            await testHookDelay("KIOSKAUTH_TEST_REFRESH_REPORT_DELAY", logger: logger, "a refresh answer is reported")
         #endif
         // Tokens that arrived are reported even when shutdown has begun meanwhile: the provider
         // has rotated the refresh token, and this answer holds the only copy of the new one

@@ -1,0 +1,13 @@
+import FoundationEssentials
+import Logging
+
+#if DEBUG
+    /// Test-only delays, in debug builds only: when the environment variable `variable` holds a
+    /// number of seconds, waits that long (or until the task is cancelled), after a warning that
+    /// says what is being held back. Release builds have neither this function nor its callers.
+    func testHookDelay(_ variable: String, logger: Logger, _ what: String) async {
+        guard let delay = ProcessInfo.processInfo.environment[variable].flatMap(Double.init) else { return }
+        logger.warning("TEST HOOK ACTIVE: \(what) \(delay) s late (debug build, tests only)")
+        try? await Task.sleep(for: .seconds(delay))
+    }
+#endif
