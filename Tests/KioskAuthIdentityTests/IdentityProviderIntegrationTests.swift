@@ -385,7 +385,7 @@ final class AnsweringListener: @unchecked Sendable {
             guard connection >= 0 else { return }
             var request: [UInt8] = []
             var buffer = [UInt8](repeating: 0, count: 4096)
-            while !request.ends(with: Array("\r\n\r\n".utf8)) {
+            while !request.suffix(4).elementsEqual("\r\n\r\n".utf8) {
                 let count = read(connection, &buffer, buffer.count)
                 guard count > 0 else { break }
                 request += buffer[0..<count]
@@ -399,12 +399,6 @@ final class AnsweringListener: @unchecked Sendable {
     deinit {
         shutdown(listener, Int32(SHUT_RDWR))
         close(listener)
-    }
-}
-
-extension Array where Element: Equatable {
-    fileprivate func ends(with suffix: [Element]) -> Bool {
-        count >= suffix.count && Array(self[(count - suffix.count)...]) == suffix
     }
 }
 
