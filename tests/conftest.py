@@ -9,6 +9,9 @@ from kioskauth_testing import KIOSKAUTHD, Daemon  # noqa: E402
 
 
 def pytest_collection_modifyitems(config, items):
+    # The Debian packages' tests come last: in a whole ./scripts/test run their release build runs
+    # in the background at idle priority while the other tests run, and they wait for it.
+    items.sort(key=lambda item: item.module.__name__ == "test_deb")
     if not KIOSKAUTHD.exists():
         skip = pytest.mark.skip(reason=f"{KIOSKAUTHD} is not built (run swift build first)")
         for item in items:
