@@ -10,6 +10,9 @@ extension DaemonConfiguration {
         public var reconnectMax: TimeInterval = 30
         /// This terminal's name in the directory; empty: the host name.
         public var terminalName = ""
+        /// The longest one directory operation (connecting included) may take before the
+        /// directory is taken as unreachable.
+        public var operationTimeout: TimeInterval = 20
     }
 
     /// Sets one `[Fleet]` key; returns false when the key is unknown.
@@ -25,6 +28,11 @@ extension DaemonConfiguration {
                 throw ValueError(message: "expected a number of seconds in 0.1...3600")
             }
             fleet.reconnectMax = number
+        case "OperationTimeoutSec":
+            guard let number = Double(value), number.isFinite, (1...600).contains(number) else {
+                throw ValueError(message: "expected a number of seconds in 1...600")
+            }
+            fleet.operationTimeout = number
         case "TerminalName":
             guard value.count <= 128, !value.contains(where: { $0.isNewline || $0 == "\0" }) else {
                 throw ValueError(message: "expected a name of at most 128 characters on one line")

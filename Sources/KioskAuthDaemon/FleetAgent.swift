@@ -139,6 +139,14 @@ actor FleetAgent {
                     await connection.rememberRowVersion(row.version, entity: row.entity, key: row.key)
                 }
             }
+            // Another call (a sync beside a FleetCreate, say) connected while this one awaited:
+            // keep that connection and close this one. Replaced unclosed, this one would have
+            // been left open (a connection the directory keeps until it times out) by whichever
+            // call still held it.
+            if let other = self.connection, !other.isClosed {
+                Task { await connection.close() }
+                return other
+            }
             self.connection = connection
             reachable = true
             return connection
@@ -220,7 +228,7 @@ actor FleetAgent {
     /// next attempt connects again; waits for the close at most the operation deadline.
     func close() async {
         guard let old = forgetConnection() else { return }
-        _ = await Self.race(Self.operationDeadline) { await old.close() }
+        _ = await Self.race(operationDeadline) { await old.close() }
     }
 
     /// Forgets the connection, so the next attempt connects again; the caller closes what it
@@ -240,32 +248,74 @@ actor FleetAgent {
     }
 
     /// The longest one directory operation may take before the connection is given up as dead
-    /// (a server that went away without closing it, a network that drops packets).
-    static let operationDeadline: Duration = .seconds(20)
+    /// (a server that went away without closing it, a network that drops packets):
+    /// `[Fleet] OperationTimeoutSec`, 20 s by default.
+    var operationDeadline: Duration { .milliseconds(Int64((configuration.operationTimeout * 1000).rounded())) }
 
+    /// What a `FleetUnreachable` from `fleet create` or `fleet join` adds: the directory may have
+    /// applied it, and running it again finishes it (docs/fleet.md §6.1).
+    static let repeatToFinish =
+        "it may have been applied there: run the same command again (a join with the same token), which finds its own earlier attempt and finishes it"
+    /// The same for `fleet leave` and `fleet remove`, which are repeatable as they are.
+    static let repeatable = "it may have been applied there: run the same command again, which is safe to repeat"
+
+    /// Runs `body` on the directory within the deadline. `ifUnanswered` is added to the reason
+    /// of a `FleetUnreachable` for an operation whose effect may have been applied although its
+    /// answer was not heard (the deadline, or a connection lost in the middle).
     private func withDirectory<T: Sendable>(
-        _ directory: String, _ body: @escaping @Sendable (FleetDirectory) async throws(FleetError) -> T
+        _ directory: String, ifUnanswered: String? = nil,
+        _ body: @escaping @Sendable (FleetDirectory) async throws(FleetError) -> T
     ) async throws(APIError) -> T {
         // Connecting counts against the deadline too, and an operation that ignores
         // cancellation is left behind rather than waited for: the agent (and with it every
         // sync, FleetStatus and shutdown) never hangs on a directory that stopped answering.
-        let outcome: Result<T, FleetError>? = await Self.race(Self.operationDeadline) {
-            () async -> Result<T, FleetError> in
-            let connection: FleetDirectory
-            do throws(FleetError) { connection = try await self.connect(directory) } catch { return .failure(error) }
-            do throws(FleetError) { return .success(try await body(connection)) } catch { return .failure(error) }
+        // `asked`: whether a statement of it was sent. An operation whose connection turned out
+        // closed before it sent anything (it waited behind a call that met a server gone away)
+        // asked nothing: it runs once more, on a new connection, within the same deadline.
+        let deadline = operationDeadline
+        let outcome: (result: Result<T, FleetError>, asked: Bool)? = await Self.race(deadline) {
+            () async -> (result: Result<T, FleetError>, asked: Bool) in
+            var attempt = 0
+            while true {
+                attempt += 1
+                let connection: FleetDirectory
+                do throws(FleetError) { connection = try await self.connect(directory) } catch {
+                    return (.failure(error), false)
+                }
+                let probe = FleetSendProbe()
+                let result = await FleetDirectory.$sendProbe.withValue(probe) { () async -> Result<T, FleetError> in
+                    do throws(FleetError) { return .success(try await body(connection)) } catch {
+                        return .failure(error)
+                    }
+                }
+                if case .failure(let error) = result, error.isClosedBeforeSending, !probe.anySent, attempt == 1 {
+                    await self.forget(connection)
+                    continue
+                }
+                return (result, probe.anySent)
+            }
         }
         switch outcome {
-        case .success(let value)?: return value
-        case .failure(let error)?:
-            if error.code == .directoryUnavailable { dropConnection() }
-            throw APIError.fleet(error)
+        case (.success(let value), _)?: return value
+        case (.failure(let error), let asked)?:
+            guard error.code == .directoryUnavailable else { throw APIError.fleet(error) }
+            dropConnection()
+            throw Self.unreachable(error.description, asked ? ifUnanswered : nil)
         case nil:
             dropConnection()
-            throw APIError.own(
-                "FleetUnreachable", ["reason": .string("the directory did not answer within \(Self.operationDeadline)")]
-            )
+            throw Self.unreachable("the directory did not answer within \(deadline)", ifUnanswered)
         }
+    }
+
+    static func unreachable(_ reason: String, _ ifUnanswered: String?) -> APIError {
+        .own("FleetUnreachable", ["reason": .string(reason + (ifUnanswered.map { "; " + $0 } ?? ""))])
+    }
+
+    /// Forgets `closed` if it is still the connection in use (another call may have replaced it).
+    private func forget(_ closed: FleetDirectory) async {
+        guard connection === closed else { return }
+        connection = nil
+        await closed.close()
     }
 
     /// Forgets the connection after a failure (the next attempt reconnects) and closes it in the
@@ -301,10 +351,42 @@ actor FleetAgent {
         }
         do { _ = try FleetEndpoint(url: directory) } catch { throw APIError.fleet(error) }
         try requireSharableUIDs()
-        let terminal = try await registration(id: UUID(), name: name)
+        let keyPair = try loadKeyPair()
+        // An earlier attempt on this directory whose outcome is unknown: the same terminal id and
+        // the same wrapped key again, so the directory's row, if it made one, is recognised.
+        let earlier = try storeCall { () throws(StoreError) in try store.fleetPendingAttempt() }
+            .flatMap { $0.operation == .create && $0.directory == directory ? $0 : nil }
+        let id = earlier.flatMap { UUID(uuidString: $0.terminalID) } ?? UUID()
+        let terminal = try await registration(id: id, name: name)
         try await prepareTerminal(directory)
-        let dataKey = try await withDirectory(directory) { connection throws(FleetError) in
-            try await connection.bootstrap(terminal)
+        let dataKey: FleetDataKey
+        let sent: WrappedDataKey
+        if let earlier, let encapsulated = earlier.encapsulatedKey, let ciphertext = earlier.ciphertext,
+            case let again = WrappedDataKey(
+                terminalID: id, generation: 1, encapsulatedKey: encapsulated, ciphertext: ciphertext),
+            let key = try? again.unwrap(with: keyPair)
+        {
+            (dataKey, sent) = (key, again)
+        } else {
+            dataKey = FleetDataKey.random(generation: 1)
+            do { sent = try WrappedDataKey.wrap(dataKey, to: keyPair.publicKey, terminalID: id) } catch {
+                throw APIError.fleet(error)
+            }
+            try storeCall { () throws(StoreError) in
+                try store.setFleetPendingAttempt(
+                    FleetPendingAttempt(
+                        operation: .create, directory: directory, terminalID: id.uuidString.lowercased(),
+                        encapsulatedKey: sent.encapsulatedKey, ciphertext: sent.ciphertext))
+            }
+        }
+        let outcome = try await withDirectory(directory, ifUnanswered: Self.repeatToFinish) {
+            connection throws(FleetError) in
+            try await connection.bootstrap(terminal, dataKey: dataKey, wrapped: sent)
+        }
+        if outcome == .resumed {
+            logger.notice(
+                "fleet create: the directory already holds this terminal's fleet from an earlier attempt; finishing it",
+                metadata: ["terminal": "\(id)"])
         }
         let wrapped = try await withDirectory(directory) { connection throws(FleetError) in
             try await connection.wrappedDataKeys(for: terminal.id)
@@ -350,10 +432,30 @@ actor FleetAgent {
         do { token = try JoinToken(text: tokenText) } catch { throw APIError.fleet(error) }
         do { _ = try FleetEndpoint(url: directory) } catch { throw APIError.fleet(error) }
         try requireSharableUIDs()
-        let terminal = try await registration(id: UUID(), name: name)
+        let tokenID = token.id.uuidString.lowercased()
+        // An earlier attempt with this token whose outcome is unknown: the same terminal id again.
+        let earlier = try storeCall { () throws(StoreError) in try store.fleetPendingAttempt() }
+            .flatMap { $0.operation == .join && $0.directory == directory && $0.tokenID == tokenID ? $0 : nil }
+        let id = earlier.flatMap { UUID(uuidString: $0.terminalID) } ?? UUID()
+        let terminal = try await registration(id: id, name: name)
         try await prepareTerminal(directory)
-        try await withDirectory(directory) { connection throws(FleetError) in
+        if earlier == nil {
+            try storeCall { () throws(StoreError) in
+                try store.setFleetPendingAttempt(
+                    FleetPendingAttempt(
+                        operation: .join, directory: directory, terminalID: id.uuidString.lowercased(),
+                        tokenID: tokenID))
+            }
+        }
+        let joined = try await withDirectory(directory, ifUnanswered: Self.repeatToFinish) {
+            connection throws(FleetError) in
             try await connection.join(with: token, as: terminal)
+        }
+        if joined.outcome == .resumed {
+            // Already a member if the issuer admitted it meanwhile: the next pull takes its keys.
+            logger.notice(
+                "fleet join: the directory already holds this terminal's join from an earlier attempt; finishing it",
+                metadata: ["terminal": "\(id)", "state": "\(joined.state)"])
         }
         try storeCall { () throws(StoreError) in
             try store.beginFleetMembership(
@@ -370,11 +472,19 @@ actor FleetAgent {
         guard let terminal = UUID(uuidString: membership.terminalID) else {
             throw APIError.fleetError("the stored terminal id is not a UUID")
         }
-        // Already removed by the directory: there is nothing to tell it, only to forget.
+        // Already removed by the directory: there is nothing to tell it, only to forget. That
+        // includes a removal an earlier `fleet leave` asked for whose answer was lost: this
+        // terminal may no longer push there, so its queue is not sent.
         if membership.state != "removed" {
-            if membership.state == "member" { try await pushQueue(membership) }
-            try await withDirectory(membership.directory) { connection throws(FleetError) in
-                try await connection.removeTerminal(terminal)
+            let standing = try await withDirectory(membership.directory) { connection throws(FleetError) in
+                try await connection.standing(of: terminal)
+            }
+            if standing.state != "removed" {
+                if membership.state == "member" { try await pushQueue(membership) }
+                try await withDirectory(membership.directory, ifUnanswered: Self.repeatable) {
+                    connection throws(FleetError) in
+                    try await connection.removeTerminal(terminal)
+                }
             }
         }
         try storeCall { () throws(StoreError) in try store.endFleetMembership() }
@@ -433,7 +543,7 @@ actor FleetAgent {
         guard target.id != me else {
             throw APIError.fleetError("that is this terminal: leave the fleet with fleet leave")
         }
-        try await withDirectory(membership.directory) { connection throws(FleetError) in
+        try await withDirectory(membership.directory, ifUnanswered: Self.repeatable) { connection throws(FleetError) in
             try await connection.removeTerminal(target.id)
         }
         // Nothing below throws: the removal has committed, and the caller audits it as done.

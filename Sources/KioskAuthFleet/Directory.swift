@@ -5,6 +5,7 @@ import NIOCore
 import NIOPosix
 import NIOSSL
 import PostgresNIO
+import Synchronization
 
 /// One terminal's connection to the fleet directory. Operations on one `FleetDirectory` run one
 /// at a time (a connection carries one transaction); a terminal keeps a second one for
@@ -144,6 +145,18 @@ public actor FleetDirectory {
     public func bootstrap(_ terminal: TerminalRegistration) async throws(FleetError) -> FleetDataKey {
         let dataKey = FleetDataKey.random(generation: 1)
         let wrapped = try WrappedDataKey.wrap(dataKey, to: terminal.publicKey, terminalID: terminal.id)
+        _ = try await bootstrap(terminal, dataKey: dataKey, wrapped: wrapped)
+        return dataKey
+    }
+
+    /// Creates the fleet with `dataKey` (generation 1), sent as `wrapped` (to `terminal`'s public
+    /// key), or finds that an earlier attempt with the same terminal and the same wrapped bytes
+    /// already did: one whose answer was lost, or whose terminal stopped before recording it.
+    /// The caller keeps those bytes between attempts (HPKE wrapping is randomised, so nobody
+    /// else can produce them). A fleet made by anyone else, or with another key, is refused.
+    public func bootstrap(
+        _ terminal: TerminalRegistration, dataKey: FleetDataKey, wrapped: WrappedDataKey
+    ) async throws(FleetError) -> FleetAttemptOutcome {
         let created = try await exclusive { connection, logger in
             try await connection.query(
                 """
@@ -153,9 +166,26 @@ public actor FleetDirectory {
                 """, logger: logger
             ).collect().first?.decode(Bool.self)
         }
-        guard created == true else { throw FleetError(.conflict("the fleet already has members")) }
+        var outcome = FleetAttemptOutcome.applied
+        if created != true {
+            // This role's member terminal, with this public key and the very bytes sent.
+            let found = try await exclusive { connection, logger in
+                try await connection.query(
+                    """
+                    SELECT w.encapsulated_key, w.ciphertext FROM terminals t
+                    JOIN wrapped_keys w ON w.terminal_id = t.terminal_id AND w.generation = 1
+                    WHERE t.terminal_id = \(terminal.id) AND t.db_role = session_user AND t.state = 'member'
+                      AND t.public_key = \(Data(terminal.publicKey))
+                    """, logger: logger
+                ).collect().first?.decode((Data, Data).self)
+            }
+            guard let found, Array(found.0) == wrapped.encapsulatedKey, Array(found.1) == wrapped.ciphertext else {
+                throw FleetError(.conflict("the fleet already has members"))
+            }
+            outcome = .resumed
+        }
         keyring = FleetKeyring([dataKey])
-        return dataKey
+        return outcome
     }
 
     /// Issues a one-time join token valid for `lifetime` by the directory's clock. `issuer` must
@@ -176,20 +206,45 @@ public actor FleetDirectory {
 
     /// Uses a join token: single use, before it expires. Registers the terminal as pending, with
     /// the proof a member checks before wrapping the data key to it, owned by this connection's
-    /// database role (one live terminal per role).
-    public func join(with token: JoinToken, as terminal: TerminalRegistration) async throws(FleetError) {
+    /// database role (one live terminal per role). When the token is used already, or the role
+    /// has a terminal, but the one that used it is this very terminal (same id, public key and
+    /// proof, this role's), an earlier attempt did it: `resumed`, with the state it has now
+    /// (`pending`, or `member` once admitted).
+    @discardableResult
+    public func join(
+        with token: JoinToken, as terminal: TerminalRegistration
+    ) async throws(FleetError) -> (outcome: FleetAttemptOutcome, state: String) {
         let hash = Data(SHA256.hash(data: token.secret))
         let proof = Self.joinProof(token: token, terminal: terminal).mac
-        let joined = try await exclusive { connection, logger in
+        let refusal: FleetError
+        do throws(FleetError) {
+            let joined = try await exclusive { connection, logger in
+                try await connection.query(
+                    """
+                    SELECT fleet_join(\(token.id), \(hash), \(terminal.id), \(terminal.name), \(Data(terminal.publicKey)),
+                                      \(terminal.readerDriver), \(terminal.readerDeviceType), \(terminal.isMatchOnChip),
+                                      \(proof))
+                    """, logger: logger
+                ).collect().first?.decode(Bool.self)
+            }
+            if joined == true { return (.applied, "pending") }
+            refusal = FleetError(.joinRefused("the token is unknown, used or expired"))
+        } catch {
+            // "Role already has a terminal": perhaps the one an earlier attempt registered.
+            guard error.code == .conflict else { throw error }
+            refusal = error
+        }
+        let state = try await exclusive { connection, logger in
             try await connection.query(
                 """
-                SELECT fleet_join(\(token.id), \(hash), \(terminal.id), \(terminal.name), \(Data(terminal.publicKey)),
-                                  \(terminal.readerDriver), \(terminal.readerDeviceType), \(terminal.isMatchOnChip),
-                                  \(proof))
+                SELECT state FROM terminals
+                WHERE terminal_id = \(terminal.id) AND db_role = session_user AND state <> 'removed'
+                  AND public_key = \(Data(terminal.publicKey)) AND join_token_id = \(token.id) AND join_proof = \(proof)
                 """, logger: logger
-            ).collect().first?.decode(Bool.self)
+            ).collect().first?.decode(String.self)
         }
-        guard joined == true else { throw FleetError(.joinRefused("the token is unknown, used or expired")) }
+        guard let state else { throw refusal }
+        return (.resumed, state)
     }
 
     /// Admits the terminal that joined with `token` (which this member issued and kept): checks
@@ -723,6 +778,11 @@ public actor FleetDirectory {
             isBusy = false
             if !waiters.isEmpty { waiters.removeFirst().resume() }
         }
+        // The connection may have closed while this call waited its turn (the call before it
+        // met a server that went away). A statement written to a closed connection is never
+        // answered (PostgresNIO drops the write), so it would wait out its caller's deadline.
+        guard !connection.isClosed else { throw FleetError(.connectionClosed) }
+        Self.sendProbe?.markSent()
         do {
             return try await body(connection, logger)
         } catch let error as FleetError {
@@ -767,6 +827,34 @@ public struct FleetWakeups: AsyncSequence, Sendable {
             try await base.next() == nil ? nil : ()
         }
     }
+}
+
+/// Whether any statement of one operation was sent: a caller sets one around the operation
+/// (`FleetDirectory.$sendProbe`). An operation that failed with `isClosedBeforeSending` and sent
+/// nothing asked the directory nothing, and may be run again on a new connection.
+public final class FleetSendProbe: Sendable {
+    private let sent = Mutex(false)
+
+    public init() {}
+
+    /// Whether a statement of the operation was handed to the connection.
+    public var anySent: Bool { sent.withLock { $0 } }
+
+    func markSent() { sent.withLock { $0 = true } }
+}
+
+extension FleetDirectory {
+    /// The probe of the operation the current task runs, if its caller set one.
+    @TaskLocal public static var sendProbe: FleetSendProbe?
+}
+
+/// How a `bootstrap` or `join` ended at the directory.
+public enum FleetAttemptOutcome: Sendable, Equatable {
+    /// This call's statement made the change.
+    case applied
+    /// An earlier attempt by the same terminal had made it (its answer was lost, or the terminal
+    /// stopped before recording it); this call found it there.
+    case resumed
 }
 
 /// The database role a directory connection logged in as (`FleetDirectory.sessionRole`).

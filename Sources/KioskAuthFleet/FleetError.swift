@@ -30,6 +30,7 @@ public struct FleetError: Error, CustomStringConvertible, Sendable {
     enum Kind: Sendable {
         case badEndpoint(String)
         case directoryUnavailable(String)
+        case connectionClosed
         case futureSchema(found: Int32, supported: Int32)
         case joinRefused(String)
         case keyUnavailable(String)
@@ -55,7 +56,7 @@ public struct FleetError: Error, CustomStringConvertible, Sendable {
     public var code: Code {
         switch kind {
         case .badEndpoint: .badEndpoint
-        case .directoryUnavailable: .directoryUnavailable
+        case .directoryUnavailable, .connectionClosed: .directoryUnavailable
         case .futureSchema: .futureSchema
         case .joinRefused: .joinRefused
         case .keyUnavailable: .keyUnavailable
@@ -67,10 +68,17 @@ public struct FleetError: Error, CustomStringConvertible, Sendable {
         }
     }
 
+    /// The connection had closed before the call was sent: the directory was asked nothing.
+    public var isClosedBeforeSending: Bool {
+        if case .connectionClosed = kind { return true }
+        return false
+    }
+
     public var description: String {
         switch kind {
         case .badEndpoint(let reason): "bad directory address: \(reason)"
         case .directoryUnavailable(let reason): "directory unavailable: \(reason)"
+        case .connectionClosed: "directory unavailable: the connection had closed before the call was sent"
         case .futureSchema(let found, let supported):
             "the directory's schema is version \(found); this build knows up to \(supported)"
         case .joinRefused(let reason): "join refused: \(reason)"

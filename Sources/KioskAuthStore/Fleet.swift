@@ -63,6 +63,41 @@ public enum FleetLocalOperation: Codable, Sendable, Equatable {
     case removeTemplate(fleetID: String, finger: String)
 }
 
+/// A `fleet create` or `fleet join` asked of the directory and not yet recorded as a membership
+/// (docs/fleet.md §6.1). Written before the directory is asked, so that a retry after a lost
+/// answer, or after the daemon stopped, sends the same terminal id (and, for a create, the same
+/// wrapped data key) and recognises its own earlier attempt there. Beginning or ending a
+/// membership forgets it.
+public struct FleetPendingAttempt: Codable, Sendable, Equatable {
+    public enum Operation: String, Codable, Sendable {
+        case create
+        case join
+    }
+    public var operation: Operation
+    /// The directory's address, as given.
+    public var directory: String
+    /// The terminal id sent (a UUID, lower case).
+    public var terminalID: String
+    /// A join's token id (lower case).
+    public var tokenID: String?
+    /// A create's generation-1 data key as sent, wrapped to this terminal's public key: only
+    /// this terminal's private key opens it, and no one else can make the same bytes.
+    public var encapsulatedKey: [UInt8]?
+    public var ciphertext: [UInt8]?
+
+    public init(
+        operation: Operation, directory: String, terminalID: String, tokenID: String? = nil,
+        encapsulatedKey: [UInt8]? = nil, ciphertext: [UInt8]? = nil
+    ) {
+        self.operation = operation
+        self.directory = directory
+        self.terminalID = terminalID
+        self.tokenID = tokenID
+        self.encapsulatedKey = encapsulatedKey
+        self.ciphertext = ciphertext
+    }
+}
+
 /// A queued push: the operations of one local transaction, in order, with the key that makes
 /// the directory apply it once.
 public struct FleetOutboxBatch: Sendable, Equatable {
@@ -127,9 +162,21 @@ extension Store {
         }
     }
 
+    static let fleetPendingAttemptKey = "fleet.pending-attempt"
+
+    /// The `fleet create` or `fleet join` asked and not yet recorded, if any.
+    public func fleetPendingAttempt() throws(StoreError) -> FleetPendingAttempt? {
+        try terminalValue(FleetPendingAttempt.self, forKey: Self.fleetPendingAttemptKey)
+    }
+
+    /// Records the attempt about to be asked of the directory (durably, before it is asked).
+    public func setFleetPendingAttempt(_ attempt: FleetPendingAttempt) throws(StoreError) {
+        try setTerminalValue(attempt, forKey: Self.fleetPendingAttemptKey)
+    }
+
     /// Records a new membership (after `fleet create` or `fleet join`), with the data-key
     /// generation received, if any. From here on local writes queue pushes. Refused when the
-    /// terminal is already in a fleet.
+    /// terminal is already in a fleet. The pending attempt, done now, is forgotten with it.
     public func beginFleetMembership(_ membership: FleetMembership) throws(StoreError) {
         guard Self.fleetStates.contains(membership.state) else {
             throw StoreError(.integrity("unknown fleet state \(membership.state)"))
@@ -145,6 +192,7 @@ extension Store {
                     .text(membership.state), .integer(membership.cursor),
                     .real(membership.joinedAt.timeIntervalSince1970),
                 ])
+            try db.query("DELETE FROM terminal_state WHERE key = ?", [.text(Self.fleetPendingAttemptKey)])
             isFleetMember = true
         }
     }
@@ -201,6 +249,7 @@ extension Store {
             ] {
                 try db.query("DELETE FROM \(table)")
             }
+            try db.query("DELETE FROM terminal_state WHERE key = ?", [.text(Self.fleetPendingAttemptKey)])
             isFleetMember = false
         }
         try checkpointTruncating()

@@ -30,6 +30,28 @@ struct FleetQueueTests {
         }
     }
 
+    @Test func aPendingAttempt_survivesReopening_andBeginningOrEndingAMembershipForgetsIt() throws {
+        let fixture = try StoreFixture()
+        let attempt = FleetPendingAttempt(
+            operation: .create, directory: "postgres://kiosk@/fleet?host=/run/test",
+            terminalID: UUID().uuidString.lowercased(), encapsulatedKey: [1, 2, 3], ciphertext: [4, 5])
+        try fixture.withStore { store in
+            #expect(try store.fleetPendingAttempt() == nil)
+            try store.setFleetPendingAttempt(attempt)
+        }
+        try fixture.withStore { store in
+            #expect(try store.fleetPendingAttempt() == attempt)
+            try member(store)
+            #expect(try store.fleetPendingAttempt() == nil)
+            let join = FleetPendingAttempt(
+                operation: .join, directory: attempt.directory, terminalID: attempt.terminalID, tokenID: "t")
+            try store.setFleetPendingAttempt(join)
+            #expect(try store.fleetPendingAttempt() == join)
+            try store.endFleetMembership()
+            #expect(try store.fleetPendingAttempt() == nil)
+        }
+    }
+
     @Test func withoutMembership_nothingIsQueued() throws {
         let fixture = try StoreFixture()
         try fixture.withStore { store in
