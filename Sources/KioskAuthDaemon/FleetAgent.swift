@@ -56,6 +56,8 @@ actor FleetAgent {
     private let record: @Sendable (AuditAction, AuditResult, String) async -> Void
 
     private var connection: FleetDirectory?
+    /// The directory address `connection` was made for: a call for another one connects anew.
+    private var connectionDirectory: String?
     private var keyPair: TerminalKeyPair?
     private var keyring = FleetKeyring([])
     /// The data-key generations held (the keyring derives its sealing keys from them). Set
@@ -125,8 +127,8 @@ actor FleetAgent {
     // MARK: Connection
 
     private func connect(_ directory: String) async throws(FleetError) -> FleetDirectory {
-        if let connection, !connection.isClosed { return connection }
-        connection = nil
+        if let connection, !connection.isClosed, connectionDirectory == directory { return connection }
+        if let old = forgetConnection() { Task { await old.close() } }
         let endpoint = try FleetEndpoint(url: directory)
         do {
             let connection = try await FleetDirectory.connect(to: endpoint, password: password, logger: logger)
@@ -143,11 +145,13 @@ actor FleetAgent {
             // keep that connection and close this one. Replaced unclosed, this one would have
             // been left open (a connection the directory keeps until it times out) by whichever
             // call still held it.
-            if let other = self.connection, !other.isClosed {
+            if let other = self.connection, !other.isClosed, connectionDirectory == directory {
                 Task { await connection.close() }
                 return other
             }
+            if let old = forgetConnection() { Task { await old.close() } }
             self.connection = connection
+            connectionDirectory = directory
             reachable = true
             return connection
         } catch {
@@ -228,7 +232,7 @@ actor FleetAgent {
     /// next attempt connects again; waits for the close at most the operation deadline.
     func close() async {
         guard let old = forgetConnection() else { return }
-        _ = await Self.race(operationDeadline) { await old.close() }
+        _ = await Self.race(min(operationDeadline, .seconds(20))) { await old.close() }
     }
 
     /// Forgets the connection, so the next attempt connects again; the caller closes what it
@@ -236,6 +240,7 @@ actor FleetAgent {
     private func forgetConnection() -> FleetDirectory? {
         let old = connection
         connection = nil
+        connectionDirectory = nil
         reachable = false
         return old
     }
@@ -256,8 +261,12 @@ actor FleetAgent {
     /// applied it, and running it again finishes it (docs/fleet.md §6.1).
     static let repeatToFinish =
         "it may have been applied there: run the same command again (a join with the same token), which finds its own earlier attempt and finishes it"
-    /// The same for `fleet leave` and `fleet remove`, which are repeatable as they are.
+    /// The same for `fleet leave`, which is repeatable as it is.
     static let repeatable = "it may have been applied there: run the same command again, which is safe to repeat"
+    /// And for `fleet remove`: repeatable, by id (another terminal may take the name meanwhile).
+    static func repeatRemoval(_ id: UUID) -> String {
+        "it may have been applied there: run it again as fleet remove \(id.uuidString.lowercased()), which is safe to repeat"
+    }
 
     /// Runs `body` on the directory within the deadline. `ifUnanswered` is added to the reason
     /// of a `FleetUnreachable` for an operation whose effect may have been applied although its
@@ -288,7 +297,9 @@ actor FleetAgent {
                         return .failure(error)
                     }
                 }
-                if case .failure(let error) = result, error.isClosedBeforeSending, !probe.anySent, attempt == 1 {
+                if case .failure(let error) = result, error.isClosedBeforeSending, !probe.anySent, attempt == 1,
+                    !Task.isCancelled
+                {
                     await self.forget(connection)
                     continue
                 }
@@ -307,6 +318,14 @@ actor FleetAgent {
         }
     }
 
+    /// Whether two directory addresses name the same directory and role (a port written out or
+    /// not, parameters in another order): a retry spelt differently still finds its attempt.
+    static func sameDirectory(_ a: String, _ b: String) -> Bool {
+        if a == b { return true }
+        guard let first = try? FleetEndpoint(url: a), let second = try? FleetEndpoint(url: b) else { return false }
+        return first == second
+    }
+
     static func unreachable(_ reason: String, _ ifUnanswered: String?) -> APIError {
         .own("FleetUnreachable", ["reason": .string(reason + (ifUnanswered.map { "; " + $0 } ?? ""))])
     }
@@ -314,7 +333,7 @@ actor FleetAgent {
     /// Forgets `closed` if it is still the connection in use (another call may have replaced it).
     private func forget(_ closed: FleetDirectory) async {
         guard connection === closed else { return }
-        connection = nil
+        _ = forgetConnection()
         await closed.close()
     }
 
@@ -355,7 +374,7 @@ actor FleetAgent {
         // An earlier attempt on this directory whose outcome is unknown: the same terminal id and
         // the same wrapped key again, so the directory's row, if it made one, is recognised.
         let earlier = try storeCall { () throws(StoreError) in try store.fleetPendingAttempt() }
-            .flatMap { $0.operation == .create && $0.directory == directory ? $0 : nil }
+            .flatMap { $0.operation == .create && Self.sameDirectory($0.directory, directory) ? $0 : nil }
         let id = earlier.flatMap { UUID(uuidString: $0.terminalID) } ?? UUID()
         let terminal = try await registration(id: id, name: name)
         try await prepareTerminal(directory)
@@ -388,13 +407,11 @@ actor FleetAgent {
                 "fleet create: the directory already holds this terminal's fleet from an earlier attempt; finishing it",
                 metadata: ["terminal": "\(id)"])
         }
-        let wrapped = try await withDirectory(directory) { connection throws(FleetError) in
-            try await connection.wrappedDataKeys(for: terminal.id)
-        }
+        // The fleet's key is the one this terminal generated and sent, kept as it sent it, never
+        // what the directory lists now: anyone who can write there can wrap a generation of
+        // their own to this terminal's public key.
         try storeCall { () throws(StoreError) in
-            for key in wrapped {
-                try store.addFleetKey(generation: key.generation, wrapped: Self.encode(key), now: now())
-            }
+            try store.addFleetKey(generation: 1, wrapped: Self.encode(sent), now: now())
             try store.beginFleetMembership(
                 FleetMembership(
                     directory: directory, terminalID: terminal.id.uuidString.lowercased(), name: terminal.name,
@@ -435,11 +452,13 @@ actor FleetAgent {
         let tokenID = token.id.uuidString.lowercased()
         // An earlier attempt with this token whose outcome is unknown: the same terminal id again.
         let earlier = try storeCall { () throws(StoreError) in try store.fleetPendingAttempt() }
-            .flatMap { $0.operation == .join && $0.directory == directory && $0.tokenID == tokenID ? $0 : nil }
+            .flatMap {
+                $0.operation == .join && Self.sameDirectory($0.directory, directory) && $0.tokenID == tokenID ? $0 : nil
+            }
         let id = earlier.flatMap { UUID(uuidString: $0.terminalID) } ?? UUID()
         let terminal = try await registration(id: id, name: name)
         try await prepareTerminal(directory)
-        if earlier == nil {
+        if earlier?.terminalID != id.uuidString.lowercased() {
             try storeCall { () throws(StoreError) in
                 try store.setFleetPendingAttempt(
                     FleetPendingAttempt(
@@ -543,7 +562,8 @@ actor FleetAgent {
         guard target.id != me else {
             throw APIError.fleetError("that is this terminal: leave the fleet with fleet leave")
         }
-        try await withDirectory(membership.directory, ifUnanswered: Self.repeatable) { connection throws(FleetError) in
+        try await withDirectory(membership.directory, ifUnanswered: Self.repeatRemoval(target.id)) {
+            connection throws(FleetError) in
             try await connection.removeTerminal(target.id)
         }
         // Nothing below throws: the removal has committed, and the caller audits it as done.

@@ -44,4 +44,21 @@ struct FleetAgentRaceTests {
             #expect(answered >= 100)
         }
     }
+
+    /// A `fleet create` or `join` run again finds its recorded attempt however the same directory
+    /// and role are written; another host, port, database or role is another directory.
+    @Test func aRetrySpeltDifferently_isTheSameDirectory_andAnotherOneIsNot() {
+        let url = "postgres://kt_ward3@directory.clinic/fleet"
+        #expect(FleetAgent.sameDirectory(url, url))
+        #expect(FleetAgent.sameDirectory(url, "postgres://kt_ward3@directory.clinic:5432/fleet"))
+        #expect(
+            FleetAgent.sameDirectory(
+                "postgres://kt_a@127.0.0.1:5432/fleet?sslmode=disable",
+                "postgres://kt_a@127.0.0.1/fleet?sslmode=disable"))
+        #expect(!FleetAgent.sameDirectory(url, "postgres://kt_ward4@directory.clinic/fleet"))
+        #expect(!FleetAgent.sameDirectory(url, "postgres://kt_ward3@directory.clinic:5433/fleet"))
+        #expect(!FleetAgent.sameDirectory(url, "postgres://kt_ward3@other.clinic/fleet"))
+        #expect(!FleetAgent.sameDirectory(url, "postgres://kt_ward3@directory.clinic/fleet2"))
+        #expect(!FleetAgent.sameDirectory(url, "not a url"))
+    }
 }
