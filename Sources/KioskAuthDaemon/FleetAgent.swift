@@ -128,7 +128,7 @@ actor FleetAgent {
 
     private func connect(_ directory: String) async throws(FleetError) -> FleetDirectory {
         if let connection, !connection.isClosed, connectionDirectory == directory { return connection }
-        if let old = forgetConnection() { Task { await old.close() } }
+        dropConnection()
         let endpoint = try FleetEndpoint(url: directory)
         do {
             let connection = try await FleetDirectory.connect(to: endpoint, password: password, logger: logger)
@@ -149,7 +149,7 @@ actor FleetAgent {
                 Task { await connection.close() }
                 return other
             }
-            if let old = forgetConnection() { Task { await old.close() } }
+            dropConnection()
             self.connection = connection
             connectionDirectory = directory
             reachable = true
@@ -380,9 +380,8 @@ actor FleetAgent {
         try await prepareTerminal(directory)
         let dataKey: FleetDataKey
         let sent: WrappedDataKey
-        if let earlier, let encapsulated = earlier.encapsulatedKey, let ciphertext = earlier.ciphertext,
-            case let again = WrappedDataKey(
-                terminalID: id, generation: 1, encapsulatedKey: encapsulated, ciphertext: ciphertext),
+        if let earlier,
+            let again = earlier.wrappedKey.flatMap({ Self.decode($0, terminal: earlier.terminalID, generation: 1) }),
             let key = try? again.unwrap(with: keyPair)
         {
             (dataKey, sent) = (key, again)
@@ -395,7 +394,7 @@ actor FleetAgent {
                 try store.setFleetPendingAttempt(
                     FleetPendingAttempt(
                         operation: .create, directory: directory, terminalID: id.uuidString.lowercased(),
-                        encapsulatedKey: sent.encapsulatedKey, ciphertext: sent.ciphertext))
+                        wrappedKey: Self.encode(sent)))
             }
         }
         let outcome = try await withDirectory(directory, ifUnanswered: Self.repeatToFinish) {

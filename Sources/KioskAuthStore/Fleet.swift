@@ -80,21 +80,20 @@ public struct FleetPendingAttempt: Codable, Sendable, Equatable {
     public var terminalID: String
     /// A join's token id (lower case).
     public var tokenID: String?
-    /// A create's generation-1 data key as sent, wrapped to this terminal's public key: only
-    /// this terminal's private key opens it, and no one else can make the same bytes.
-    public var encapsulatedKey: [UInt8]?
-    public var ciphertext: [UInt8]?
+    /// A create's generation-1 data key as sent, wrapped to this terminal's public key, in the
+    /// encoding `fleet_keys` keeps (`addFleetKey`): only this terminal's private key opens it,
+    /// and no one else can make the same bytes.
+    public var wrappedKey: [UInt8]?
 
     public init(
         operation: Operation, directory: String, terminalID: String, tokenID: String? = nil,
-        encapsulatedKey: [UInt8]? = nil, ciphertext: [UInt8]? = nil
+        wrappedKey: [UInt8]? = nil
     ) {
         self.operation = operation
         self.directory = directory
         self.terminalID = terminalID
         self.tokenID = tokenID
-        self.encapsulatedKey = encapsulatedKey
-        self.ciphertext = ciphertext
+        self.wrappedKey = wrappedKey
     }
 }
 

@@ -34,7 +34,7 @@ struct FleetQueueTests {
         let fixture = try StoreFixture()
         let attempt = FleetPendingAttempt(
             operation: .create, directory: "postgres://kiosk@/fleet?host=/run/test",
-            terminalID: UUID().uuidString.lowercased(), encapsulatedKey: [1, 2, 3], ciphertext: [4, 5])
+            terminalID: UUID().uuidString.lowercased(), wrappedKey: [0, 3, 1, 2, 3, 4, 5])
         try fixture.withStore { store in
             #expect(try store.fleetPendingAttempt() == nil)
             try store.setFleetPendingAttempt(attempt)
