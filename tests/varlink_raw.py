@@ -21,11 +21,19 @@ def main() -> int:
     except OSError as error:
         print(json.dumps({"error": "client.Unreachable", "parameters": {"reason": str(error)}}))
         return 0
-    s.sendall(json.dumps(request).encode() + b"\0")
+    try:
+        s.sendall(json.dumps(request).encode() + b"\0")
+    except (BrokenPipeError, ConnectionResetError):
+        # The server may answer and close before reading the request (a refusal such as
+        # TooManyConnections): its answer is still waiting to be read.
+        pass
     buf = b""
     while True:
         while b"\0" not in buf:
-            chunk = s.recv(65536)
+            try:
+                chunk = s.recv(65536)
+            except ConnectionResetError:
+                chunk = b""
             if not chunk:
                 return 0
             buf += chunk
