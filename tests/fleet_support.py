@@ -695,3 +695,53 @@ class Fleet:
 
 def sha256_hex(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
+
+
+def hpke_wrap(public_key: bytes, terminal_id: str, generation: int, data_key: bytes) -> tuple[bytes, bytes]:
+    """A data key wrapped to a terminal's public key as anyone who can write to the directory
+    could wrap it (its public key is there): HPKE base mode, RFC 9180, DHKEM(X25519,
+    HKDF-SHA256) / HKDF-SHA256 / ChaCha20-Poly1305, with the info and associated data of
+    docs/fleet.md §3. Written from the RFC here, independently of the daemon's swift-crypto
+    (the `cryptography` package's HPKE takes no associated data). Returns (encapsulated key,
+    ciphertext)."""
+    from cryptography.hazmat.primitives import hashes, hmac
+    from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
+    from cryptography.hazmat.primitives.ciphers.aead import ChaCha20Poly1305
+    from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
+
+    def extract(salt: bytes, ikm: bytes) -> bytes:
+        mac = hmac.HMAC(salt or bytes(32), hashes.SHA256())
+        mac.update(ikm)
+        return mac.finalize()
+
+    def expand(prk: bytes, info: bytes, length: int) -> bytes:
+        out, block, counter = b"", b"", 1
+        while len(out) < length:
+            mac = hmac.HMAC(prk, hashes.SHA256())
+            mac.update(block + info + bytes([counter]))
+            block = mac.finalize()
+            out += block
+            counter += 1
+        return out[:length]
+
+    def labeled_extract(suite: bytes, salt: bytes, label: bytes, ikm: bytes) -> bytes:
+        return extract(salt, b"HPKE-v1" + suite + label + ikm)
+
+    def labeled_expand(suite: bytes, prk: bytes, label: bytes, info: bytes, length: int) -> bytes:
+        return expand(prk, length.to_bytes(2, "big") + b"HPKE-v1" + suite + label + info, length)
+
+    kem_suite = b"KEM" + (0x0020).to_bytes(2, "big")
+    hpke_suite = b"HPKE" + (0x0020).to_bytes(2, "big") + (0x0001).to_bytes(2, "big") + (0x0003).to_bytes(2, "big")
+    ephemeral = X25519PrivateKey.generate()
+    enc = ephemeral.public_key().public_bytes(Encoding.Raw, PublicFormat.Raw)
+    dh = ephemeral.exchange(X25519PublicKey.from_public_bytes(public_key))
+    eae_prk = labeled_extract(kem_suite, b"", b"eae_prk", dh)
+    shared = labeled_expand(kem_suite, eae_prk, b"shared_secret", enc + public_key, 32)
+    info = b"kioskauth.fleet.data-key.v1"
+    context = (b"\x00" + labeled_extract(hpke_suite, b"", b"psk_id_hash", b"")
+               + labeled_extract(hpke_suite, b"", b"info_hash", info))
+    secret = labeled_extract(hpke_suite, shared, b"secret", b"")
+    key = labeled_expand(hpke_suite, secret, b"key", context, 32)
+    nonce = labeled_expand(hpke_suite, secret, b"base_nonce", context, 12)
+    aad = f"kioskauth.fleet.wrap.v1\0{terminal_id.lower()}\0{generation}".encode()
+    return enc, ChaCha20Poly1305(key).encrypt(nonce, data_key, aad)

@@ -167,7 +167,7 @@ def fleet(postgres, tmp_path_factory):
     b = terminal(factory)
     # The owner migrates (through A's daemon, which keeps nothing of it); then each terminal
     # gets a role of its own.
-    assert "version 3" in ok(a, "fleet", "migrate", postgres.url)
+    assert "version 4" in ok(a, "fleet", "migrate", postgres.url)
     a.url, b.url = postgres.terminal_url("kt_a"), postgres.terminal_url("kt_b")
     ok(a, "fleet", "create", a.url, "--name", "a")
     token = ok(a, "fleet", "token", "issue", "--valid", "10m").strip()

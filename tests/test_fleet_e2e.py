@@ -157,7 +157,7 @@ def test_the_owner_migrates_through_the_cli_with_its_password_on_stdin_and_it_is
     assert wrong.returncode != 0 and "FleetUnreachable" in wrong.stderr, wrong.stderr
     right = a.ctl("fleet", "migrate", a.owner_url, "--password-stdin", input=fleet.postgres.password + "\n",
                   timeout=60)
-    assert right.returncode == 0 and "version 3" in right.stdout, right.stderr
+    assert right.returncode == 0 and "version 4" in right.stdout, right.stderr
     ok(a.sync())
     for secret in (fleet.postgres.password, "not-the-owners"):
         assert secret not in json.dumps(a.audit())

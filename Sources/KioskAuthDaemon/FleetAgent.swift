@@ -409,14 +409,14 @@ actor FleetAgent {
         // The fleet's key is the one this terminal generated and sent, kept as it sent it, never
         // what the directory lists now: anyone who can write there can wrap a generation of
         // their own to this terminal's public key.
+        // The key, the membership and the creator's people (the first member brings them into
+        // the empty directory) in one transaction: a crash never keeps half of it.
         try storeCall { () throws(StoreError) in
-            try store.addFleetKey(generation: 1, wrapped: Self.encode(sent), now: now())
             try store.beginFleetMembership(
                 FleetMembership(
                     directory: directory, terminalID: terminal.id.uuidString.lowercased(), name: terminal.name,
-                    state: "member", joinedAt: now()))
-            // The first member brings its people into the (empty) directory.
-            try store.queueLocalPeopleForFleet()
+                    state: "member", joinedAt: now()),
+                firstKey: (1, Self.encode(sent)), bringLocalPeople: true, now: now())
         }
         await hold([dataKey])
         wakeup.signal()
@@ -475,11 +475,13 @@ actor FleetAgent {
                 "fleet join: the directory already holds this terminal's join from an earlier attempt; finishing it",
                 metadata: ["terminal": "\(id)", "state": "\(joined.state)"])
         }
+        // The join secret stays, sealed, until the admission has been checked with it (§6.2).
         try storeCall { () throws(StoreError) in
             try store.beginFleetMembership(
                 FleetMembership(
                     directory: directory, terminalID: terminal.id.uuidString.lowercased(), name: terminal.name,
-                    state: "pending", joinedAt: now()))
+                    state: "pending", joinedAt: now()),
+                joinSecret: token.secret, now: now())
         }
         wakeup.signal()
         return (terminal.id.uuidString.lowercased(), "pending")
@@ -620,6 +622,14 @@ actor FleetAgent {
             }
             if try await noticeRemoval(membership, state: standing.state) { return }
             try await pull(&membership)
+            if membership.state == "member" {
+                // A row from before migration 4 has no vouch: without one, no rotation would be
+                // wrapped to this terminal (§6.2). Checked once per connection.
+                let publicKey = try loadKeyPair().publicKey
+                try await withDirectory(membership.directory) { connection throws(FleetError) in
+                    try await connection.vouchForSelf(terminal, publicKey: publicKey)
+                }
+            }
             if membership.state == "member", standing.rotationDue {
                 // Before pushing, so what this sync pushes is sealed under the new generation.
                 try await rotateIfDue(&membership)
@@ -684,11 +694,18 @@ actor FleetAgent {
             try await connection.rotateDataKeyIfDue(by: terminal)
         }
         guard let rotated else { return false }
+        if !rotated.unvouched.isEmpty {
+            await record(
+                .fleetRotate, .failure,
+                "generation \(rotated.key.generation) was not wrapped to \(rotated.unvouched.count) member(s) whose vouch does not open: \(rotated.unvouched.map { $0.uuidString.lowercased() }.joined(separator: ", "))"
+            )
+        }
         try await receiveKeys(terminal: terminal, membership: &membership)
-        logger.notice("fleet data key rotated", metadata: ["generation": "\(rotated.generation)"])
+        logger.notice("fleet data key rotated", metadata: ["generation": "\(rotated.key.generation)"])
         await record(
             .fleetRotate, .success,
-            "published data-key generation \(rotated.generation), wrapped to the remaining members, after a removal")
+            "published data-key generation \(rotated.key.generation), wrapped to the remaining members, after a removal"
+        )
         return true
     }
 
@@ -759,25 +776,39 @@ actor FleetAgent {
         await hold(keys)
     }
 
+    /// Takes the generations the directory has wrapped to this terminal that authenticate
+    /// (docs/fleet.md §6.2): a held generation is never replaced, a newcomer's first keys must
+    /// carry its admission MAC under the join secret, and every later generation a MAC under the
+    /// one before it. Anything else a directory writer could have made: it is refused, counted
+    /// among the refused rows, logged and audited, and never used.
     private func receiveKeys(terminal: UUID, membership: inout FleetMembership) async throws(APIError) {
-        let wrapped = try await withDirectory(membership.directory) { connection throws(FleetError) in
-            try await connection.wrappedDataKeys(for: terminal)
+        try await loadKeyring(membership)
+        let delivery = try await withDirectory(membership.directory) { connection throws(FleetError) in
+            try await connection.keyDelivery(for: terminal)
         }
         let pair = try loadKeyPair()
-        var keys: [FleetDataKey] = []
-        for key in wrapped {
-            do { keys.append(try key.unwrap(with: pair)) } catch { throw APIError.fleet(error) }
+        let secret = try storeCall { () throws(StoreError) in try store.fleetJoinSecret() }
+        let acceptance = FleetKeyAuthentication.accept(
+            delivery, keyPair: pair, terminal: terminal, held: dataKeys, joinSecret: secret)
+        if !acceptance.refused.isEmpty {
+            let reason = acceptance.refused.map { "data-key generation \($0.generation) refused: \($0.reason)" }
+                .joined(separator: "; ")
+            // A pending terminal asks at every sync: the same refusal is recorded once, not at
+            // each (a forged admission would otherwise fill the audit trail).
+            if reason != (try? store.fleetMembership()?.lastRejection) {
+                logger.error("fleet key refused", metadata: ["why": "\(reason)"])
+                _ = try? store.recordFleetRejection(reason)
+                await record(.fleetReject, .refused, reason)
+            }
         }
+        let becomeMember = membership.state != "member" && !acceptance.keys.isEmpty
+        guard !acceptance.accepted.isEmpty || becomeMember else { return }
         try storeCall { () throws(StoreError) in
-            for key in wrapped {
-                try store.addFleetKey(generation: key.generation, wrapped: Self.encode(key), now: now())
-            }
-            if membership.state != "member", !wrapped.isEmpty {
-                try store.updateFleetMembership(state: "member")
-            }
+            try store.acceptFleetKeys(
+                acceptance.accepted.map { ($0.generation, Self.encode($0)) }, becomeMember: becomeMember, now: now())
         }
-        if !wrapped.isEmpty { membership.state = "member" }
-        if !keys.isEmpty { await hold(keys) }
+        if becomeMember { membership.state = "member" }
+        await hold(acceptance.keys)
     }
 
     /// Admits the pending terminals that joined with a token this terminal issued.

@@ -157,12 +157,16 @@ public actor FleetDirectory {
     public func bootstrap(
         _ terminal: TerminalRegistration, dataKey: FleetDataKey, wrapped: WrappedDataKey
     ) async throws(FleetError) -> FleetAttemptOutcome {
+        try await requireSchema(4, for: "creating a fleet")
+        // The creator vouches for its own row: a rotation is wrapped only to vouched members.
+        let vouch = FleetKeyAuthentication.vouchMAC(
+            terminal: terminal.id, publicKey: terminal.publicKey, under: dataKey)
         let created = try await exclusive { connection, logger in
             try await connection.query(
                 """
                 SELECT fleet_bootstrap(\(terminal.id), \(terminal.name), \(Data(terminal.publicKey)),
                                        \(terminal.readerDriver), \(terminal.readerDeviceType), \(terminal.isMatchOnChip),
-                                       \(Data(wrapped.encapsulatedKey)), \(Data(wrapped.ciphertext)))
+                                       \(Data(wrapped.encapsulatedKey)), \(Data(wrapped.ciphertext)), \(vouch))
                 """, logger: logger
             ).collect().first?.decode(Bool.self)
         }
@@ -253,9 +257,14 @@ public actor FleetDirectory {
     /// refused. Only the member that issued the token (this connection's role's) may admit with
     /// it. The directory refuses (`conflict`) unless `dataKeys` are exactly the fleet's
     /// generations, so a member that has not yet taken a new generation cannot make a member
-    /// without it: take the keys (`loadKeyring`) and call again.
+    /// without it: take the keys (`loadKeyring`) and call again. The admission carries a MAC of
+    /// every generation under the join secret, which the newcomer checks before it takes them,
+    /// and this member's vouch for the newcomer under the newest generation (§6.2).
     public func admit(joinedWith token: JoinToken, dataKeys: [FleetDataKey]) async throws(FleetError) -> UUID {
-        let legacy = try await currentSchemaVersion() < 3
+        try await requireSchema(4, for: "admitting a terminal")
+        guard let newest = dataKeys.max(by: { $0.generation < $1.generation }) else {
+            throw FleetError(.keyUnavailable("no data key to admit with"))
+        }
         return try await exclusive { connection, logger in
             // Read, check the proof here, then admit in one call that succeeds only while the
             // row still has the public key that was checked.
@@ -277,28 +286,20 @@ public actor FleetDirectory {
             guard let proof,
                 HMAC<SHA256>.isValidAuthenticationCode(proof, authenticating: expected.macInput, using: expected.key)
             else { throw FleetError(.joinRefused("the pending terminal's proof does not match \(token)")) }
-            if legacy {
-                // Version 2: one generation, the newest held.
-                guard let dataKey = dataKeys.max(by: { $0.generation < $1.generation }) else {
-                    throw FleetError(.keyUnavailable("no data key to admit with"))
-                }
-                let wrapped = try WrappedDataKey.wrap(dataKey, to: terminal.publicKey, terminalID: id)
-                try await connection.query(
-                    """
-                    SELECT fleet_admit(\(id), \(token.id), \(publicKey), \(dataKey.generation),
-                                       \(Data(wrapped.encapsulatedKey)), \(Data(wrapped.ciphertext)))
-                    """, logger: logger
-                ).collect()
-                return id
-            }
             var wraps: [String: WrappedDataKey] = [:]
             for dataKey in dataKeys {
                 wraps[String(dataKey.generation)] = try WrappedDataKey.wrap(
                     dataKey, to: terminal.publicKey, terminalID: id)
             }
             let json = try Self.wrapsJSON(wraps)
+            let admission = FleetKeyAuthentication.admissionMAC(
+                joinSecret: token.secret, terminal: id, publicKey: terminal.publicKey, keys: dataKeys)
+            let vouch = FleetKeyAuthentication.vouchMAC(terminal: id, publicKey: terminal.publicKey, under: newest)
             try await connection.query(
-                "SELECT fleet_admit_keys(\(id), \(token.id), \(publicKey), \(json)::jsonb)", logger: logger
+                """
+                SELECT fleet_admit_keys(\(id), \(token.id), \(publicKey), \(json)::jsonb, \(admission),
+                                        \(newest.generation), \(vouch))
+                """, logger: logger
             ).collect()
             return id
         }
@@ -319,9 +320,8 @@ public actor FleetDirectory {
         }
     }
 
-    /// The directory's schema version once it is known to be 3 or later (it only rises): a
-    /// directory not yet migrated to version 3 has no rotation debt and admits with one
-    /// generation, and is asked again each time until its owner migrates it.
+    /// The directory's schema version once it is known to be the newest this build knows (it
+    /// only rises): an older one is asked again each time, until its owner migrates it.
     private var schemaVersion: Int32?
 
     func currentSchemaVersion() async throws(FleetError) -> Int32 {
@@ -330,8 +330,14 @@ public actor FleetDirectory {
             try await connection.query("SELECT COALESCE(max(version), 0) FROM fleet_schema", logger: logger)
                 .collect().first?.decode(Int32.self) ?? 0
         }
-        if version >= 3 { schemaVersion = version }
+        if version >= FleetMigration.latestVersion { schemaVersion = version }
         return version
+    }
+
+    /// Refuses, by name, what a directory older than `version` cannot do safely.
+    func requireSchema(_ version: Int32, for what: String) async throws(FleetError) {
+        let found = try await currentSchemaVersion()
+        guard found >= version else { throw FleetError(.outdatedSchema(found: found, needed: version, what)) }
     }
 
     /// Whether a removal owes the fleet a new data-key generation, and the newest generation.
@@ -354,7 +360,7 @@ public actor FleetDirectory {
     /// newest, wrapped to every current member. Returns it, or nil when none was owed or another
     /// member published it first (members race for it; exactly one wins, the others find the
     /// debt paid at their next call).
-    public func rotateDataKeyIfDue(by member: UUID) async throws(FleetError) -> FleetDataKey? {
+    public func rotateDataKeyIfDue(by member: UUID) async throws(FleetError) -> FleetRotation? {
         // A conflict means another member published first (the debt is then paid) or the
         // members changed meanwhile (it is not): look again, a few times.
         for _ in 0..<3 {
@@ -365,8 +371,8 @@ public actor FleetDirectory {
             }
             let dataKey = FleetDataKey.random(generation: newest + 1)
             do {
-                try await rotateDataKey(to: dataKey, by: member, reason: "terminal removed")
-                return dataKey
+                let unvouched = try await rotateDataKey(to: dataKey, by: member, reason: "terminal removed")
+                return FleetRotation(key: dataKey, unvouched: unvouched)
             } catch {
                 guard error.code == .conflict else { throw error }
             }
@@ -374,27 +380,125 @@ public actor FleetDirectory {
         return nil
     }
 
-    /// Publishes a new data-key generation, wrapped to every current member. The caller is a
-    /// member; it makes the key (`FleetDataKey.random(generation:)`) one above the newest. The
-    /// new key joins this directory's keyring. Refused (`conflict`) if the members change
-    /// between reading them and publishing, or the generation is not the next one; call again.
-    public func rotateDataKey(to dataKey: FleetDataKey, by member: UUID, reason: String) async throws(FleetError) {
-        try await exclusive { connection, logger in
+    /// Publishes a new data-key generation, wrapped to every current member whose vouch opens
+    /// with a generation held here (§6.2): a member row a directory writer added, or whose
+    /// public key it changed, is not given the key. The caller is a member; it makes the key
+    /// (`FleetDataKey.random(generation:)`) one above the newest, and holds the newest, under
+    /// which the new one is MACed so members can tell it came from a member. The new key joins
+    /// this directory's keyring. Refused (`conflict`) if the members change between reading them
+    /// and publishing, or the generation is not the next one; call again. Returns the members
+    /// left out, unvouched.
+    @discardableResult
+    public func rotateDataKey(
+        to dataKey: FleetDataKey, by member: UUID, reason: String
+    ) async throws(FleetError)
+        -> [UUID]
+    {
+        try await requireSchema(4, for: "rotating the data key")
+        guard let keyring, let previous = keyring.dataKey(generation: dataKey.generation - 1) else {
+            throw FleetError(
+                .keyUnavailable("generation \(dataKey.generation - 1) is not held: take the fleet's keys first"))
+        }
+        let chain = FleetKeyAuthentication.chainMAC(of: dataKey, under: previous)
+        let unvouched = try await exclusive { connection, logger in
             let members = try await connection.query(
-                "SELECT terminal_id, public_key FROM terminals WHERE state = 'member'", logger: logger
+                "SELECT terminal_id, public_key, vouch_generation, vouch_mac FROM terminals WHERE state = 'member'",
+                logger: logger
             ).collect()
             var wraps: [String: WrappedDataKey] = [:]
-            for member in members {
-                let (id, publicKey) = try member.decode((UUID, Data).self)
+            var unvouched: [UUID] = []
+            for row in members {
+                let (id, publicKey, generation, mac) = try row.decode((UUID, Data, Int32?, Data?).self)
+                var vouched = id == member
+                if !vouched, let generation, let mac, let key = keyring.dataKey(generation: generation) {
+                    vouched = FleetKeyAuthentication.isValidVouch(
+                        mac, terminal: id, publicKey: Array(publicKey), under: key)
+                }
+                guard vouched else {
+                    unvouched.append(id)
+                    continue
+                }
                 wraps[id.fleetText] = try WrappedDataKey.wrap(dataKey, to: Array(publicKey), terminalID: id)
             }
             let json = try Self.wrapsJSON(wraps)
+            let left = String(
+                decoding: try JSONSerialization.data(withJSONObject: unvouched.map(\.fleetText)), as: UTF8.self)
             try await connection.query(
-                "SELECT fleet_rotate_data_key(\(dataKey.generation), \(member), \(reason), \(json)::jsonb)",
-                logger: logger
+                """
+                SELECT fleet_rotate_data_key(\(dataKey.generation), \(member), \(reason), \(json)::jsonb, \(chain),
+                                             \(left)::jsonb)
+                """, logger: logger
             ).collect()
+            return unvouched
         }
-        keyring?.add(dataKey)
+        if !unvouched.isEmpty {
+            logger.error(
+                "fleet rotation: members whose vouch does not open were not given the new key",
+                metadata: ["terminals": "\(unvouched)", "generation": "\(dataKey.generation)"])
+        }
+        self.keyring?.add(dataKey)
+        return unvouched
+    }
+
+    /// Vouches for `terminal`'s own member row under the newest generation held, unless its
+    /// vouch already opens: a row from before migration 4 has none, and a rotation is wrapped
+    /// only to vouched members. Once per connection. Returns whether it wrote one.
+    @discardableResult
+    public func vouchForSelf(_ terminal: UUID, publicKey: [UInt8]) async throws(FleetError) -> Bool {
+        guard !hasVouched, try await currentSchemaVersion() >= 4 else { return false }
+        guard let keyring, let newest = keyring.dataKey(generation: keyring.currentGeneration) else { return false }
+        let wrote = try await exclusive { connection, logger in
+            let row = try await connection.query(
+                """
+                SELECT public_key, vouch_generation, vouch_mac FROM terminals
+                WHERE terminal_id = \(terminal) AND state = 'member'
+                """, logger: logger
+            ).collect().first
+            guard let (listedKey, generation, mac) = try row?.decode((Data, Int32?, Data?).self) else { return false }
+            // A public key that is not this terminal's is the directory's doing: vouching for
+            // it would give a writer the next rotation.
+            guard Array(listedKey) == publicKey else {
+                throw FleetError(.integrity("the directory lists another public key for this terminal"))
+            }
+            if let generation, let mac, let key = keyring.dataKey(generation: generation),
+                FleetKeyAuthentication.isValidVouch(mac, terminal: terminal, publicKey: publicKey, under: key)
+            {
+                return false
+            }
+            let vouch = FleetKeyAuthentication.vouchMAC(terminal: terminal, publicKey: publicKey, under: newest)
+            try await connection.query(
+                "SELECT fleet_vouch(\(terminal), \(newest.generation), \(vouch))", logger: logger
+            ).collect()
+            return true
+        }
+        hasVouched = true
+        return wrote
+    }
+
+    private var hasVouched = false
+
+    /// What the directory holds for `terminal`'s keys: its wrapped generations, their chain
+    /// MACs and its admission, for `FleetKeyAuthentication.accept`. A terminal role sees only
+    /// its own wrapped keys (row-level security).
+    public func keyDelivery(for terminal: UUID) async throws(FleetError) -> FleetKeyDelivery {
+        let wrapped = try await wrappedDataKeys(for: terminal)
+        guard try await currentSchemaVersion() >= 4 else {
+            return FleetKeyDelivery(wrapped: wrapped, chainMACs: [:], admission: nil)
+        }
+        return try await exclusive { connection, logger in
+            var chain: [Int32: Data] = [:]
+            for try await (generation, mac) in try await connection.query(
+                "SELECT generation, chain_mac FROM data_keys WHERE chain_mac IS NOT NULL", logger: logger
+            ).decode((Int32, Data).self) {
+                chain[generation] = mac
+            }
+            let admission = try await connection.query(
+                "SELECT admission_mac, admitted_through FROM terminals WHERE terminal_id = \(terminal)", logger: logger
+            ).collect().first?.decode((Data?, Int32?).self)
+            var admitted: (mac: Data, through: Int32)?
+            if let admission, let mac = admission.0, let through = admission.1 { admitted = (mac, through) }
+            return FleetKeyDelivery(wrapped: wrapped, chainMACs: chain, admission: admitted)
+        }
     }
 
     /// The data-key generations wrapped to `terminal`, oldest first. A terminal role sees only
@@ -548,12 +652,25 @@ public actor FleetDirectory {
         self.keyring = keyring
     }
 
-    /// Fetches and opens the data keys wrapped to `terminal` with its key pair, and uses them.
+    /// Generation `generation` of the keyring this directory uses, if held.
+    func heldKey(generation: Int32) -> FleetDataKey? { keyring?.dataKey(generation: generation) }
+
+    /// Fetches the data keys wrapped to `terminal`, opens them with its key pair, takes those
+    /// that authenticate (`FleetKeyAuthentication.accept`: by the generations this directory
+    /// already holds, or, for a newcomer holding none, by its admission under `joinSecret`) and
+    /// uses them. Any generation refused is an `integrity` error, and nothing new is taken.
     @discardableResult
-    public func loadKeyring(for terminal: UUID, keyPair: TerminalKeyPair) async throws(FleetError) -> FleetKeyring {
-        var opened: [FleetDataKey] = []
-        for wrapped in try await wrappedDataKeys(for: terminal) { opened.append(try wrapped.unwrap(with: keyPair)) }
-        let keyring = FleetKeyring(opened)
+    public func loadKeyring(
+        for terminal: UUID, keyPair: TerminalKeyPair, joinSecret: [UInt8]? = nil
+    ) async throws(FleetError) -> FleetKeyring {
+        let delivery = try await keyDelivery(for: terminal)
+        let held = keyring?.heldKeys ?? []
+        let acceptance = FleetKeyAuthentication.accept(
+            delivery, keyPair: keyPair, terminal: terminal, held: held, joinSecret: joinSecret)
+        if let refused = acceptance.refused.first {
+            throw FleetError(.integrity("data-key generation \(refused.generation) refused: \(refused.reason)"))
+        }
+        let keyring = FleetKeyring(acceptance.keys)
         self.keyring = keyring
         return keyring
     }
@@ -846,6 +963,15 @@ public final class FleetSendProbe: Sendable {
 extension FleetDirectory {
     /// The probe of the operation the current task runs, if its caller set one.
     @TaskLocal public static var sendProbe: FleetSendProbe?
+}
+
+/// A generation `rotateDataKeyIfDue` published.
+public struct FleetRotation: Sendable {
+    /// The new generation.
+    public var key: FleetDataKey
+    /// Members it was not wrapped to: their vouch does not open (§6.2).
+    public var unvouched: [UUID]
+    public var generation: Int32 { key.generation }
 }
 
 /// How a `bootstrap` or `join` ended at the directory.

@@ -10,6 +10,9 @@ public struct FleetError: Error, CustomStringConvertible, Sendable {
         case directoryUnavailable
         /// The directory's schema is newer than this build.
         case futureSchema
+        /// The directory's schema is older than what was asked needs: its owner migrates it
+        /// (`kioskauthctl fleet migrate`).
+        case outdatedSchema
         /// The join token is unknown, used, expired, or its proof does not open.
         case joinRefused
         /// A key is missing, malformed, or does not open what it should.
@@ -32,6 +35,7 @@ public struct FleetError: Error, CustomStringConvertible, Sendable {
         case directoryUnavailable(String)
         case connectionClosed
         case futureSchema(found: Int32, supported: Int32)
+        case outdatedSchema(found: Int32, needed: Int32, String)
         case joinRefused(String)
         case keyUnavailable(String)
         case integrity(String)
@@ -58,6 +62,7 @@ public struct FleetError: Error, CustomStringConvertible, Sendable {
         case .badEndpoint: .badEndpoint
         case .directoryUnavailable, .connectionClosed: .directoryUnavailable
         case .futureSchema: .futureSchema
+        case .outdatedSchema: .outdatedSchema
         case .joinRefused: .joinRefused
         case .keyUnavailable: .keyUnavailable
         case .integrity: .integrity
@@ -81,6 +86,8 @@ public struct FleetError: Error, CustomStringConvertible, Sendable {
         case .connectionClosed: "directory unavailable: the connection had closed before the call was sent"
         case .futureSchema(let found, let supported):
             "the directory's schema is version \(found); this build knows up to \(supported)"
+        case .outdatedSchema(let found, let needed, let what):
+            "the directory's schema is version \(found); \(what) needs version \(needed): run kioskauthctl fleet migrate with the owner's URL"
         case .joinRefused(let reason): "join refused: \(reason)"
         case .keyUnavailable(let reason): "fleet key unavailable: \(reason)"
         case .integrity(let reason): "fleet integrity: \(reason)"

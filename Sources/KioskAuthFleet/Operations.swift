@@ -168,7 +168,8 @@ public struct FleetChange: Sendable, Equatable {
 /// the terminal that used it.
 public struct JoinToken: Sendable, Equatable, CustomStringConvertible {
     public let id: UUID
-    let secret: [UInt8]
+    /// The secret: the joining terminal keeps it until its admission is checked with it (§6.2).
+    public let secret: [UInt8]
 
     init(id: UUID, secret: [UInt8]) {
         self.id = id

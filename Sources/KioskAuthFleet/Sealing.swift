@@ -57,6 +57,8 @@ public struct FleetKeyring: Sendable {
     private static let version: UInt8 = 1
     private var keys: [Int32: SymmetricKey] = [:]
     private var macKeys: [Int32: SymmetricKey] = [:]
+    /// The generations themselves, for the MACs that authenticate keys and members.
+    private var dataKeys: [Int32: FleetDataKey] = [:]
 
     /// The newest generation held.
     public private(set) var currentGeneration: Int32 = 0
@@ -70,8 +72,15 @@ public struct FleetKeyring: Sendable {
     public mutating func add(_ dataKey: FleetDataKey) {
         keys[dataKey.generation] = dataKey.derived(for: "seal")
         macKeys[dataKey.generation] = dataKey.derived(for: "row-mac")
+        dataKeys[dataKey.generation] = dataKey
         currentGeneration = max(currentGeneration, dataKey.generation)
     }
+
+    /// Generation `generation`, if held.
+    func dataKey(generation: Int32) -> FleetDataKey? { dataKeys[generation] }
+
+    /// Every generation held, oldest first.
+    var heldKeys: [FleetDataKey] { dataKeys.values.sorted { $0.generation < $1.generation } }
 
     /// Seals `plaintext` under the newest generation.
     public func seal(_ plaintext: some DataProtocol, binding: FleetSealBinding) throws(FleetError) -> SealedBlob {

@@ -173,38 +173,98 @@ extension Store {
         try setTerminalValue(attempt, forKey: Self.fleetPendingAttemptKey)
     }
 
-    /// Records a new membership (after `fleet create` or `fleet join`), with the data-key
-    /// generation received, if any. From here on local writes queue pushes. Refused when the
-    /// terminal is already in a fleet. The pending attempt, done now, is forgotten with it.
-    public func beginFleetMembership(_ membership: FleetMembership) throws(StoreError) {
+    /// Records a new membership (after `fleet create` or `fleet join`), in one transaction
+    /// with what comes with it, so a crash never keeps half of it:
+    ///
+    /// * `firstKey`: the creator's generation 1, as wrapped to it;
+    /// * `bringLocalPeople`: the creator queues every local person (active or suspended) with
+    ///   their passcode verifier, in one batch, for the (empty) directory;
+    /// * `joinSecret`: a joining terminal keeps its join token's secret, sealed, until its
+    ///   admission has been checked with it (`acceptFleetKeys`).
+    ///
+    /// From here on local writes queue pushes. Refused when the terminal is already in a fleet.
+    /// The pending attempt, done now, is forgotten with it.
+    public func beginFleetMembership(
+        _ membership: FleetMembership, firstKey: (generation: Int32, wrapped: [UInt8])? = nil,
+        bringLocalPeople: Bool = false, joinSecret: [UInt8]? = nil, now: Date = Date()
+    ) throws(StoreError) {
         guard Self.fleetStates.contains(membership.state) else {
             throw StoreError(.integrity("unknown fleet state \(membership.state)"))
         }
-        try transaction { db in
-            guard try db.query("SELECT 1 FROM fleet_membership").isEmpty else {
-                throw StoreError(.integrity("this terminal is already in a fleet"))
+        let sealedKey = try firstKey.map { key throws(StoreError) in
+            (key.generation, try seal(key.wrapped, Self.fleetKeyBinding(generation: key.generation)))
+        }
+        let sealedSecret = try joinSecret.map { secret throws(StoreError) in
+            try seal(secret, Self.fleetJoinSecretBinding)
+        }
+        let wasMember = try locked { isFleetMember }
+        do {
+            try transaction { db in
+                guard try db.query("SELECT 1 FROM fleet_membership").isEmpty else {
+                    throw StoreError(.integrity("this terminal is already in a fleet"))
+                }
+                try db.query(
+                    "INSERT INTO fleet_membership (singleton, directory, terminal_id, name, state, cursor, joined_at) VALUES (1, ?, ?, ?, ?, ?, ?)",
+                    [
+                        .text(membership.directory), .text(membership.terminalID), .text(membership.name),
+                        .text(membership.state), .integer(membership.cursor),
+                        .real(membership.joinedAt.timeIntervalSince1970),
+                    ])
+                if let (generation, sealed) = sealedKey {
+                    try db.query(
+                        "INSERT OR REPLACE INTO fleet_keys (generation, sealed, received_at) VALUES (?, ?, ?)",
+                        [.integer(Int64(generation)), .blob(sealed), .real(now.timeIntervalSince1970)])
+                }
+                if let sealedSecret {
+                    let text = String(decoding: try JSONEncoder().encodeOrThrow(sealedSecret), as: UTF8.self)
+                    try writeTerminalValue(text, forKey: Self.fleetJoinSecretKey, in: db)
+                }
+                try db.query("DELETE FROM terminal_state WHERE key = ?", [.text(Self.fleetPendingAttemptKey)])
+                isFleetMember = true
+                if bringLocalPeople {
+                    for row in try db.query(
+                        "SELECT id FROM people WHERE origin = ? ORDER BY id", [.text(Origin.local.rawValue)])
+                    {
+                        noteFleetVerifierChange(Int64(row["id"].int ?? 0))
+                    }
+                }
             }
-            try db.query(
-                "INSERT INTO fleet_membership (singleton, directory, terminal_id, name, state, cursor, joined_at) VALUES (1, ?, ?, ?, ?, ?, ?)",
-                [
-                    .text(membership.directory), .text(membership.terminalID), .text(membership.name),
-                    .text(membership.state), .integer(membership.cursor),
-                    .real(membership.joinedAt.timeIntervalSince1970),
-                ])
-            try db.query("DELETE FROM terminal_state WHERE key = ?", [.text(Self.fleetPendingAttemptKey)])
-            isFleetMember = true
+        } catch {
+            try? locked { isFleetMember = wasMember }
+            throw error
         }
     }
 
-    /// Queues every local person (active or suspended) with their passcode verifier, in one
-    /// batch: what the terminal that creates a fleet brings into it.
-    public func queueLocalPeopleForFleet() throws(StoreError) {
+    static let fleetJoinSecretKey = "fleet.join-secret"
+    static let fleetJoinSecretBinding = SealBinding(
+        table: "terminal_state", column: "value", row: fleetJoinSecretKey, owner: "terminal")
+
+    /// The join secret a joining terminal keeps until its admission is checked, if any.
+    public func fleetJoinSecret() throws(StoreError) -> [UInt8]? {
+        guard let sealed = try terminalValue([UInt8].self, forKey: Self.fleetJoinSecretKey) else { return nil }
+        return try sealer.open(sealed, binding: Self.fleetJoinSecretBinding)
+    }
+
+    /// Keeps the data-key generations just authenticated (`FleetKeyAuthentication.accept`), as
+    /// wrapped to this terminal, in one transaction; a generation already held is never
+    /// replaced. `becomeMember`: a pending terminal's first keys make it a member, and its join
+    /// secret, used now, is erased.
+    public func acceptFleetKeys(
+        _ keys: [(generation: Int32, wrapped: [UInt8])], becomeMember: Bool, now: Date
+    ) throws(StoreError) {
+        var sealed: [(Int32, [UInt8])] = []
+        for key in keys {
+            sealed.append((key.generation, try seal(key.wrapped, Self.fleetKeyBinding(generation: key.generation))))
+        }
         try transaction { db in
-            for row in try db.query(
-                "SELECT id FROM people WHERE origin = ? ORDER BY id", [.text(Origin.local.rawValue)])
-            {
-                let id = Int64(row["id"].int ?? 0)
-                noteFleetVerifierChange(id)
+            for (generation, bytes) in sealed {
+                try db.query(
+                    "INSERT INTO fleet_keys (generation, sealed, received_at) VALUES (?, ?, ?) ON CONFLICT (generation) DO NOTHING",
+                    [.integer(Int64(generation)), .blob(bytes), .real(now.timeIntervalSince1970)])
+            }
+            if becomeMember {
+                try db.query("UPDATE fleet_membership SET state = 'member' WHERE state = 'pending'")
+                try db.query("DELETE FROM terminal_state WHERE key = ?", [.text(Self.fleetJoinSecretKey)])
             }
         }
     }
@@ -248,7 +308,9 @@ extension Store {
             ] {
                 try db.query("DELETE FROM \(table)")
             }
-            try db.query("DELETE FROM terminal_state WHERE key = ?", [.text(Self.fleetPendingAttemptKey)])
+            for key in [Self.fleetPendingAttemptKey, Self.fleetJoinSecretKey] {
+                try db.query("DELETE FROM terminal_state WHERE key = ?", [.text(key)])
+            }
             isFleetMember = false
         }
         try checkpointTruncating()
@@ -264,6 +326,7 @@ extension Store {
             for table in ["fleet_outbox", "fleet_join_tokens", "fleet_keys"] {
                 try db.query("DELETE FROM \(table)")
             }
+            try db.query("DELETE FROM terminal_state WHERE key = ?", [.text(Self.fleetJoinSecretKey)])
             try db.query(
                 "UPDATE fleet_membership SET state = 'removed', last_error = ?", [.text(String(reason.prefix(500)))])
             isFleetMember = false

@@ -26,11 +26,12 @@ struct Terminal {
             keys: keys, registration: registration, role: role, directory: try await server.connect(as: role))
     }
 
-    /// The data keys wrapped to this terminal, opened with its own key; its directory uses them
+    /// The data keys wrapped to this terminal, opened with its own key and authenticated (a
+    /// newcomer's by its admission under the join secret of `token`); its directory uses them
     /// from now on.
     @discardableResult
-    func keyring() async throws -> FleetKeyring {
-        try await directory.loadKeyring(for: id, keyPair: keys)
+    func keyring(joinedWith token: JoinToken? = nil) async throws -> FleetKeyring {
+        try await directory.loadKeyring(for: id, keyPair: keys, joinSecret: token?.secret)
     }
 
     /// Another connection as this terminal (its role), with its keys.
@@ -51,7 +52,7 @@ func makeFleet(_ count: Int, on server: TestPostgres) async throws -> (terminals
         let token = try await first.directory.issueJoinToken(by: first.id, lifetime: .seconds(600))
         try await terminal.directory.join(with: try JoinToken(text: token.text), as: terminal.registration)
         #expect(try await first.directory.admit(joinedWith: token, dataKey: dataKey) == terminal.id)
-        try await terminal.keyring()
+        try await terminal.keyring(joinedWith: token)
         terminals.append(terminal)
     }
     return (terminals, dataKey)

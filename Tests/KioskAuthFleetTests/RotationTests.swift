@@ -76,7 +76,7 @@ import Testing
             let before = UUID()
             let sealedBefore = try await pushPerson(a, before, verifier: "before")
             try await a.directory.removeTerminal(c.id)
-            let second = try #require(try await a.directory.rotateDataKeyIfDue(by: a.id))
+            let second = try #require(try await a.directory.rotateDataKeyIfDue(by: a.id)).key
             let after = UUID()
             let sealedAfter = try await pushPerson(a, after, verifier: "after")
             #expect(sealedBefore.generation == 1)
@@ -97,7 +97,7 @@ import Testing
                 try server.psql("SELECT state FROM terminals WHERE terminal_id = '\(d.id.fleetText)'") == "pending\n")
             #expect(try await a.directory.admit(joinedWith: token, dataKeys: [firstKey, second]) == d.id)
 
-            let keyring = try await d.keyring()
+            let keyring = try await d.keyring(joinedWith: token)
             #expect(try await d.directory.wrappedDataKeys(for: d.id).map(\.generation) == [1, 2])
             #expect(try keyring.open(sealedBefore, binding: .verifier(person: before)) == Array("before".utf8))
             #expect(try keyring.open(sealedAfter, binding: .verifier(person: after)) == Array("after".utf8))
@@ -165,9 +165,10 @@ import Testing
             ).split(separator: "\n").map { $0.split(separator: "|", omittingEmptySubsequences: false).map(String.init) }
             #expect(
                 rows.map { $0[0] } == [
-                    "fleet_admit", "fleet_admit_keys", "fleet_apply_push", "fleet_bootstrap", "fleet_issue_join_token",
-                    "fleet_join",
-                    "fleet_record_cursor", "fleet_remove_terminal", "fleet_rotate_data_key",
+                    // Two of three: migration 4's signature, and the earlier one that now refuses.
+                    "fleet_admit", "fleet_admit_keys", "fleet_admit_keys", "fleet_apply_push", "fleet_bootstrap",
+                    "fleet_bootstrap", "fleet_issue_join_token", "fleet_join", "fleet_record_cursor",
+                    "fleet_remove_terminal", "fleet_rotate_data_key", "fleet_rotate_data_key", "fleet_vouch",
                 ])
             for row in rows {
                 #expect(row[1] == "t", "\(row[0]) is not SECURITY DEFINER")
@@ -209,7 +210,8 @@ import Testing
                     [
                         """
                         SELECT fleet_rotate_data_key(2, '\(s.id.fleetText)', 'chosen by the thief',
-                          '{"\(a.id.fleetText)": \(wrap), "\(b.id.fleetText)": \(wrap)}'::jsonb)
+                          '{"\(a.id.fleetText)": \(wrap), "\(b.id.fleetText)": \(wrap), "\(s.id.fleetText)": \(wrap)}'::jsonb,
+                          '\\x\(String(repeating: "00", count: 32))', '[]'::jsonb)
                         """
                     ], as: s.role)
             }
@@ -246,25 +248,38 @@ import Testing
         try await TestPostgres.with { server in
             let (fleet, _) = try await makeFleet(2, on: server)
             let a = fleet[0]
-            for generation: Int32 in [1, 3] {
+            // The directory refuses it, whatever the caller sends...
+            let wrap = #"{"encapsulated":"AQ==","ciphertext":"Ag=="}"#
+            let members = fleet.map { "\"\($0.id.fleetText)\": \(wrap)" }.joined(separator: ", ")
+            for generation in [1, 3] {
                 do {
-                    try await a.directory.rotateDataKey(to: .random(generation: generation), by: a.id, reason: "test")
+                    try server.psql(
+                        [
+                            """
+                            SELECT fleet_rotate_data_key(\(generation), '\(a.id.fleetText)', 'test', '{\(members)}'::jsonb,
+                              '\\x\(String(repeating: "00", count: 32))', '[]'::jsonb)
+                            """
+                        ], as: a.role)
                     Issue.record("generation \(generation) was published out of turn")
-                } catch let error as FleetError {
-                    #expect(error.code == .conflict)
+                } catch {
+                    #expect("\(error)".contains("is not the next one"), "\(error)")
                 }
             }
-            // Version 2's single-generation admission, kept for daemons not yet upgraded, is
-            // refused once there is more than one generation.
-            try await a.directory.removeTerminal(fleet[1].id)
-            #expect(try await a.directory.rotateDataKeyIfDue(by: a.id)?.generation == 2)
+            // ... and a member does not make one: it has no generation before it to MAC it with.
+            for generation: Int32 in [1, 3] {
+                await #expect(throws: FleetError.self) {
+                    try await a.directory.rotateDataKey(to: .random(generation: generation), by: a.id, reason: "test")
+                }
+            }
+            #expect(try server.psql("SELECT count(*) FROM data_keys") == "1\n")
+            // Version 2's single-generation admission refuses since migration 4, naming the upgrade.
             do {
                 try server.psql(
-                    "SELECT fleet_admit(gen_random_uuid(), gen_random_uuid(), '\\x00', 2, '\\x00', '\\x00')",
+                    "SELECT fleet_admit(gen_random_uuid(), gen_random_uuid(), '\\x00', 1, '\\x00', '\\x00')",
                     as: a.role)
-                Issue.record("fleet_admit admitted with one of two generations")
+                Issue.record("fleet_admit admitted without an admission MAC")
             } catch {
-                #expect("\(error)".contains("several data-key generations"), "\(error)")
+                #expect("\(error)".contains("upgrade it"), "\(error)")
             }
             for terminal in fleet { await terminal.directory.close() }
         }

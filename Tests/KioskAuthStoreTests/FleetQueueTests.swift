@@ -176,10 +176,70 @@ struct FleetQueueTests {
             let sarah = try store.addTestPerson("sarah")
             try store.setTestPasscode("4711-2345", for: sarah)
             _ = try store.addTestPerson("tom")
-            try member(store)
             #expect(try store.fleetOutboxCount() == 0)
-            try store.queueLocalPeopleForFleet()
+            try store.beginFleetMembership(
+                FleetMembership(
+                    directory: "postgres://kiosk@/fleet?host=/run/test", terminalID: UUID().uuidString.lowercased(),
+                    name: "a", state: "member", joinedAt: testNow),
+                firstKey: (1, Array(repeating: 7, count: 80)), bringLocalPeople: true, now: testNow)
             #expect(kinds(try store.fleetOutbox(limit: 10)) == [["person:active", "verifier", "person:active"]])
+            #expect(try store.fleetKeys().map(\.generation) == [1])
+        }
+    }
+
+    /// The creator's key, its membership and its people's batch are one transaction: a failure
+    /// part-way (here the queue's insert, refused by a trigger, the last write of the three)
+    /// keeps none of them, and the terminal is in no fleet. Written as three transactions, a
+    /// crash between them kept a member whose people were never pushed.
+    @Test func theCreatorsKeyMembershipAndPeople_areKeptTogether_orNotAtAll() throws {
+        let fixture = try StoreFixture()
+        try fixture.withStore { store in
+            _ = try store.addTestPerson("sarah")
+            let raw = try fixture.raw()
+            _ = try raw.query(
+                "CREATE TRIGGER refuse_queue BEFORE INSERT ON fleet_outbox BEGIN SELECT RAISE(ABORT, 'injected'); END")
+            raw.close()
+            let membership = FleetMembership(
+                directory: "postgres://kiosk@/fleet?host=/run/test", terminalID: UUID().uuidString.lowercased(),
+                name: "a", state: "member", joinedAt: testNow)
+            #expect(throws: StoreError.self) {
+                try store.beginFleetMembership(
+                    membership, firstKey: (1, Array(repeating: 7, count: 80)), bringLocalPeople: true, now: testNow)
+            }
+            #expect(try store.fleetMembership() == nil)
+            #expect(try store.fleetKeys().isEmpty)
+            #expect(!store.isInFleet)
+            let again = try fixture.raw()
+            _ = try again.query("DROP TRIGGER refuse_queue")
+            again.close()
+            try store.beginFleetMembership(
+                membership, firstKey: (1, Array(repeating: 7, count: 80)), bringLocalPeople: true, now: testNow)
+            #expect(try store.fleetOutboxCount() == 1)
+            #expect(store.isInFleet)
+        }
+    }
+
+    /// A joining terminal keeps its join secret sealed until its first keys are taken, which
+    /// erase it; keys already held are never replaced.
+    @Test func theJoinSecret_isSealed_untilTheFirstKeysAreTaken_andHeldKeysAreNeverReplaced() throws {
+        let fixture = try StoreFixture()
+        let secret = Array("a join secret of thirty-two bytes".utf8.prefix(32))
+        try fixture.withStore { store in
+            try store.beginFleetMembership(
+                FleetMembership(
+                    directory: "postgres://kiosk@/fleet?host=/run/test", terminalID: UUID().uuidString.lowercased(),
+                    name: "c", state: "pending", joinedAt: testNow),
+                joinSecret: secret, now: testNow)
+            #expect(try store.fleetJoinSecret() == secret)
+        }
+        #expect(!bytes(try fixture.databaseBytes() + fixture.walBytes(), contain: secret))
+        try fixture.withStore { store in
+            #expect(try store.fleetJoinSecret() == secret)
+            try store.acceptFleetKeys([(1, [1, 1, 1])], becomeMember: true, now: testNow)
+            #expect(try store.fleetJoinSecret() == nil)
+            #expect(try store.fleetMembership()?.state == "member")
+            try store.acceptFleetKeys([(1, [2, 2, 2]), (2, [3, 3, 3])], becomeMember: false, now: testNow)
+            #expect(try store.fleetKeys().map(\.wrapped) == [[1, 1, 1], [3, 3, 3]])
         }
     }
 

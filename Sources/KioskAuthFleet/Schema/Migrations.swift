@@ -11,7 +11,7 @@ public struct FleetMigration: Sendable {
     public let statements: [String]
 
     /// Every migration, oldest first.
-    public static let all: [FleetMigration] = [v1, v2, v3]
+    public static let all: [FleetMigration] = [v1, v2, v3, v4]
 
     /// The newest schema version this build knows.
     public static var latestVersion: Int32 { all.last?.version ?? 0 }

@@ -1,0 +1,217 @@
+import Crypto
+import Foundation
+import Testing
+
+@testable import KioskAuthFleet
+
+/// docs/fleet.md §6.2: a directory writer (here the test's superuser, who can write any row)
+/// cannot make members take a data key it knows, nor get a rotation wrapped to itself. Each
+/// attack is what the review described; each succeeded before migration 4.
+@Suite(.serialized, requiresPostgres) struct KeyAuthenticationTests {
+    /// Inserts `key` as a generation, wrapped to each of `terminals`, the way a writer with
+    /// the members' public keys (they are in the directory) would.
+    func forge(_ key: FleetDataKey, to terminals: [Terminal], on server: TestPostgres, chainMAC: Data? = nil) throws {
+        var statements = [
+            """
+            INSERT INTO data_keys (generation, created_by, reason, chain_mac)
+            VALUES (\(key.generation), NULL, 'made by a directory writer', \(chainMAC.map { "'\\x\(hex(Array($0)))'" } ?? "NULL"))
+            """
+        ]
+        for terminal in terminals {
+            let wrapped = try WrappedDataKey.wrap(key, to: terminal.keys.publicKey, terminalID: terminal.id)
+            statements.append(
+                """
+                INSERT INTO wrapped_keys (terminal_id, generation, encapsulated_key, ciphertext)
+                VALUES ('\(terminal.id.fleetText)', \(key.generation), '\\x\(hex(wrapped.encapsulatedKey))',
+                        '\\x\(hex(wrapped.ciphertext))')
+                """)
+        }
+        _ = try server.psql(statements, as: TestPostgres.superuser)
+    }
+
+    @Test func aGenerationTheDirectoryWrapsToEveryMember_isRefused_andRowsMACedUnderItAreNotTrusted() async throws {
+        try await TestPostgres.with { server in
+            let (fleet, _) = try await makeFleet(2, on: server)
+            let (a, b) = (fleet[0], fleet[1])
+            let forged = FleetDataKey.random(generation: 2)
+            // With a chain MAC too, made under a key the writer knows (not generation 1).
+            try forge(
+                forged, to: [a, b], on: server,
+                chainMAC: FleetKeyAuthentication.chainMAC(of: forged, under: .random(generation: 1)))
+
+            let refused = await #expect(throws: FleetError.self) { try await b.keyring() }
+            #expect(refused?.code == .integrity)
+            #expect("\(refused.map { "\($0)" } ?? "")".contains("generation 2"))
+            // What the daemon runs on each delivery: generation 1 stays, 2 is refused.
+            let delivery = try await b.directory.keyDelivery(for: b.id)
+            let acceptance = FleetKeyAuthentication.accept(
+                delivery, keyPair: b.keys, terminal: b.id, held: [try #require(try await heldKey(b, 1))],
+                joinSecret: nil)
+            #expect(acceptance.accepted.isEmpty)
+            #expect(acceptance.keys.map(\.generation) == [1])
+            #expect(acceptance.refused.map(\.generation) == [2])
+
+            // The writer MACs a people row under its generation (through a member's role, as a
+            // superuser can): B does not trust it.
+            let writer = try await server.connect(as: a.role)
+            await writer.useKeyring(FleetKeyring([forged]))
+            let intruder = UUID()
+            try await writer.push(PushBatch(idempotencyKey: UUID(), terminal: a.id, writes: [person(intruder)]))
+            let row = try #require(try await b.directory.pull(after: 0).last { $0.key == intruder.fleetText })
+            #expect(!row.isTrusted)
+            for directory in [a.directory, b.directory, writer] { await directory.close() }
+        }
+    }
+
+    /// The key this terminal holds for generation `generation`, from its directory's keyring.
+    func heldKey(_ terminal: Terminal, _ generation: Int32) async throws -> FleetDataKey? {
+        await terminal.directory.heldKey(generation: generation)
+    }
+
+    @Test func aHeldGenerationTheDirectoryRewraps_isRefused_andTheHeldKeyKept() async throws {
+        try await TestPostgres.with { server in
+            let (fleet, _) = try await makeFleet(2, on: server)
+            let b = fleet[1]
+            let sealed = try await b.keyring().seal(Array("kept".utf8), binding: .verifier(person: b.id))
+            let replacement = try WrappedDataKey.wrap(
+                .random(generation: 1), to: b.keys.publicKey, terminalID: b.id)
+            try server.psql(
+                """
+                UPDATE wrapped_keys SET encapsulated_key = '\\x\(hex(replacement.encapsulatedKey))',
+                       ciphertext = '\\x\(hex(replacement.ciphertext))'
+                WHERE terminal_id = '\(b.id.fleetText)' AND generation = 1
+                """)
+            await #expect(throws: FleetError.self) { try await b.keyring() }
+            // The directory's keyring is still the held one.
+            let held = try #require(try await heldKey(b, 1))
+            #expect(try FleetKeyring([held]).open(sealed, binding: .verifier(person: b.id)) == Array("kept".utf8))
+            for terminal in fleet { await terminal.directory.close() }
+        }
+    }
+
+    @Test func aForgedAdmission_leavesTheNewcomerWithoutKeys_andOnlyTheRightSecretOpensARealOne() async throws {
+        try await TestPostgres.with { server in
+            let (fleet, dataKey) = try await makeFleet(1, on: server)
+            let a = fleet[0]
+            let token = try await a.directory.issueJoinToken(by: a.id, lifetime: .seconds(600))
+            let c = try await Terminal.make("c", on: server)
+            try await c.directory.join(with: token, as: c.registration)
+            // The writer admits C itself, with a generation 1 of its own and a made-up MAC.
+            let own = FleetDataKey.random(generation: 1)
+            let wrapped = try WrappedDataKey.wrap(own, to: c.keys.publicKey, terminalID: c.id)
+            try server.psql(
+                """
+                UPDATE terminals SET state = 'member', admitted_through = 1,
+                       admission_mac = '\\x\(hex(Array(SHA256.hash(data: Data("made up".utf8)))))'
+                WHERE terminal_id = '\(c.id.fleetText)';
+                INSERT INTO wrapped_keys (terminal_id, generation, encapsulated_key, ciphertext)
+                VALUES ('\(c.id.fleetText)', 1, '\\x\(hex(wrapped.encapsulatedKey))', '\\x\(hex(wrapped.ciphertext))')
+                """)
+            let forgedAdmission = await #expect(throws: FleetError.self) { try await c.keyring(joinedWith: token) }
+            #expect(forgedAdmission?.code == .integrity)
+            // Even a MAC the writer computes right, but without the secret, is refused.
+            try server.psql(
+                """
+                UPDATE terminals SET admission_mac = '\\x\(hex(Array(FleetKeyAuthentication.admissionMAC(joinSecret: Array(repeating: 0, count: 32), terminal: c.id, publicKey: c.keys.publicKey, keys: [own]))))'
+                WHERE terminal_id = '\(c.id.fleetText)'
+                """)
+            await #expect(throws: FleetError.self) { try await c.keyring(joinedWith: token) }
+            #expect(await c.directory.heldKey(generation: 1) == nil)
+
+            // A real admission: the admitting member's MAC opens with the token's secret, and
+            // with no other.
+            try server.psql(
+                """
+                DELETE FROM wrapped_keys WHERE terminal_id = '\(c.id.fleetText)';
+                UPDATE terminals SET state = 'pending', admission_mac = NULL, admitted_through = NULL
+                WHERE terminal_id = '\(c.id.fleetText)'
+                """)
+            #expect(try await a.directory.admit(joinedWith: token, dataKey: dataKey) == c.id)
+            let other = try await a.directory.issueJoinToken(by: a.id, lifetime: .seconds(600))
+            await #expect(throws: FleetError.self) { try await c.keyring(joinedWith: other) }
+            await #expect(throws: FleetError.self) { try await c.keyring() }
+            #expect(try await c.keyring(joinedWith: token).currentGeneration == 1)
+            for directory in [a.directory, c.directory] { await directory.close() }
+        }
+    }
+
+    @Test func aMemberRowTheDirectoryAdds_andAMemberWhoseKeyItSwaps_areLeftOutOfTheNextRotation() async throws {
+        try await TestPostgres.with { server in
+            let (fleet, _) = try await makeFleet(4, on: server)
+            let (a, b, c, d) = (fleet[0], fleet[1], fleet[2], fleet[3])
+            let writersKey = TerminalKeyPair.generate()
+            let stranger = UUID()
+            try server.psql(
+                """
+                INSERT INTO terminals (terminal_id, name, public_key, state, db_role, vouch_generation, vouch_mac)
+                VALUES ('\(stranger.fleetText)', 'stranger', '\\x\(hex(writersKey.publicKey))', 'member', 'nobody', 1,
+                        '\\x\(hex(Array(SHA256.hash(data: Data("made up".utf8)))))');
+                UPDATE terminals SET public_key = '\\x\(hex(writersKey.publicKey))' WHERE terminal_id = '\(b.id.fleetText)'
+                """)
+            try await a.directory.removeTerminal(c.id)
+            let rotation = try #require(try await a.directory.rotateDataKeyIfDue(by: a.id))
+            #expect(Set(rotation.unvouched) == [stranger, b.id])
+            let wrappedTo = try server.psql(
+                "SELECT terminal_id FROM wrapped_keys WHERE generation = 2 ORDER BY terminal_id::text")
+            #expect(wrappedTo == [a.id, d.id].map(\.fleetText).sorted().map { $0 + "\n" }.joined())
+            // D, vouched for when it was admitted, takes the new generation by its chain MAC.
+            #expect(try await d.keyring().currentGeneration == 2)
+
+            // The directory checks that a rotation names every member, given the key or left out.
+            try await a.directory.removeTerminal(d.id)
+            let wrap = #"{"encapsulated":"AQ==","ciphertext":"Ag=="}"#
+            let forgotten = Result {
+                try server.psql(
+                    [
+                        """
+                        SELECT fleet_rotate_data_key(3, '\(a.id.fleetText)', 'test',
+                          '{"\(a.id.fleetText)": \(wrap)}'::jsonb, '\\x\(String(repeating: "00", count: 32))',
+                          '["\(stranger.fleetText)"]'::jsonb)
+                        """
+                    ], as: a.role)
+            }
+            #expect(throws: (any Error).self) { try forgotten.get() }
+            // The signature older daemons call refuses, naming the upgrade.
+            let old = Result {
+                try server.psql(
+                    ["SELECT fleet_rotate_data_key(3, '\(a.id.fleetText)', 'test', '{}'::jsonb)"], as: a.role)
+            }
+            #expect(throws: (any Error).self) { try old.get() }
+            #expect(try server.psql("SELECT max(generation) FROM data_keys") == "2\n")
+            for terminal in fleet { await terminal.directory.close() }
+        }
+    }
+
+    @Test func aMemberRowWithoutAVouch_vouchesForItself_andNotForAKeyThatIsNotItsOwn() async throws {
+        try await TestPostgres.with { server in
+            let (fleet, _) = try await makeFleet(3, on: server)
+            let (a, b, c) = (fleet[0], fleet[1], fleet[2])
+            // As a row from before migration 4.
+            try server.psql(
+                "UPDATE terminals SET vouch_generation = NULL, vouch_mac = NULL WHERE terminal_id = '\(b.id.fleetText)'"
+            )
+            #expect(try await b.directory.vouchForSelf(b.id, publicKey: b.keys.publicKey))
+            // Once per connection.
+            #expect(try await !b.directory.vouchForSelf(b.id, publicKey: b.keys.publicKey))
+            try await a.directory.removeTerminal(c.id)
+            let rotation = try #require(try await a.directory.rotateDataKeyIfDue(by: a.id))
+            #expect(rotation.unvouched.isEmpty)
+            #expect(try await b.keyring().currentGeneration == 2)
+
+            // A row whose public key the directory swapped: the terminal refuses to vouch for it.
+            let again = try await server.connect(as: b.role)
+            await again.useKeyring(try await b.keyring())
+            try server.psql(
+                """
+                UPDATE terminals SET public_key = '\\x\(hex(TerminalKeyPair.generate().publicKey))',
+                       vouch_generation = NULL, vouch_mac = NULL
+                WHERE terminal_id = '\(b.id.fleetText)'
+                """)
+            let swapped = await #expect(throws: FleetError.self) {
+                try await again.vouchForSelf(b.id, publicKey: b.keys.publicKey)
+            }
+            #expect(swapped?.code == .integrity)
+            for directory in [a.directory, b.directory, c.directory, again] { await directory.close() }
+        }
+    }
+}
