@@ -567,6 +567,37 @@ def test_leaving_marksTheTerminalRemoved_forgetsTheFleet_andKeepsItsPeople(fleet
     assert call(d, "FleetSync")["error"] == "io.kioskauth.FleetNotConfigured"
 
 
+def test_twoCreatesAtOnceOnOneTerminal_makeOneFleet_andTheOtherIsToldItIsAMember(fleet, postgres):
+    """Membership commands run one at a time on a terminal. Two `fleet create` at once used to
+    interleave: each closed the other's directory connection, and the second met the first's
+    fleet as a conflict (and its attempt record replaced the first's). Now the second waits,
+    then finds the first's membership."""
+    import threading
+
+    a, _ = fleet
+    postgres.query("CREATE DATABASE twin_fleet")
+    c = terminal(a.factory)
+    assert "version" in ok(c, "fleet", "migrate", postgres.url_as("fleet", "twin_fleet"))
+    url = postgres.terminal_url("kt_twin", "twin_fleet")
+    replies: list[dict] = []
+
+    def create(name: str) -> None:
+        replies.append(call(c, "FleetCreate", directory=url, name=name))
+
+    threads = [threading.Thread(target=create, args=(name,)) for name in ("twin-1", "twin-2")]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=120)
+    errors = sorted(reply.get("error", "") for reply in replies)
+    assert errors == ["", "io.kioskauth.FleetAlreadyMember"], replies
+    assert postgres.query("SELECT count(*) FROM terminals", "twin_fleet") == "1"
+    created = next(reply for reply in replies if "error" not in reply)
+    assert status(c)["terminalId"] == created["parameters"]["terminalId"]
+    assert postgres.query("SELECT terminal_id FROM terminals", "twin_fleet") == status(c)["terminalId"]
+    ok(c, "fleet", "leave")
+
+
 def test_fleetMethods_refuseCallersWhoAreNotAdmins(fleet):
     a, _ = fleet
     for method in ("FleetStatus", "FleetSync", "FleetIssueJoinToken", "FleetLeave"):

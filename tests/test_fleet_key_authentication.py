@@ -8,6 +8,8 @@ keys to them the way HPKE lets anyone (`fleet_support.hpke_wrap`, written from R
   too.
 - A member row it adds is left out of the next rotation, which the others take.
 - An admission it forges leaves the newcomer pending; the real one still works.
+- A public key it lists for the member about to rotate gets no rotation; the member's pushes go
+  on, and it rotates once its own key is back.
 
 Before migration 4 both worked: members took the writer's generation at their next pull and
 sealed new verifiers under it, and the rotation after a removal was wrapped to the writer's row.
@@ -179,3 +181,40 @@ def test_anAdmissionTheDirectoryForges_leavesTheNewcomerPending_andTheRealOneSti
     assert d.status()["generation"] == 2
     assert not join_secret_kept()
     assert "error" not in d.verify_passcode("nadia", "739201")
+
+
+def test_theRemovingMembersOwnKeySwapped_getsNoRotation_andItsPushesGoOn(fleet):
+    """The attack a review found on the first version: the writer lists its own public key for
+    the member about to rotate. That member wrapped the new generation to it, with a genuine
+    MAC under the generation before, which every other member then took. Now the member refuses
+    to rotate while its row is not its own; the rotation stays owed, its writes are still pushed
+    (under the generation it holds), and once its key is back the next sync pays the rotation."""
+    a, b, d = fleet[0], fleet[1], fleet[3]
+    a_id, b_id = a.terminal_id(), b.terminal_id()
+    # B is down: woken by the removal, it would pay the rotation itself (leaving A out, whose
+    # row then no longer matches its vouch).
+    b.stop()
+    directory(fleet, f"UPDATE terminals SET public_key = '\\x{secrets.token_hex(32)}' WHERE terminal_id = '{a_id}'")
+    removed = a.ctl("fleet", "remove", "D")
+    assert removed.returncode == 0, removed.stderr
+    assert "not published yet" in removed.stdout, removed.stdout
+    assert directory(fleet, "SELECT max(generation) FROM data_keys") == [["2"]]
+    assert directory(fleet, "SELECT count(*) FROM terminals WHERE rekey_due") == [["1"]]
+    # The owed rotation fails at every sync, but the sync goes on to push.
+    assert "error" not in a.set_passcode("nadia", "550912")
+    assert "error" not in a.sync()
+    assert a.status()["queuedPushes"] == 0
+    assert "another public key" in a.status()["lastRejection"], a.status()
+    assert directory(fleet, "SELECT v.generation FROM passcode_verifiers v JOIN people p USING (person_id) "
+                            "WHERE p.name = 'nadia'") == [["2"]]
+    # Its key back (the writer's change undone): the next sync rotates.
+    directory(fleet, f"UPDATE terminals SET public_key = '\\x{a.public_key}' WHERE terminal_id = '{a_id}'")
+    assert "error" not in a.sync()
+    assert directory(fleet, "SELECT max(generation) FROM data_keys") == [["3"]]
+    wrapped_to = {row[0] for row in directory(fleet, "SELECT terminal_id FROM wrapped_keys WHERE generation = 3")}
+    assert wrapped_to == {a_id, b_id}, wrapped_to
+    b.start()
+    assert "error" not in b.sync()
+    assert b.status()["generation"] == 3
+    assert "error" not in b.verify_passcode("nadia", "550912")
+    assert d.status()["state"] in ("member", "removed")

@@ -365,6 +365,10 @@ actor FleetAgent {
     // MARK: Create, token, join, leave
 
     func create(directory: String, name: String?) async throws(APIError) -> String {
+        try await inTurn(.membership) { () throws(APIError) in try await createOnce(directory: directory, name: name) }
+    }
+
+    private func createOnce(directory: String, name: String?) async throws(APIError) -> String {
         if let membership = try storeCall({ () throws(StoreError) in try store.fleetMembership() }) {
             throw APIError.own("FleetAlreadyMember", ["directory": .string(membership.directory)])
         }
@@ -441,6 +445,16 @@ actor FleetAgent {
     }
 
     func join(directory: String, tokenText: String, name: String?) async throws(APIError) -> (String, String) {
+        try await inTurn(.membership) { () throws(APIError) in
+            try await joinOnce(directory: directory, tokenText: tokenText, name: name)
+        }
+    }
+
+    private func joinOnce(
+        directory: String, tokenText: String, name: String?
+    ) async throws(APIError) -> (
+        String, String
+    ) {
         if let membership = try storeCall({ () throws(StoreError) in try store.fleetMembership() }) {
             throw APIError.own("FleetAlreadyMember", ["directory": .string(membership.directory)])
         }
@@ -488,6 +502,10 @@ actor FleetAgent {
     }
 
     func leave() async throws(APIError) {
+        try await inTurn(.membership) { () throws(APIError) in try await leaveOnce() }
+    }
+
+    private func leaveOnce() async throws(APIError) {
         let membership = try requireMembership()
         guard let terminal = UUID(uuidString: membership.terminalID) else {
             throw APIError.fleetError("the stored terminal id is not a UUID")
@@ -588,26 +606,44 @@ actor FleetAgent {
 
     // MARK: Sync
 
-    /// Pulls until the feed is exhausted and pushes the queue; the sync service and `FleetSync`
-    /// both call it (the actor runs one at a time). A terminal the directory has removed stops
-    /// here (`noticeRemoval`).
-    /// One sync at a time: the agent is an actor, but a sync awaits the directory, so a second
-    /// one (`fleet sync` from the CLI while the sync service runs one) would interleave with it.
-    /// Both would pull from the same cursor, and the one behind would meet rows older than what
-    /// the other had just recorded, and refuse them as replayed. Callers queue, in order.
-    private var isSyncing = false
-    private var waitingToSync: [CheckedContinuation<Void, Never>] = []
+    /// Work that must not interleave with itself although it awaits the directory (an actor
+    /// alone lets another call in at every await). Callers of one kind queue, in order.
+    enum Turn: Hashable {
+        /// A sync: two at once (`fleet sync` from the CLI while the sync service runs one) would
+        /// pull from the same cursor, and the one behind would meet rows older than what the
+        /// other had just recorded, and refuse them as replayed.
+        case sync
+        /// `fleet create`, `join` and `leave`: two at once closed each other's connection, and
+        /// the later one's attempt record replaced the other's (§6.1 could then not finish it).
+        /// One at a time, the second finds the first's membership (`FleetAlreadyMember`).
+        case membership
+    }
 
-    func sync() async throws(APIError) {
-        if isSyncing {
-            await withCheckedContinuation { waitingToSync.append($0) }
+    private var busyTurns: Set<Turn> = []
+    private var waitingTurns: [Turn: [CheckedContinuation<Void, Never>]] = [:]
+
+    private func inTurn<T>(_ turn: Turn, _ body: () async throws(APIError) -> T) async throws(APIError) -> T {
+        if busyTurns.contains(turn) {
+            await withCheckedContinuation { waitingTurns[turn, default: []].append($0) }
         } else {
-            isSyncing = true
+            busyTurns.insert(turn)
         }
         defer {
-            if waitingToSync.isEmpty { isSyncing = false } else { waitingToSync.removeFirst().resume() }
+            if let next = waitingTurns[turn]?.first {
+                waitingTurns[turn]?.removeFirst()
+                next.resume()
+            } else {
+                busyTurns.remove(turn)
+            }
         }
-        try await syncOnce()
+        return try await body()
+    }
+
+    /// Pulls until the feed is exhausted and pushes the queue; the sync service and `FleetSync`
+    /// both call it, one at a time (`Turn.sync`). A terminal the directory has removed stops
+    /// here (`noticeRemoval`).
+    func sync() async throws(APIError) {
+        try await inTurn(.sync) { () throws(APIError) in try await syncOnce() }
     }
 
     private func syncOnce() async throws(APIError) {
@@ -616,23 +652,45 @@ actor FleetAgent {
         guard let terminal = UUID(uuidString: membership.terminalID) else {
             throw APIError.fleetError("the stored terminal id is not a UUID")
         }
-        do {
+        do throws(APIError) {
             let standing = try await withDirectory(membership.directory) { connection throws(FleetError) in
                 try await connection.standing(of: terminal)
             }
             if try await noticeRemoval(membership, state: standing.state) { return }
             try await pull(&membership)
             if membership.state == "member" {
-                // A row from before migration 4 has no vouch: without one, no rotation would be
-                // wrapped to this terminal (§6.2). Checked once per connection.
+                // A row from before migration 4 has no vouch, and a writer may clear one: without
+                // it, no rotation would be wrapped to this terminal (§6.2). Checked each sync.
+                // A row whose public key is not this terminal's is refused (counted and shown in
+                // `fleet status`), and the sync goes on: pushes do not depend on it.
                 let publicKey = try loadKeyPair().publicKey
-                try await withDirectory(membership.directory) { connection throws(FleetError) in
-                    try await connection.vouchForSelf(terminal, publicKey: publicKey)
+                do throws(APIError) {
+                    try await withDirectory(membership.directory) { connection throws(FleetError) in
+                        try await connection.vouchForSelf(terminal, publicKey: publicKey)
+                    }
+                } catch {
+                    if error.name.hasSuffix(".FleetUnreachable") { throw error }
+                    let reason = "this terminal's row refused: \(error.parameters)"
+                    if reason != (try? store.fleetMembership()?.lastRejection) {
+                        logger.error(
+                            "fleet: this terminal's row in the directory is not its own",
+                            metadata: ["error": "\(error)"])
+                        _ = try? store.recordFleetRejection(reason)
+                        await record(.fleetReject, .refused, reason)
+                    }
                 }
             }
             if membership.state == "member", standing.rotationDue {
                 // Before pushing, so what this sync pushes is sealed under the new generation.
-                try await rotateIfDue(&membership)
+                // A rotation this terminal cannot make (a directory not yet migrated, a
+                // generation it does not hold, its own row's key changed there) is logged and
+                // left to the next sync or another member: it does not hold up pushes and audit.
+                do throws(APIError) {
+                    try await rotateIfDue(&membership)
+                } catch {
+                    if error.name.hasSuffix(".FleetUnreachable") { throw error }
+                    logger.error("fleet rotation owed but not made", metadata: ["error": "\(error)"])
+                }
             }
             if membership.state == "member" {
                 try await pushQueue(membership)
@@ -690,8 +748,9 @@ actor FleetAgent {
     @discardableResult
     private func rotateIfDue(_ membership: inout FleetMembership) async throws(APIError) -> Bool {
         guard let terminal = UUID(uuidString: membership.terminalID) else { return false }
+        let publicKey = try loadKeyPair().publicKey
         let rotated = try await withDirectory(membership.directory) { connection throws(FleetError) in
-            try await connection.rotateDataKeyIfDue(by: terminal)
+            try await connection.rotateDataKeyIfDue(by: terminal, publicKey: publicKey)
         }
         guard let rotated else { return false }
         if !rotated.unvouched.isEmpty {

@@ -218,6 +218,9 @@ public actor FleetDirectory {
     public func join(
         with token: JoinToken, as terminal: TerminalRegistration
     ) async throws(FleetError) -> (outcome: FleetAttemptOutcome, state: String) {
+        // Admitted on a directory before migration 4, the newcomer would find no admission MAC
+        // to check, and stay pending.
+        try await requireSchema(4, for: "joining a fleet")
         let hash = Data(SHA256.hash(data: token.secret))
         let proof = Self.joinProof(token: token, terminal: terminal).mac
         let refusal: FleetError
@@ -360,7 +363,7 @@ public actor FleetDirectory {
     /// newest, wrapped to every current member. Returns it, or nil when none was owed or another
     /// member published it first (members race for it; exactly one wins, the others find the
     /// debt paid at their next call).
-    public func rotateDataKeyIfDue(by member: UUID) async throws(FleetError) -> FleetRotation? {
+    public func rotateDataKeyIfDue(by member: UUID, publicKey: [UInt8]) async throws(FleetError) -> FleetRotation? {
         // A conflict means another member published first (the debt is then paid) or the
         // members changed meanwhile (it is not): look again, a few times.
         for _ in 0..<3 {
@@ -371,7 +374,8 @@ public actor FleetDirectory {
             }
             let dataKey = FleetDataKey.random(generation: newest + 1)
             do {
-                let unvouched = try await rotateDataKey(to: dataKey, by: member, reason: "terminal removed")
+                let unvouched = try await rotateDataKey(
+                    to: dataKey, by: member, publicKey: publicKey, reason: "terminal removed")
                 return FleetRotation(key: dataKey, unvouched: unvouched)
             } catch {
                 guard error.code == .conflict else { throw error }
@@ -390,10 +394,8 @@ public actor FleetDirectory {
     /// left out, unvouched.
     @discardableResult
     public func rotateDataKey(
-        to dataKey: FleetDataKey, by member: UUID, reason: String
-    ) async throws(FleetError)
-        -> [UUID]
-    {
+        to dataKey: FleetDataKey, by member: UUID, publicKey ownKey: [UInt8], reason: String
+    ) async throws(FleetError) -> [UUID] {
         try await requireSchema(4, for: "rotating the data key")
         guard let keyring, let previous = keyring.dataKey(generation: dataKey.generation - 1) else {
             throw FleetError(
@@ -409,8 +411,17 @@ public actor FleetDirectory {
             var unvouched: [UUID] = []
             for row in members {
                 let (id, publicKey, generation, mac) = try row.decode((UUID, Data, Int32?, Data?).self)
-                var vouched = id == member
-                if !vouched, let generation, let mac, let key = keyring.dataKey(generation: generation) {
+                var vouched = false
+                if id == member {
+                    // This terminal's own row: wrapped to the key it knows is its own, never to
+                    // whatever the directory lists (a writer's key there would get the rotation,
+                    // with a genuine chain MAC every other member then takes).
+                    guard Array(publicKey) == ownKey else {
+                        throw FleetError(
+                            .integrity("the directory lists another public key for this terminal: not rotating"))
+                    }
+                    vouched = true
+                } else if let generation, let mac, let key = keyring.dataKey(generation: generation) {
                     vouched = FleetKeyAuthentication.isValidVouch(
                         mac, terminal: id, publicKey: Array(publicKey), under: key)
                 }
@@ -441,13 +452,14 @@ public actor FleetDirectory {
     }
 
     /// Vouches for `terminal`'s own member row under the newest generation held, unless its
-    /// vouch already opens: a row from before migration 4 has none, and a rotation is wrapped
-    /// only to vouched members. Once per connection. Returns whether it wrote one.
+    /// vouch already opens: a row from before migration 4 has none, a writer may have cleared
+    /// it, and a rotation is wrapped only to vouched members. A sync calls it each time (one
+    /// query while the vouch opens). Returns whether it wrote one.
     @discardableResult
     public func vouchForSelf(_ terminal: UUID, publicKey: [UInt8]) async throws(FleetError) -> Bool {
-        guard !hasVouched, try await currentSchemaVersion() >= 4 else { return false }
+        guard try await currentSchemaVersion() >= 4 else { return false }
         guard let keyring, let newest = keyring.dataKey(generation: keyring.currentGeneration) else { return false }
-        let wrote = try await exclusive { connection, logger in
+        return try await exclusive { connection, logger in
             let row = try await connection.query(
                 """
                 SELECT public_key, vouch_generation, vouch_mac FROM terminals
@@ -471,11 +483,7 @@ public actor FleetDirectory {
             ).collect()
             return true
         }
-        hasVouched = true
-        return wrote
     }
-
-    private var hasVouched = false
 
     /// What the directory holds for `terminal`'s keys: its wrapped generations, their chain
     /// MACs and its admission, for `FleetKeyAuthentication.accept`. A terminal role sees only

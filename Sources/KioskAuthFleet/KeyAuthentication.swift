@@ -23,35 +23,66 @@ public import Foundation
 public enum FleetKeyAuthentication {
     /// The chain MAC of `key`, made with the generation before it.
     public static func chainMAC(of key: FleetDataKey, under previous: FleetDataKey) -> Data {
-        var input = Data("kioskauth.fleet.generation.v1\u{0}".utf8)
-        input += bigEndian(key.generation)
-        key.key.withUnsafeBytes { input += $0 }
-        return Data(HMAC<SHA256>.authenticationCode(for: input, using: previous.derived(for: "generation-chain")))
+        Data(HMAC<SHA256>.authenticationCode(for: chainInput(key), using: previous.derived(for: "generation-chain")))
+    }
+
+    /// Whether `mac` is `key`'s chain MAC under `previous` (compared in constant time).
+    public static func isValidChainMAC(_ mac: Data, of key: FleetDataKey, under previous: FleetDataKey) -> Bool {
+        HMAC<SHA256>.isValidAuthenticationCode(
+            mac, authenticating: chainInput(key), using: previous.derived(for: "generation-chain"))
     }
 
     /// The admission MAC over every generation wrapped to a newcomer, under the join secret.
     public static func admissionMAC(
         joinSecret: [UInt8], terminal: UUID, publicKey: [UInt8], keys: [FleetDataKey]
     ) -> Data {
+        Data(
+            HMAC<SHA256>.authenticationCode(
+                for: admissionInput(terminal: terminal, publicKey: publicKey, keys: keys),
+                using: SymmetricKey(data: joinSecret)))
+    }
+
+    /// Whether `mac` is the admission MAC of `keys` under `joinSecret` (in constant time).
+    public static func isValidAdmissionMAC(
+        _ mac: Data, joinSecret: [UInt8], terminal: UUID, publicKey: [UInt8], keys: [FleetDataKey]
+    ) -> Bool {
+        HMAC<SHA256>.isValidAuthenticationCode(
+            mac, authenticating: admissionInput(terminal: terminal, publicKey: publicKey, keys: keys),
+            using: SymmetricKey(data: joinSecret))
+    }
+
+    /// The vouch for a member row: its id and public key, under `key`.
+    public static func vouchMAC(terminal: UUID, publicKey: [UInt8], under key: FleetDataKey) -> Data {
+        Data(
+            HMAC<SHA256>.authenticationCode(
+                for: vouchInput(terminal: terminal, publicKey: publicKey), using: key.derived(for: "member-vouch")))
+    }
+
+    /// Whether `mac` vouches for the member row (`terminal`, `publicKey`) under `key`.
+    public static func isValidVouch(_ mac: Data, terminal: UUID, publicKey: [UInt8], under key: FleetDataKey) -> Bool {
+        HMAC<SHA256>.isValidAuthenticationCode(
+            mac, authenticating: vouchInput(terminal: terminal, publicKey: publicKey),
+            using: key.derived(for: "member-vouch"))
+    }
+
+    static func chainInput(_ key: FleetDataKey) -> Data {
+        var input = Data("kioskauth.fleet.generation.v1\u{0}".utf8)
+        input += bigEndian(key.generation)
+        key.key.withUnsafeBytes { input += $0 }
+        return input
+    }
+
+    static func admissionInput(terminal: UUID, publicKey: [UInt8], keys: [FleetDataKey]) -> Data {
         var input = Data("kioskauth.fleet.admission.v1\u{0}\(terminal.fleetText)\u{0}".utf8) + Data(publicKey)
         for key in keys.sorted(by: { $0.generation < $1.generation }) {
             input += bigEndian(key.generation)
             key.key.withUnsafeBytes { input += $0 }
         }
-        return Data(HMAC<SHA256>.authenticationCode(for: input, using: SymmetricKey(data: joinSecret)))
+        return input
     }
 
-    /// The vouch for a member row: its id and public key, under `key`.
-    public static func vouchMAC(terminal: UUID, publicKey: [UInt8], under key: FleetDataKey) -> Data {
-        let input = Data("kioskauth.fleet.member.v1\u{0}\(terminal.fleetText)\u{0}".utf8) + Data(publicKey)
-        return Data(HMAC<SHA256>.authenticationCode(for: input, using: key.derived(for: "member-vouch")))
-    }
-
-    /// Whether `mac` vouches for the member row (`terminal`, `publicKey`) under `key`.
-    public static func isValidVouch(_ mac: Data, terminal: UUID, publicKey: [UInt8], under key: FleetDataKey) -> Bool {
-        let input = Data("kioskauth.fleet.member.v1\u{0}\(terminal.fleetText)\u{0}".utf8) + Data(publicKey)
-        return HMAC<SHA256>.isValidAuthenticationCode(
-            mac, authenticating: input, using: key.derived(for: "member-vouch"))
+    static func vouchInput(terminal: UUID, publicKey: [UInt8]) -> Data {
+        Data("kioskauth.fleet.member.v1\u{0}\(terminal.fleetText)\u{0}".utf8) + Data(publicKey)
     }
 
     /// Which of the generations delivered to a terminal it may take (`FleetKeyDelivery`), given
@@ -74,6 +105,12 @@ public enum FleetKeyAuthentication {
         var result = FleetKeyAcceptance()
         var opened: [Int32: (wrapped: WrappedDataKey, key: FleetDataKey)] = [:]
         for wrapped in delivery.wrapped {
+            // Generations start at 1 (the directory's CHECK, which its owner can drop): anything
+            // else is refused here, before any arithmetic on it.
+            guard wrapped.generation >= 1 else {
+                result.refused.append((wrapped.generation, "generation \(wrapped.generation) is not a generation"))
+                continue
+            }
             guard wrapped.terminalID == terminal else {
                 result.refused.append(
                     (wrapped.generation, "generation \(wrapped.generation) is wrapped to another terminal"))
@@ -109,9 +146,9 @@ public enum FleetKeyAuthentication {
             let verifies =
                 plausible && admitted.count == Int(through)
                 && joinSecret.map {
-                    admissionMAC(
-                        joinSecret: $0, terminal: terminal, publicKey: keyPair.publicKey, keys: admitted)
-                        == admission.mac
+                    isValidAdmissionMAC(
+                        admission.mac, joinSecret: $0, terminal: terminal, publicKey: keyPair.publicKey,
+                        keys: admitted)
                 } == true
             if verifies {
                 for key in admitted {
@@ -139,7 +176,7 @@ public enum FleetKeyAuthentication {
                 )
                 continue
             }
-            guard let mac = delivery.chainMACs[generation], chainMAC(of: entry.key, under: previous) == mac else {
+            guard let mac = delivery.chainMACs[generation], isValidChainMAC(mac, of: entry.key, under: previous) else {
                 result.refused.append(
                     (generation, "generation \(generation) carries no valid MAC under generation \(generation - 1)"))
                 continue

@@ -81,7 +81,7 @@ public struct FleetPendingAttempt: Codable, Sendable, Equatable {
     /// A join's token id (lower case).
     public var tokenID: String?
     /// A create's generation-1 data key as sent, wrapped to this terminal's public key, in the
-    /// encoding `fleet_keys` keeps (`addFleetKey`): only this terminal's private key opens it,
+    /// encoding `fleet_keys` keeps (`acceptFleetKeys`): only this terminal's private key opens it,
     /// and no one else can make the same bytes.
     public var wrappedKey: [UInt8]?
 
@@ -246,8 +246,9 @@ extension Store {
     }
 
     /// Keeps the data-key generations just authenticated (`FleetKeyAuthentication.accept`), as
-    /// wrapped to this terminal, in one transaction; a generation already held is never
-    /// replaced. `becomeMember`: a pending terminal's first keys make it a member, and its join
+    /// wrapped to this terminal and sealed under the store key (so one opens only with the store
+    /// key and the terminal's own key together), in one transaction; a generation already held
+    /// is never replaced. `becomeMember`: a pending terminal's first keys make it a member, and its join
     /// secret, used now, is erased.
     public func acceptFleetKeys(
         _ keys: [(generation: Int32, wrapped: [UInt8])], becomeMember: Bool, now: Date
@@ -369,17 +370,6 @@ extension Store {
     }
 
     // MARK: Keys and tokens
-
-    /// Keeps a data-key generation as received (wrapped to this terminal), sealed under the
-    /// store key: it opens only with the store key and the terminal's own key together.
-    public func addFleetKey(generation: Int32, wrapped: [UInt8], now: Date) throws(StoreError) {
-        let sealed = try seal(wrapped, Self.fleetKeyBinding(generation: generation))
-        try transaction { db in
-            try db.query(
-                "INSERT OR REPLACE INTO fleet_keys (generation, sealed, received_at) VALUES (?, ?, ?)",
-                [.integer(Int64(generation)), .blob(sealed), .real(now.timeIntervalSince1970)])
-        }
-    }
 
     /// The data-key generations held, oldest first, as wrapped.
     public func fleetKeys() throws(StoreError) -> [(generation: Int32, wrapped: [UInt8])] {

@@ -132,7 +132,8 @@ import Testing
             let (a, b, c) = (fleet[0], fleet[1], fleet[2])
             let stolenKeyring = try await c.keyring()
             try await a.directory.removeTerminal(c.id)
-            try await a.directory.rotateDataKey(to: .random(generation: 2), by: a.id, reason: "terminal removed")
+            try await a.directory.rotateDataKey(
+                to: .random(generation: 2), by: a.id, publicKey: a.keys.publicKey, reason: "terminal removed")
             await #expect(throws: FleetError.self) {
                 try await c.directory.push(PushBatch(idempotencyKey: UUID(), terminal: c.id, writes: [person()]))
             }

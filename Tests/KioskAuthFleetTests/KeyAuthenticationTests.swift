@@ -149,7 +149,7 @@ import Testing
                 UPDATE terminals SET public_key = '\\x\(hex(writersKey.publicKey))' WHERE terminal_id = '\(b.id.fleetText)'
                 """)
             try await a.directory.removeTerminal(c.id)
-            let rotation = try #require(try await a.directory.rotateDataKeyIfDue(by: a.id))
+            let rotation = try #require(try await a.directory.rotateDataKeyIfDue(by: a.id, publicKey: a.keys.publicKey))
             #expect(Set(rotation.unvouched) == [stranger, b.id])
             let wrappedTo = try server.psql(
                 "SELECT terminal_id FROM wrapped_keys WHERE generation = 2 ORDER BY terminal_id::text")
@@ -171,6 +171,7 @@ import Testing
                     ], as: a.role)
             }
             #expect(throws: (any Error).self) { try forgotten.get() }
+            if case .failure(let error) = forgotten { #expect("\(error)".contains("members changed"), "\(error)") }
             // The signature older daemons call refuses, naming the upgrade.
             let old = Result {
                 try server.psql(
@@ -191,10 +192,12 @@ import Testing
                 "UPDATE terminals SET vouch_generation = NULL, vouch_mac = NULL WHERE terminal_id = '\(b.id.fleetText)'"
             )
             #expect(try await b.directory.vouchForSelf(b.id, publicKey: b.keys.publicKey))
-            // Once per connection.
+            // Nothing to do while the vouch opens; a vouch the writer clears is made again.
             #expect(try await !b.directory.vouchForSelf(b.id, publicKey: b.keys.publicKey))
+            try server.psql("UPDATE terminals SET vouch_mac = NULL WHERE terminal_id = '\(b.id.fleetText)'")
+            #expect(try await b.directory.vouchForSelf(b.id, publicKey: b.keys.publicKey))
             try await a.directory.removeTerminal(c.id)
-            let rotation = try #require(try await a.directory.rotateDataKeyIfDue(by: a.id))
+            let rotation = try #require(try await a.directory.rotateDataKeyIfDue(by: a.id, publicKey: a.keys.publicKey))
             #expect(rotation.unvouched.isEmpty)
             #expect(try await b.keyring().currentGeneration == 2)
 
@@ -212,6 +215,58 @@ import Testing
             }
             #expect(swapped?.code == .integrity)
             for directory in [a.directory, b.directory, c.directory, again] { await directory.close() }
+        }
+    }
+
+    /// The review's attack on the first version: the writer swaps the *rotating* member's own
+    /// public key. The rotation used to be wrapped to whatever the directory listed for the
+    /// rotator itself, with a genuine chain MAC that every other member then took. Now the
+    /// rotator refuses to rotate; once its key is back, the rotation is made.
+    @Test func theRotatorsOwnRowWithAnotherPublicKey_getsNoRotation() async throws {
+        try await TestPostgres.with { server in
+            let (fleet, _) = try await makeFleet(3, on: server)
+            let (a, b, c) = (fleet[0], fleet[1], fleet[2])
+            let writersKey = TerminalKeyPair.generate()
+            try await a.directory.removeTerminal(c.id)
+            #expect(
+                try server.psql("SELECT vouch_mac IS NULL FROM terminals WHERE terminal_id = '\(c.id.fleetText)'")
+                    == "t\n")
+            try server.psql(
+                "UPDATE terminals SET public_key = '\\x\(hex(writersKey.publicKey))' WHERE terminal_id = '\(a.id.fleetText)'"
+            )
+            let refused = await #expect(throws: FleetError.self) {
+                _ = try await a.directory.rotateDataKeyIfDue(by: a.id, publicKey: a.keys.publicKey)
+            }
+            #expect(refused?.code == .integrity)
+            #expect(try server.psql("SELECT max(generation) FROM data_keys") == "1\n")
+            #expect(await a.directory.heldKey(generation: 2) == nil)
+            try server.psql(
+                "UPDATE terminals SET public_key = '\\x\(hex(a.keys.publicKey))' WHERE terminal_id = '\(a.id.fleetText)'"
+            )
+            #expect(try await a.directory.rotateDataKeyIfDue(by: a.id, publicKey: a.keys.publicKey)?.generation == 2)
+            #expect(try await b.keyring().currentGeneration == 2)
+            for terminal in fleet { await terminal.directory.close() }
+        }
+    }
+
+    /// A wrapped key at a generation below 1 (the owner can drop the CHECK) is refused, and
+    /// refusing it does no arithmetic that traps: `Int32.min - 1` used to stop the daemon at
+    /// every sync.
+    @Test func aWrappedKeyAtGenerationZeroOrInt32Min_isRefused_withoutATrap() throws {
+        let keys = TerminalKeyPair.generate()
+        let terminal = UUID()
+        let held = FleetDataKey.random(generation: 1)
+        var wrapped: [WrappedDataKey] = []
+        for generation in [Int32.min, -1, 0] {
+            wrapped.append(
+                try WrappedDataKey.wrap(.random(generation: generation), to: keys.publicKey, terminalID: terminal))
+        }
+        for admission in [nil, (mac: Data(repeating: 0, count: 32), through: Int32(1))] {
+            let acceptance = FleetKeyAuthentication.accept(
+                FleetKeyDelivery(wrapped: wrapped, chainMACs: [:], admission: admission), keyPair: keys,
+                terminal: terminal, held: admission == nil ? [held] : [], joinSecret: Array(repeating: 1, count: 32))
+            #expect(acceptance.accepted.isEmpty)
+            #expect(acceptance.refused.map(\.generation) == [Int32.min, -1, 0])
         }
     }
 }

@@ -31,15 +31,15 @@ import Testing
             let (a, b, c) = (fleet[0], fleet[1], fleet[2])
             #expect(try await owed(a) == "false/1")
             // Nothing owed, nothing published.
-            #expect(try await a.directory.rotateDataKeyIfDue(by: a.id)?.generation == nil)
+            #expect(try await a.directory.rotateDataKeyIfDue(by: a.id, publicKey: a.keys.publicKey)?.generation == nil)
 
             // What c holds when it is removed (a thief's copy).
             let stolen = try await c.keyring()
             try await a.directory.removeTerminal(c.id)
             #expect(try await owed(b) == "true/1")
             // A and B both notice and race to pay the debt: one generation 2, never a 3.
-            async let fromA = a.directory.rotateDataKeyIfDue(by: a.id)
-            async let fromB = b.directory.rotateDataKeyIfDue(by: b.id)
+            async let fromA = a.directory.rotateDataKeyIfDue(by: a.id, publicKey: a.keys.publicKey)
+            async let fromB = b.directory.rotateDataKeyIfDue(by: b.id, publicKey: b.keys.publicKey)
             let published = [try await fromA, try await fromB].compactMap { $0 }
             #expect(published.count == 1)
             #expect(published.first?.generation == 2)
@@ -76,7 +76,8 @@ import Testing
             let before = UUID()
             let sealedBefore = try await pushPerson(a, before, verifier: "before")
             try await a.directory.removeTerminal(c.id)
-            let second = try #require(try await a.directory.rotateDataKeyIfDue(by: a.id)).key
+            let second = try #require(try await a.directory.rotateDataKeyIfDue(by: a.id, publicKey: a.keys.publicKey))
+                .key
             let after = UUID()
             let sealedAfter = try await pushPerson(a, after, verifier: "after")
             #expect(sealedBefore.generation == 1)
@@ -138,8 +139,10 @@ import Testing
             }
             // A removed terminal may remove nobody, and cannot pay the debt itself.
             await #expect(throws: FleetError.self) { try await b.directory.removeTerminal(a.id) }
-            await #expect(throws: FleetError.self) { _ = try await b.directory.rotateDataKeyIfDue(by: b.id) }
-            #expect(try await a.directory.rotateDataKeyIfDue(by: a.id)?.generation == 2)
+            await #expect(throws: FleetError.self) {
+                _ = try await b.directory.rotateDataKeyIfDue(by: b.id, publicKey: b.keys.publicKey)
+            }
+            #expect(try await a.directory.rotateDataKeyIfDue(by: a.id, publicKey: a.keys.publicKey)?.generation == 2)
             let terminals = try await a.directory.terminals()
             #expect(terminals.map(\.state) == ["member", "removed", "removed"])
             #expect(terminals.first?.lastSeenAt == nil && terminals[1].removedAt != nil)
@@ -220,7 +223,7 @@ import Testing
             await #expect(throws: (any Error).self) { _ = try await sRotates.value }
             #expect(try server.psql("SELECT count(*) FROM data_keys") == "1\n")
             #expect(try await owed(a) == "true/1")
-            #expect(try await a.directory.rotateDataKeyIfDue(by: a.id)?.generation == 2)
+            #expect(try await a.directory.rotateDataKeyIfDue(by: a.id, publicKey: a.keys.publicKey)?.generation == 2)
             #expect(try server.psql("SELECT created_by FROM data_keys WHERE generation = 2") == "\(a.id.fleetText)\n")
             for terminal in fleet { await terminal.directory.close() }
         }
@@ -268,7 +271,8 @@ import Testing
             // ... and a member does not make one: it has no generation before it to MAC it with.
             for generation: Int32 in [1, 3] {
                 await #expect(throws: FleetError.self) {
-                    try await a.directory.rotateDataKey(to: .random(generation: generation), by: a.id, reason: "test")
+                    try await a.directory.rotateDataKey(
+                        to: .random(generation: generation), by: a.id, publicKey: a.keys.publicKey, reason: "test")
                 }
             }
             #expect(try server.psql("SELECT count(*) FROM data_keys") == "1\n")

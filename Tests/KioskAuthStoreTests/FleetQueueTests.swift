@@ -283,7 +283,7 @@ struct FleetQueueTests {
         let fixture = try StoreFixture()
         try fixture.withStore { store in
             try member(store)
-            try store.addFleetKey(generation: 1, wrapped: Array(repeating: 7, count: 80), now: testNow)
+            try store.acceptFleetKeys([(1, Array(repeating: 7, count: 80))], becomeMember: false, now: testNow)
             try store.addFleetJoinToken(id: "t1", token: Array("kat1.secret".utf8), expiresAt: testNow, now: testNow)
             #expect(try store.fleetKeys().map(\.generation) == [1])
             #expect(try store.fleetJoinToken(id: "t1") == Array("kat1.secret".utf8))

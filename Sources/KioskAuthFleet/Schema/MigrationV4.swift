@@ -145,7 +145,29 @@ extension FleetMigration {
                    OR NOT EXISTS (SELECT 1 FROM data_keys WHERE generation = p_generation) THEN
                     RAISE EXCEPTION 'a vouch is 32 bytes under a generation there is' USING ERRCODE = 'KA409';
                 END IF;
-                UPDATE terminals SET vouch_generation = p_generation, vouch_mac = p_mac WHERE terminal_id = p_terminal;
+                UPDATE terminals SET vouch_generation = p_generation, vouch_mac = p_mac
+                WHERE terminal_id = p_terminal AND state = 'member';
+            END
+            $$
+            """,
+            // As version 3's, and a removed terminal's vouch goes with its keys: a row set back to
+            // `member` by a writer is not vouched for by anyone.
+            """
+            CREATE OR REPLACE FUNCTION fleet_remove_terminal(p_terminal uuid) RETURNS void
+            LANGUAGE plpgsql AS $$
+            BEGIN
+                IF NOT EXISTS (SELECT 1 FROM terminals WHERE terminal_id = p_terminal AND db_role = session_user) THEN
+                    PERFORM fleet_session_member();
+                END IF;
+                IF NOT EXISTS (SELECT 1 FROM terminals WHERE terminal_id = p_terminal) THEN
+                    RAISE EXCEPTION 'no terminal %', p_terminal USING ERRCODE = 'KA404';
+                END IF;
+                UPDATE join_tokens SET expires_at = least(expires_at, now())
+                WHERE issued_by = p_terminal AND used_at IS NULL;
+                UPDATE terminals SET state = 'removed', removed_at = now(), rekey_due = (state = 'member'),
+                       vouch_generation = NULL, vouch_mac = NULL
+                WHERE terminal_id = p_terminal AND state <> 'removed';
+                DELETE FROM wrapped_keys WHERE terminal_id = p_terminal;
             END
             $$
             """,
@@ -205,6 +227,7 @@ extension FleetMigration {
                     'fleet_admit_keys(uuid, uuid, bytea, jsonb, bytea, integer, bytea)',
                     'fleet_rotate_data_key(integer, uuid, text, jsonb, bytea, jsonb)',
                     'fleet_vouch(uuid, integer, bytea)',
+                    'fleet_remove_terminal(uuid)',
                     'fleet_bootstrap(uuid, text, bytea, text, text, boolean, bytea, bytea)',
                     'fleet_admit_keys(uuid, uuid, bytea, jsonb)',
                     'fleet_admit(uuid, uuid, bytea, integer, bytea, bytea)',
