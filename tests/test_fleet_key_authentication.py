@@ -113,6 +113,9 @@ def test_aKeyTheDirectoryListsForAHeldGeneration_isRefused_andTheHeldOneKept(fle
 def test_aMemberRowTheDirectoryAdds_isLeftOutOfTheRotation_andTheOthersTakeIt(fleet):
     a, b, c = fleet[0], fleet[1], fleet[2]
     stranger = "5ca1ab1e-0000-4000-8000-00000000c0de"
+    b_id = b.terminal_id()
+    # B is down, so that A (not B, woken by the removal) pays the rotation and reports it.
+    b.stop()
     directory(fleet, "INSERT INTO terminals (terminal_id, name, public_key, state, db_role, vouch_generation, vouch_mac) "
                      f"VALUES ('{stranger}', 'spare', '\\x{secrets.token_hex(32)}', 'member', 'kt_spare', 1, "
                      f"'\\x{secrets.token_hex(32)}')")
@@ -120,10 +123,11 @@ def test_aMemberRowTheDirectoryAdds_isLeftOutOfTheRotation_andTheOthersTakeIt(fl
     assert removed.returncode == 0, removed.stderr
     assert "generation 2" in removed.stdout, removed.stdout
     wrapped_to = {row[0] for row in directory(fleet, "SELECT terminal_id FROM wrapped_keys WHERE generation = 2")}
-    assert wrapped_to == {a.terminal_id(), b.terminal_id()}, wrapped_to
+    assert wrapped_to == {a.terminal_id(), b_id}, wrapped_to
     rotations = [e for e in a.audit() if e["action"] == "fleet.rotate"]
     left_out = [e for e in rotations if e["result"] == "failure"]
     assert left_out and stranger in left_out[-1]["detail"], rotations
+    b.start()
     # B takes generation 2 by its MAC under generation 1, and opens what A seals under it.
     assert "error" not in a.set_passcode("nadia", "739201")
     assert "error" not in a.sync()
@@ -189,7 +193,7 @@ def test_theRemovingMembersOwnKeySwapped_getsNoRotation_andItsPushesGoOn(fleet):
     MAC under the generation before, which every other member then took. Now the member refuses
     to rotate while its row is not its own; the rotation stays owed, its writes are still pushed
     (under the generation it holds), and once its key is back the next sync pays the rotation."""
-    a, b, d = fleet[0], fleet[1], fleet[3]
+    a, b = fleet[0], fleet[1]
     a_id, b_id = a.terminal_id(), b.terminal_id()
     # B is down: woken by the removal, it would pay the rotation itself (leaving A out, whose
     # row then no longer matches its vouch).
@@ -217,4 +221,3 @@ def test_theRemovingMembersOwnKeySwapped_getsNoRotation_andItsPushesGoOn(fleet):
     assert "error" not in b.sync()
     assert b.status()["generation"] == 3
     assert "error" not in b.verify_passcode("nadia", "550912")
-    assert d.status()["state"] in ("member", "removed")

@@ -160,6 +160,33 @@ def test_a_remove_and_a_leave_whose_answers_were_lost_are_finished_by_running_th
     assert b.status()["configured"] is False
 
 
+def test_a_token_whose_admission_answer_was_lost_is_spent_so_a_row_set_back_to_pending_is_not_admitted_again(unformed):
+    """A admits B, but the answer is lost: A never marks the token used. Later B is removed,
+    and a directory writer sets B's row back to `pending`, proof and all (docs/fleet.md §6.2).
+    A must not admit it again, with every generation including the one made since. A spends
+    the token as soon as its feed shows B a member (or removed)."""
+    a, b = unformed.terminals
+    ok(a.rpc("FleetCreate", {"directory": a.url, "name": "A"}))
+    token = ok(a.rpc("FleetIssueJoinToken", {"validSeconds": 600}))["token"]
+    a.proxy.stall_after(b"fleet_admit_keys(")
+    joined = b.ctl("fleet", "join", b.url, "--name", "B", input=token + "\n", timeout=60)
+    assert joined.returncode == 0, joined.stderr
+    b_id = b.terminal_id()
+    # A, woken by the join, admits B; the answer is held, and A gives up on it.
+    wait_until(lambda: directory_terminals(unformed)[b_id][1] == "member", what="B admitted in the directory")
+    a.proxy.restore()
+    reconnected(a)
+    wait_until(lambda: ok(b.sync()) is not None and b.status()["state"] == "member", what="B taking its keys")
+
+    removed = ok(a.rpc("FleetRemoveTerminal", {"terminal": "B"}))
+    assert not removed["rotationOwed"], removed
+    assert unformed.postgres.fleet("SELECT max(generation) FROM data_keys") == [["2"]]
+    unformed.postgres.fleet(f"UPDATE terminals SET state = 'pending', removed_at = NULL WHERE terminal_id = '{b_id}'")
+    ok(a.sync())
+    assert directory_terminals(unformed)[b_id][1] == "pending"
+    assert unformed.postgres.fleet(f"SELECT count(*) FROM wrapped_keys WHERE terminal_id = '{b_id}'") == [["0"]]
+
+
 def test_a_leave_once_the_directory_has_removed_the_terminal_unbeknown_to_it_forgets_the_fleet(unformed):
     """What a lost leave can leave behind, made deterministic: the directory has removed B (here
     A did, while B was cut off), B still believes it is a member and has a write queued that the

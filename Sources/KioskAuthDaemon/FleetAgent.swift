@@ -502,7 +502,11 @@ actor FleetAgent {
     }
 
     func leave() async throws(APIError) {
-        try await inTurn(.membership) { () throws(APIError) in try await leaveOnce() }
+        // Also the sync's turn: a sync running beside it (woken by the push it makes) would
+        // reconnect and take keys and rows after the membership is forgotten.
+        try await inTurn(.membership) { () throws(APIError) in
+            try await inTurn(.sync) { () throws(APIError) in try await leaveOnce() }
+        }
     }
 
     private func leaveOnce() async throws(APIError) {
@@ -590,7 +594,9 @@ actor FleetAgent {
         var rotated = false
         do {
             try await loadKeyring(membership)
-            rotated = try await rotateIfDue(&current)
+            // The terminal just removed is left out whatever the directory says of it (a writer
+            // could put its row and vouch back before this rotation).
+            rotated = try await rotateIfDue(&current, excluding: [target.id])
         } catch {
             logger.error("fleet rotation after a removal failed", metadata: ["error": "\(error)"])
             await record(.fleetRotate, .failure, "after removing \(target.name): \(error.name): \(error.parameters)")
@@ -746,11 +752,13 @@ actor FleetAgent {
     /// has published it first, then takes it (and any other new generation) into the store
     /// and the keyring.
     @discardableResult
-    private func rotateIfDue(_ membership: inout FleetMembership) async throws(APIError) -> Bool {
+    private func rotateIfDue(
+        _ membership: inout FleetMembership, excluding removed: Set<UUID> = []
+    ) async throws(APIError) -> Bool {
         guard let terminal = UUID(uuidString: membership.terminalID) else { return false }
         let publicKey = try loadKeyPair().publicKey
         let rotated = try await withDirectory(membership.directory) { connection throws(FleetError) in
-            try await connection.rotateDataKeyIfDue(by: terminal, publicKey: publicKey)
+            try await connection.rotateDataKeyIfDue(by: terminal, publicKey: publicKey, excluding: removed)
         }
         guard let rotated else { return false }
         if !rotated.unvouched.isEmpty {
@@ -760,6 +768,9 @@ actor FleetAgent {
             )
         }
         try await receiveKeys(terminal: terminal, membership: &membership)
+        // The connection took the new key when it published it; from here on it uses exactly
+        // what this terminal has authenticated and kept.
+        await hold(dataKeys)
         logger.notice("fleet data key rotated", metadata: ["generation": "\(rotated.key.generation)"])
         await record(
             .fleetRotate, .success,
@@ -823,7 +834,7 @@ actor FleetAgent {
 
     private func loadKeyring(_ membership: FleetMembership) async throws(APIError) {
         let stored = try storeCall { () throws(StoreError) in try store.fleetKeys() }
-        guard stored.count != dataKeys.count else { return }
+        guard Set(stored.map(\.generation)) != Set(dataKeys.map(\.generation)) else { return }
         let pair = try loadKeyPair()
         var keys: [FleetDataKey] = []
         for (generation, bytes) in stored {
@@ -875,6 +886,18 @@ actor FleetAgent {
         guard membership.state == "member" else { return }
         for change in changes where change.entity == "terminals" && !change.isDeletion {
             let fields = change.fields
+            // A terminal that joined with a token kept here is a member (or removed) already: an
+            // admission whose answer was lost. The token is spent now, so that a writer who
+            // set the row back to pending cannot have it admitted again.
+            if fields["state"] == "member" || fields["state"] == "removed", let tokenID = fields["join_token_id"],
+                let id = fields["terminal_id"],
+                try storeCall({ () throws(StoreError) in try store.fleetJoinToken(id: tokenID) }) != nil
+            {
+                try storeCall { () throws(StoreError) in
+                    try store.markFleetJoinTokenUsed(id: tokenID, terminal: id, now: now())
+                }
+                continue
+            }
             guard fields["state"] == "pending", let tokenID = fields["join_token_id"],
                 let text = try storeCall({ () throws(StoreError) in try store.fleetJoinToken(id: tokenID) })
             else { continue }

@@ -363,7 +363,9 @@ public actor FleetDirectory {
     /// newest, wrapped to every current member. Returns it, or nil when none was owed or another
     /// member published it first (members race for it; exactly one wins, the others find the
     /// debt paid at their next call).
-    public func rotateDataKeyIfDue(by member: UUID, publicKey: [UInt8]) async throws(FleetError) -> FleetRotation? {
+    public func rotateDataKeyIfDue(
+        by member: UUID, publicKey: [UInt8], excluding removed: Set<UUID> = []
+    ) async throws(FleetError) -> FleetRotation? {
         // A conflict means another member published first (the debt is then paid) or the
         // members changed meanwhile (it is not): look again, a few times.
         for _ in 0..<3 {
@@ -375,7 +377,7 @@ public actor FleetDirectory {
             let dataKey = FleetDataKey.random(generation: newest + 1)
             do {
                 let unvouched = try await rotateDataKey(
-                    to: dataKey, by: member, publicKey: publicKey, reason: "terminal removed")
+                    to: dataKey, by: member, publicKey: publicKey, excluding: removed, reason: "terminal removed")
                 return FleetRotation(key: dataKey, unvouched: unvouched)
             } catch {
                 guard error.code == .conflict else { throw error }
@@ -394,12 +396,22 @@ public actor FleetDirectory {
     /// left out, unvouched.
     @discardableResult
     public func rotateDataKey(
-        to dataKey: FleetDataKey, by member: UUID, publicKey ownKey: [UInt8], reason: String
+        to dataKey: FleetDataKey, by member: UUID, publicKey ownKey: [UInt8], excluding removed: Set<UUID> = [],
+        reason: String
     ) async throws(FleetError) -> [UUID] {
         try await requireSchema(4, for: "rotating the data key")
         guard let keyring, let previous = keyring.dataKey(generation: dataKey.generation - 1) else {
             throw FleetError(
                 .keyUnavailable("generation \(dataKey.generation - 1) is not held: take the fleet's keys first"))
+        }
+        // The directory's newest generation must be the newest held: one it lost (a writer
+        // deleted it) would be minted again under another key, which this terminal would use
+        // for its own rows while every other member kept the first.
+        guard keyring.currentGeneration == previous.generation else {
+            throw FleetError(
+                .integrity(
+                    "the directory's newest data-key generation is \(previous.generation), but this terminal holds \(keyring.currentGeneration): not rotating"
+                ))
         }
         let chain = FleetKeyAuthentication.chainMAC(of: dataKey, under: previous)
         let unvouched = try await exclusive { connection, logger in
@@ -408,6 +420,7 @@ public actor FleetDirectory {
                 logger: logger
             ).collect()
             var wraps: [String: WrappedDataKey] = [:]
+            var vouches: [String: Data] = [:]
             var unvouched: [UUID] = []
             for row in members {
                 let (id, publicKey, generation, mac) = try row.decode((UUID, Data, Int32?, Data?).self)
@@ -421,17 +434,22 @@ public actor FleetDirectory {
                             .integrity("the directory lists another public key for this terminal: not rotating"))
                     }
                     vouched = true
-                } else if let generation, let mac, let key = keyring.dataKey(generation: generation) {
+                } else if !removed.contains(id), generation == previous.generation, let mac {
+                    // Only a vouch under the newest generation counts: each rotation renews the
+                    // vouches of the members it wraps to, so an older one (a removed terminal's,
+                    // put back by a writer) is worth nothing.
                     vouched = FleetKeyAuthentication.isValidVouch(
-                        mac, terminal: id, publicKey: Array(publicKey), under: key)
+                        mac, terminal: id, publicKey: Array(publicKey), under: previous)
                 }
                 guard vouched else {
                     unvouched.append(id)
                     continue
                 }
                 wraps[id.fleetText] = try WrappedDataKey.wrap(dataKey, to: Array(publicKey), terminalID: id)
+                vouches[id.fleetText] = FleetKeyAuthentication.vouchMAC(
+                    terminal: id, publicKey: Array(publicKey), under: dataKey)
             }
-            let json = try Self.wrapsJSON(wraps)
+            let json = try Self.wrapsJSON(wraps, vouches: vouches)
             let left = String(
                 decoding: try JSONSerialization.data(withJSONObject: unvouched.map(\.fleetText)), as: UTF8.self)
             try await connection.query(
@@ -472,8 +490,9 @@ public actor FleetDirectory {
             guard Array(listedKey) == publicKey else {
                 throw FleetError(.integrity("the directory lists another public key for this terminal"))
             }
-            if let generation, let mac, let key = keyring.dataKey(generation: generation),
-                FleetKeyAuthentication.isValidVouch(mac, terminal: terminal, publicKey: publicKey, under: key)
+            // Only a vouch under the newest generation counts (`rotateDataKey`).
+            if generation == newest.generation, let mac,
+                FleetKeyAuthentication.isValidVouch(mac, terminal: terminal, publicKey: publicKey, under: newest)
             {
                 return false
             }
@@ -531,12 +550,14 @@ public actor FleetDirectory {
 
     /// Wrapped keys as the directory's functions take them: key → {encapsulated, ciphertext} in
     /// base64, as JSON text.
-    static func wrapsJSON(_ wraps: [String: WrappedDataKey]) throws -> String {
-        let object = wraps.mapValues { wrapped in
-            [
+    static func wrapsJSON(_ wraps: [String: WrappedDataKey], vouches: [String: Data] = [:]) throws -> String {
+        var object: [String: [String: String]] = [:]
+        for (key, wrapped) in wraps {
+            object[key] = [
                 "encapsulated": Data(wrapped.encapsulatedKey).base64EncodedString(),
                 "ciphertext": Data(wrapped.ciphertext).base64EncodedString(),
             ]
+            object[key]?["vouch"] = vouches[key]?.base64EncodedString()
         }
         return String(decoding: try JSONSerialization.data(withJSONObject: object), as: UTF8.self)
     }

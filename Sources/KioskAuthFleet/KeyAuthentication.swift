@@ -104,6 +104,7 @@ public enum FleetKeyAuthentication {
         var trusted = Dictionary(held.map { ($0.generation, $0) }, uniquingKeysWith: { first, _ in first })
         var result = FleetKeyAcceptance()
         var opened: [Int32: (wrapped: WrappedDataKey, key: FleetDataKey)] = [:]
+        var listedTwice: Set<Int32> = []
         for wrapped in delivery.wrapped {
             // Generations start at 1 (the directory's CHECK, which its owner can drop): anything
             // else is refused here, before any arithmetic on it.
@@ -116,15 +117,21 @@ public enum FleetKeyAuthentication {
                     (wrapped.generation, "generation \(wrapped.generation) is wrapped to another terminal"))
                 continue
             }
+            guard opened[wrapped.generation] == nil, !listedTwice.contains(wrapped.generation) else {
+                // Two rows for one generation: neither is taken.
+                listedTwice.insert(wrapped.generation)
+                opened[wrapped.generation] = nil
+                result.refused.append((wrapped.generation, "generation \(wrapped.generation) is listed twice"))
+                continue
+            }
             do {
                 opened[wrapped.generation] = (wrapped, try wrapped.unwrap(with: keyPair))
             } catch {
                 result.refused.append((wrapped.generation, "\(error)"))
             }
         }
-        func same(_ a: FleetDataKey, _ b: FleetDataKey) -> Bool {
-            a.key.withUnsafeBytes { x in b.key.withUnsafeBytes { y in x.elementsEqual(y) } }
-        }
+        // SymmetricKey's == compares in constant time.
+        func same(_ a: FleetDataKey, _ b: FleetDataKey) -> Bool { a.key == b.key }
         // Held generations: the directory may list them, but never change them.
         for (generation, entry) in opened.sorted(by: { $0.key < $1.key }) {
             guard let mine = trusted[generation] else { continue }

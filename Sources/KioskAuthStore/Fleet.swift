@@ -203,6 +203,8 @@ extension Store {
                 guard try db.query("SELECT 1 FROM fleet_membership").isEmpty else {
                     throw StoreError(.integrity("this terminal is already in a fleet"))
                 }
+                // Keys of an earlier membership (a sync that ran on after a leave) are not this one's.
+                try db.query("DELETE FROM fleet_keys")
                 try db.query(
                     "INSERT INTO fleet_membership (singleton, directory, terminal_id, name, state, cursor, joined_at) VALUES (1, ?, ?, ?, ?, ?, ?)",
                     [
@@ -258,6 +260,8 @@ extension Store {
             sealed.append((key.generation, try seal(key.wrapped, Self.fleetKeyBinding(generation: key.generation))))
         }
         try transaction { db in
+            // Only for a membership still there (a leave may have ended it meanwhile).
+            guard try !db.query("SELECT 1 FROM fleet_membership WHERE state <> 'removed'").isEmpty else { return }
             for (generation, bytes) in sealed {
                 try db.query(
                     "INSERT INTO fleet_keys (generation, sealed, received_at) VALUES (?, ?, ?) ON CONFLICT (generation) DO NOTHING",

@@ -89,6 +89,83 @@ import Testing
         }
     }
 
+    /// A held generation above 1, listed with another key that even carries a genuine chain MAC
+    /// (the test knows generation 1, as a member gone bad would): refused, because the
+    /// generation is held. And a generation the writer deletes is not minted again: the member
+    /// refuses to rotate while the directory's newest is below what it holds (it would have
+    /// MACed its own rows under a key no other member has).
+    @Test func aHeldGenerationWithAGenuineChainMAC_isStillRefused_andALostGenerationIsNotMintedAgain() async throws {
+        try await TestPostgres.with { server in
+            let (fleet, firstKey) = try await makeFleet(3, on: server)
+            let (a, b, c) = (fleet[0], fleet[1], fleet[2])
+            try await a.directory.removeTerminal(c.id)
+            #expect(try await a.directory.rotateDataKeyIfDue(by: a.id, publicKey: a.keys.publicKey)?.generation == 2)
+            #expect(try await b.keyring().currentGeneration == 2)
+            let other = FleetDataKey.random(generation: 2)
+            let rewrapped = try WrappedDataKey.wrap(other, to: b.keys.publicKey, terminalID: b.id)
+            let chain = FleetKeyAuthentication.chainMAC(of: other, under: firstKey)
+            try server.psql(
+                """
+                UPDATE data_keys SET chain_mac = '\\x\(hex(Array(chain)))' WHERE generation = 2;
+                UPDATE wrapped_keys SET encapsulated_key = '\\x\(hex(rewrapped.encapsulatedKey))',
+                       ciphertext = '\\x\(hex(rewrapped.ciphertext))'
+                WHERE terminal_id = '\(b.id.fleetText)' AND generation = 2
+                """)
+            let refused = await #expect(throws: FleetError.self) { try await b.keyring() }
+            #expect("\(refused.map { "\($0)" } ?? "")".contains("another key for generation 2"))
+
+            try server.psql(
+                """
+                DELETE FROM wrapped_keys WHERE generation = 2; DELETE FROM data_keys WHERE generation = 2;
+                UPDATE terminals SET rekey_due = true WHERE terminal_id = '\(c.id.fleetText)'
+                """)
+            let notAgain = await #expect(throws: FleetError.self) {
+                _ = try await b.directory.rotateDataKeyIfDue(by: b.id, publicKey: b.keys.publicKey)
+            }
+            #expect(notAgain?.code == .integrity)
+            #expect(try server.psql("SELECT max(generation) FROM data_keys") == "1\n")
+            #expect(await b.directory.heldKey(generation: 2) != nil)
+            for terminal in fleet { await terminal.directory.close() }
+        }
+    }
+
+    /// A removed terminal's vouch, put back by a writer with its row, is worth nothing: the
+    /// member that removed it leaves it out of the rotation it owes whatever the directory says,
+    /// and any later rotation counts only vouches under the newest generation (each rotation
+    /// renews the vouches of the members it wraps to).
+    @Test func aRemovedTerminalsVouchPutBack_getsNoRotation() async throws {
+        try await TestPostgres.with { server in
+            let (fleet, _) = try await makeFleet(3, on: server)
+            let (a, b, c) = (fleet[0], fleet[1], fleet[2])
+            let saved = try server.psql(
+                "SELECT vouch_generation || ' ' || encode(vouch_mac, 'hex') FROM terminals WHERE terminal_id = '\(c.id.fleetText)'"
+            ).split(separator: " ").map { String($0).trimmingCharacters(in: .whitespacesAndNewlines) }
+            let putBack = """
+                UPDATE terminals SET state = 'member', rekey_due = true, vouch_generation = \(saved[0]),
+                       vouch_mac = '\\x\(saved[1])'
+                WHERE terminal_id = '\(c.id.fleetText)'
+                """
+            try await a.directory.removeTerminal(c.id)
+            // Before the rotation the removal owes: the remover leaves it out all the same.
+            try server.psql(putBack)
+            let first = try #require(
+                try await a.directory.rotateDataKeyIfDue(by: a.id, publicKey: a.keys.publicKey, excluding: [c.id]))
+            #expect(first.unvouched == [c.id])
+            #expect(try await c.directory.wrappedDataKeys(for: c.id).isEmpty)
+            // Later, for another member's rotation: its vouch is under generation 1, no longer
+            // the newest.
+            try server.psql(putBack)
+            #expect(try await b.keyring().currentGeneration == 2)
+            let second = try #require(try await b.directory.rotateDataKeyIfDue(by: b.id, publicKey: b.keys.publicKey))
+            #expect(second.generation == 3)
+            #expect(second.unvouched == [c.id])
+            #expect(try await c.directory.wrappedDataKeys(for: c.id).isEmpty)
+            // A, whose vouch its own rotation to 2 renewed, is given generation 3.
+            #expect(try await a.keyring().currentGeneration == 3)
+            for terminal in fleet { await terminal.directory.close() }
+        }
+    }
+
     @Test func aForgedAdmission_leavesTheNewcomerWithoutKeys_andOnlyTheRightSecretOpensARealOne() async throws {
         try await TestPostgres.with { server in
             let (fleet, dataKey) = try await makeFleet(1, on: server)
@@ -268,5 +345,56 @@ import Testing
             #expect(acceptance.accepted.isEmpty)
             #expect(acceptance.refused.map(\.generation) == [Int32.min, -1, 0])
         }
+    }
+
+    /// The admission MAC binds the newcomer's id and public key: one made for another terminal
+    /// (or another key) with the same secret and keys is refused.
+    @Test func anAdmissionMACForAnotherTerminalOrKey_isRefused() throws {
+        let keys = TerminalKeyPair.generate()
+        let terminal = UUID()
+        let secret = Array(repeating: UInt8(7), count: 32)
+        let generation1 = FleetDataKey.random(generation: 1)
+        let wrapped = try WrappedDataKey.wrap(generation1, to: keys.publicKey, terminalID: terminal)
+        func accept(_ mac: Data) -> FleetKeyAcceptance {
+            FleetKeyAuthentication.accept(
+                FleetKeyDelivery(wrapped: [wrapped], chainMACs: [:], admission: (mac, 1)), keyPair: keys,
+                terminal: terminal, held: [], joinSecret: secret)
+        }
+        let right = FleetKeyAuthentication.admissionMAC(
+            joinSecret: secret, terminal: terminal, publicKey: keys.publicKey, keys: [generation1])
+        #expect(accept(right).keys.map(\.generation) == [1])
+        let otherTerminal = FleetKeyAuthentication.admissionMAC(
+            joinSecret: secret, terminal: UUID(), publicKey: keys.publicKey, keys: [generation1])
+        let otherKey = FleetKeyAuthentication.admissionMAC(
+            joinSecret: secret, terminal: terminal, publicKey: TerminalKeyPair.generate().publicKey, keys: [generation1]
+        )
+        for mac in [otherTerminal, otherKey] {
+            #expect(accept(mac).keys.isEmpty)
+            #expect(accept(mac).refused.map(\.generation) == [1])
+        }
+    }
+
+    /// A delivery listing one generation twice takes it from neither row, not even from the one
+    /// its chain MAC covers: which row the directory meant is not for it to say.
+    @Test func aGenerationListedTwice_isTakenFromNeitherRow() throws {
+        let keys = TerminalKeyPair.generate()
+        let terminal = UUID()
+        let held = FleetDataKey.random(generation: 1)
+        let next = FleetDataKey.random(generation: 2)
+        let decoy = FleetDataKey.random(generation: 2)
+        let wraps = try [next, decoy].map { try WrappedDataKey.wrap($0, to: keys.publicKey, terminalID: terminal) }
+        let acceptance = FleetKeyAuthentication.accept(
+            FleetKeyDelivery(
+                wrapped: wraps, chainMACs: [2: FleetKeyAuthentication.chainMAC(of: decoy, under: held)], admission: nil),
+            keyPair: keys, terminal: terminal, held: [held], joinSecret: nil)
+        #expect(acceptance.accepted.isEmpty)
+        #expect(acceptance.keys.map(\.generation) == [1])
+        // The row whose key the chain MAC covers, listed alone, is taken by it.
+        let once = FleetKeyAuthentication.accept(
+            FleetKeyDelivery(
+                wrapped: [wraps[1]], chainMACs: [2: FleetKeyAuthentication.chainMAC(of: decoy, under: held)],
+                admission: nil),
+            keyPair: keys, terminal: terminal, held: [held], joinSecret: nil)
+        #expect(once.keys.map(\.generation) == [1, 2])
     }
 }

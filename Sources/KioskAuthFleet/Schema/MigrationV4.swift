@@ -93,7 +93,8 @@ extension FleetMigration {
             END
             $$
             """,
-            // As version 3's, plus the chain MAC, and wrapped only to the members in p_wraps:
+            // As version 3's, plus the chain MAC, and wrapped only to the members in p_wraps,
+            // each with its vouch under the new generation ({encapsulated, ciphertext, vouch}):
             // every member is either there or named in p_unvouched (a JSON array of ids), never
             // both, so a member admitted meanwhile is not left out unnoticed (KA409).
             """
@@ -121,6 +122,10 @@ extension FleetMigration {
                 IF NOT p_wraps ? p_member::text THEN
                     RAISE EXCEPTION 'a rotation is wrapped to the member that makes it' USING ERRCODE = 'KA409';
                 END IF;
+                IF EXISTS (SELECT 1 FROM jsonb_each(p_wraps) AS wrap
+                           WHERE octet_length(decode(wrap.value ->> 'vouch', 'base64')) IS DISTINCT FROM 32) THEN
+                    RAISE EXCEPTION 'each member given the key is vouched for under it' USING ERRCODE = 'KA409';
+                END IF;
                 INSERT INTO data_keys (generation, created_by, reason, chain_mac)
                 VALUES (p_generation, p_member, p_reason, p_chain_mac);
                 FOR wrapped_to IN SELECT terminal_id FROM terminals WHERE state = 'member' AND p_wraps ? terminal_id::text
@@ -130,6 +135,11 @@ extension FleetMigration {
                             decode(p_wraps -> wrapped_to::text ->> 'encapsulated', 'base64'),
                             decode(p_wraps -> wrapped_to::text ->> 'ciphertext', 'base64'));
                 END LOOP;
+                -- Vouches are renewed under the new generation: one made under an older one
+                -- (a removed terminal's, put back by a writer) no longer counts.
+                UPDATE terminals SET vouch_generation = p_generation,
+                       vouch_mac = decode(p_wraps -> terminal_id::text ->> 'vouch', 'base64')
+                WHERE state = 'member' AND p_wraps ? terminal_id::text;
                 UPDATE terminals SET rekey_due = false WHERE rekey_due;
             END
             $$
