@@ -143,7 +143,10 @@ def test_anAdmissionTheDirectoryForges_leavesTheNewcomerPending_andTheRealOneSti
     """The writer marks a joining terminal a member and wraps generations of its own to it,
     with a made-up admission MAC, while the issuer is down. The newcomer checks the MAC with the
     join secret it kept, refuses, stays pending and records the refusal once, however often it
-    syncs. Once the issuer is back, its real admission is taken, and the secret is erased."""
+    syncs. The issuer, back, finds in its feed that the token's terminal was made a member (as
+    after an admission whose answer was lost): it spends the token and admits nobody with it,
+    even once the row is pending again. The newcomer leaves and joins with a new token: the real
+    admission is taken, and the secret erased."""
     a = fleet[0]
     d = Terminal("D", fleet.postgres, "virtual_device", "PollIntervalSec=3600\n")
     fleet.terminals.append(d)
@@ -176,11 +179,21 @@ def test_anAdmissionTheDirectoryForges_leavesTheNewcomerPending_andTheRealOneSti
     assert len(refusals(d)) == 1, refusals(d)
     assert join_secret_kept()
 
-    # The writer's rows go; the issuer comes back and admits D for real.
+    # The writer's rows go; the issuer comes back and spends the token without admitting.
     directory(fleet, f"DELETE FROM wrapped_keys WHERE terminal_id = '{d_id}'; "
                      f"UPDATE terminals SET state = 'pending', admission_mac = NULL, admitted_through = NULL "
                      f"WHERE terminal_id = '{d_id}'")
     a.start()
+    assert "error" not in a.sync()
+    assert directory(fleet, f"SELECT state FROM terminals WHERE terminal_id = '{d_id}'") == [["pending"]]
+    assert directory(fleet, f"SELECT count(*) FROM wrapped_keys WHERE terminal_id = '{d_id}'") == [["0"]]
+    # D starts over: it leaves (removing its pending row) and joins with a new token.
+    left = d.ctl("fleet", "leave")
+    assert left.returncode == 0, left.stderr
+    assert not join_secret_kept()
+    token = ok(a.rpc("FleetIssueJoinToken", {"validSeconds": 600}))["token"]
+    joined = d.ctl("fleet", "join", d.url, "--name", "D", input=token + "\n", timeout=120)
+    assert joined.returncode == 0, joined.stderr
     fleet.wait_member(d, a)
     assert d.status()["generation"] == 2
     assert not join_secret_kept()

@@ -564,6 +564,12 @@ actor FleetAgent {
     /// rotation that fails afterwards is audited and reported (`rotationOwed`), and any member
     /// pays it at its next sync. This terminal leaves with `leave()`, never through here.
     func removeTerminal(_ named: String) async throws(APIError) -> Removal {
+        // In the membership turn: a `leave` running beside it would forget the fleet while this
+        // call took keys after the rotation.
+        try await inTurn(.membership) { () throws(APIError) in try await removeTerminalOnce(named) }
+    }
+
+    private func removeTerminalOnce(_ named: String) async throws(APIError) -> Removal {
         let membership = try requireMembership()
         try requireNotRemoved(membership)
         guard membership.state == "member", let me = UUID(uuidString: membership.terminalID) else {
@@ -757,8 +763,11 @@ actor FleetAgent {
     ) async throws(APIError) -> Bool {
         guard let terminal = UUID(uuidString: membership.terminalID) else { return false }
         let publicKey = try loadKeyPair().publicKey
+        // Every terminal this one has seen removed stays out too (`admitPending` notes them).
+        let seenRemoved = try storeCall { () throws(StoreError) in try store.fleetRemovedTerminals() }
+        let excluded = removed.union(seenRemoved.compactMap { UUID(uuidString: $0) })
         let rotated = try await withDirectory(membership.directory) { connection throws(FleetError) in
-            try await connection.rotateDataKeyIfDue(by: terminal, publicKey: publicKey, excluding: removed)
+            try await connection.rotateDataKeyIfDue(by: terminal, publicKey: publicKey, excluding: excluded)
         }
         guard let rotated else { return false }
         if !rotated.unvouched.isEmpty {
@@ -883,21 +892,30 @@ actor FleetAgent {
 
     /// Admits the pending terminals that joined with a token this terminal issued.
     private func admitPending(_ changes: [FleetChange], membership: FleetMembership) async throws(APIError) {
+        let terminals = changes.filter { $0.entity == "terminals" && !$0.isDeletion }
+        // Terminals seen removed are remembered: no rotation of this terminal's wraps to them,
+        // whatever the directory says of them later (a writer could put a removed row back).
+        let removed = terminals.filter { $0.fields["state"] == "removed" }.compactMap { $0.fields["terminal_id"] }
+        if !removed.isEmpty {
+            try storeCall { () throws(StoreError) in try store.noteFleetRemovedTerminals(removed) }
+        }
         guard membership.state == "member" else { return }
-        for change in changes where change.entity == "terminals" && !change.isDeletion {
+        // First the whole page: a terminal that joined with a token kept here and is a member
+        // (or removed) already was admitted by an attempt whose answer was lost. Its token is
+        // spent before anything is admitted, so that a row set back to pending by a writer, on
+        // this page or a later one, is not admitted again.
+        for change in terminals {
             let fields = change.fields
-            // A terminal that joined with a token kept here is a member (or removed) already: an
-            // admission whose answer was lost. The token is spent now, so that a writer who
-            // set the row back to pending cannot have it admitted again.
-            if fields["state"] == "member" || fields["state"] == "removed", let tokenID = fields["join_token_id"],
+            guard fields["state"] == "member" || fields["state"] == "removed", let tokenID = fields["join_token_id"],
                 let id = fields["terminal_id"],
                 try storeCall({ () throws(StoreError) in try store.fleetJoinToken(id: tokenID) }) != nil
-            {
-                try storeCall { () throws(StoreError) in
-                    try store.markFleetJoinTokenUsed(id: tokenID, terminal: id, now: now())
-                }
-                continue
+            else { continue }
+            try storeCall { () throws(StoreError) in
+                try store.markFleetJoinTokenUsed(id: tokenID, terminal: id, now: now())
             }
+        }
+        for change in terminals {
+            let fields = change.fields
             guard fields["state"] == "pending", let tokenID = fields["join_token_id"],
                 let text = try storeCall({ () throws(StoreError) in try store.fleetJoinToken(id: tokenID) })
             else { continue }

@@ -480,17 +480,24 @@ public actor FleetDirectory {
         return try await exclusive { connection, logger in
             let row = try await connection.query(
                 """
-                SELECT public_key, vouch_generation, vouch_mac FROM terminals
+                SELECT public_key, vouch_generation, vouch_mac, (SELECT max(generation) FROM data_keys) FROM terminals
                 WHERE terminal_id = \(terminal) AND state = 'member'
                 """, logger: logger
             ).collect().first
-            guard let (listedKey, generation, mac) = try row?.decode((Data, Int32?, Data?).self) else { return false }
+            guard let (listedKey, generation, mac, fleetNewest) = try row?.decode((Data, Int32?, Data?, Int32?).self)
+            else { return false }
             // A public key that is not this terminal's is the directory's doing: vouching for
             // it would give a writer the next rotation.
             guard Array(listedKey) == publicKey else {
                 throw FleetError(.integrity("the directory lists another public key for this terminal"))
             }
-            // Only a vouch under the newest generation counts (`rotateDataKey`).
+            // Only a vouch under the newest generation counts (`rotateDataKey`). One under a
+            // generation this terminal does not hold yet was renewed by a rotation it has not
+            // taken: rewriting it under an older one would leave it out of the next.
+            // And with a newer generation in the directory than this terminal holds, a vouch
+            // under its newest would not count (nor be taken): the next pull takes the newer one.
+            if let generation, generation > newest.generation { return false }
+            if let fleetNewest, fleetNewest > newest.generation { return false }
             if generation == newest.generation, let mac,
                 FleetKeyAuthentication.isValidVouch(mac, terminal: terminal, publicKey: publicKey, under: newest)
             {

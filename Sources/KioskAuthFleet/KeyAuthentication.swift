@@ -104,7 +104,9 @@ public enum FleetKeyAuthentication {
         var trusted = Dictionary(held.map { ($0.generation, $0) }, uniquingKeysWith: { first, _ in first })
         var result = FleetKeyAcceptance()
         var opened: [Int32: (wrapped: WrappedDataKey, key: FleetDataKey)] = [:]
-        var listedTwice: Set<Int32> = []
+        // Two rows for one generation: neither is taken, whichever opens.
+        let listedTwice = Set(
+            Dictionary(grouping: delivery.wrapped, by: \.generation).filter { $0.value.count > 1 }.keys)
         for wrapped in delivery.wrapped {
             // Generations start at 1 (the directory's CHECK, which its owner can drop): anything
             // else is refused here, before any arithmetic on it.
@@ -117,10 +119,7 @@ public enum FleetKeyAuthentication {
                     (wrapped.generation, "generation \(wrapped.generation) is wrapped to another terminal"))
                 continue
             }
-            guard opened[wrapped.generation] == nil, !listedTwice.contains(wrapped.generation) else {
-                // Two rows for one generation: neither is taken.
-                listedTwice.insert(wrapped.generation)
-                opened[wrapped.generation] = nil
+            guard !listedTwice.contains(wrapped.generation) else {
                 result.refused.append((wrapped.generation, "generation \(wrapped.generation) is listed twice"))
                 continue
             }

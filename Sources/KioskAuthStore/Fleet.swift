@@ -237,6 +237,22 @@ extension Store {
         }
     }
 
+    static let fleetRemovedTerminalsKey = "fleet.removed-terminals"
+
+    /// The terminals this one has seen removed in the directory's feed (ids, lower case): a
+    /// rotation never wraps to them, whatever the directory says of them later.
+    public func fleetRemovedTerminals() throws(StoreError) -> Set<String> {
+        Set(try terminalValue([String].self, forKey: Self.fleetRemovedTerminalsKey) ?? [])
+    }
+
+    /// Adds to `fleetRemovedTerminals`.
+    public func noteFleetRemovedTerminals(_ ids: some Sequence<String>) throws(StoreError) {
+        let known = try fleetRemovedTerminals()
+        let all = known.union(ids)
+        guard all.count > known.count else { return }
+        try setTerminalValue(all.sorted(), forKey: Self.fleetRemovedTerminalsKey)
+    }
+
     static let fleetJoinSecretKey = "fleet.join-secret"
     static let fleetJoinSecretBinding = SealBinding(
         table: "terminal_state", column: "value", row: fleetJoinSecretKey, owner: "terminal")
@@ -313,7 +329,7 @@ extension Store {
             ] {
                 try db.query("DELETE FROM \(table)")
             }
-            for key in [Self.fleetPendingAttemptKey, Self.fleetJoinSecretKey] {
+            for key in [Self.fleetPendingAttemptKey, Self.fleetJoinSecretKey, Self.fleetRemovedTerminalsKey] {
                 try db.query("DELETE FROM terminal_state WHERE key = ?", [.text(key)])
             }
             isFleetMember = false

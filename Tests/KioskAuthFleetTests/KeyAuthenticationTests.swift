@@ -389,6 +389,15 @@ import Testing
             keyPair: keys, terminal: terminal, held: [held], joinSecret: nil)
         #expect(acceptance.accepted.isEmpty)
         #expect(acceptance.keys.map(\.generation) == [1])
+        // Also when the other row does not open (wrapped to another key): still neither.
+        let unopenable = try WrappedDataKey.wrap(decoy, to: TerminalKeyPair.generate().publicKey, terminalID: terminal)
+        let withUnopenable = FleetKeyAuthentication.accept(
+            FleetKeyDelivery(
+                wrapped: [unopenable, wraps[1]],
+                chainMACs: [2: FleetKeyAuthentication.chainMAC(of: decoy, under: held)],
+                admission: nil),
+            keyPair: keys, terminal: terminal, held: [held], joinSecret: nil)
+        #expect(withUnopenable.keys.map(\.generation) == [1])
         // The row whose key the chain MAC covers, listed alone, is taken by it.
         let once = FleetKeyAuthentication.accept(
             FleetKeyDelivery(
@@ -396,5 +405,33 @@ import Testing
                 admission: nil),
             keyPair: keys, terminal: terminal, held: [held], joinSecret: nil)
         #expect(once.keys.map(\.generation) == [1, 2])
+    }
+
+    /// A member that has not yet taken the generation a rotation just made keeps the vouch
+    /// that rotation renewed for it: it does not write one under its older newest generation
+    /// (which would have left it out of the next rotation), and the directory refuses a vouch
+    /// under any generation but the newest.
+    @Test func aMemberBehindARotation_keepsTheVouchTheRotationRenewed() async throws {
+        try await TestPostgres.with { server in
+            let (fleet, _) = try await makeFleet(3, on: server)
+            let (a, b, c) = (fleet[0], fleet[1], fleet[2])
+            try await a.directory.removeTerminal(c.id)
+            #expect(try await a.directory.rotateDataKeyIfDue(by: a.id, publicKey: a.keys.publicKey)?.generation == 2)
+            let vouch = "SELECT vouch_generation FROM terminals WHERE terminal_id = '\(b.id.fleetText)'"
+            #expect(try server.psql(vouch) == "2\n")
+            // B still holds generation 1 only.
+            #expect(await b.directory.heldKey(generation: 2) == nil)
+            #expect(try await !b.directory.vouchForSelf(b.id, publicKey: b.keys.publicKey))
+            #expect(try server.psql(vouch) == "2\n")
+            let older = FleetKeyAuthentication.vouchMAC(
+                terminal: b.id, publicKey: b.keys.publicKey,
+                under: try #require(await b.directory.heldKey(generation: 1)))
+            #expect(throws: (any Error).self) {
+                try server.psql(
+                    ["SELECT fleet_vouch('\(b.id.fleetText)', 1, '\\x\(hex(Array(older)))')"], as: b.role)
+            }
+            #expect(try server.psql(vouch) == "2\n")
+            for terminal in fleet { await terminal.directory.close() }
+        }
     }
 }

@@ -152,8 +152,8 @@ extension FleetMigration {
             BEGIN
                 PERFORM fleet_check_terminal(p_terminal, true);
                 IF octet_length(p_mac) IS DISTINCT FROM 32
-                   OR NOT EXISTS (SELECT 1 FROM data_keys WHERE generation = p_generation) THEN
-                    RAISE EXCEPTION 'a vouch is 32 bytes under a generation there is' USING ERRCODE = 'KA409';
+                   OR p_generation IS DISTINCT FROM (SELECT max(generation) FROM data_keys) THEN
+                    RAISE EXCEPTION 'a vouch is 32 bytes under the newest generation' USING ERRCODE = 'KA409';
                 END IF;
                 UPDATE terminals SET vouch_generation = p_generation, vouch_mac = p_mac
                 WHERE terminal_id = p_terminal AND state = 'member';
