@@ -412,9 +412,9 @@ actor FleetAgent {
         }
         // The fleet's key is the one this terminal generated and sent, kept as it sent it, never
         // what the directory lists now: anyone who can write there can wrap a generation of
-        // their own to this terminal's public key.
-        // The key, the membership and the creator's people (the first member brings them into
-        // the empty directory) in one transaction: a crash never keeps half of it.
+        // their own to this terminal's public key. It is kept in one transaction with the
+        // membership and the creator's people (the first member brings them into the empty
+        // directory): a crash never keeps half of it.
         try storeCall { () throws(StoreError) in
             try store.beginFleetMembership(
                 FleetMembership(
@@ -682,14 +682,7 @@ actor FleetAgent {
                     }
                 } catch {
                     if error.name.hasSuffix(".FleetUnreachable") { throw error }
-                    let reason = "this terminal's row refused: \(error.parameters)"
-                    if reason != (try? store.fleetMembership()?.lastRejection) {
-                        logger.error(
-                            "fleet: this terminal's row in the directory is not its own",
-                            metadata: ["error": "\(error)"])
-                        _ = try? store.recordFleetRejection(reason)
-                        await record(.fleetReject, .refused, reason)
-                    }
+                    await refused("this terminal's row refused: \(error.parameters)")
                 }
             }
             if membership.state == "member", standing.rotationDue {
@@ -776,10 +769,9 @@ actor FleetAgent {
                 "generation \(rotated.key.generation) was not wrapped to \(rotated.unvouched.count) member(s) whose vouch does not open: \(rotated.unvouched.map { $0.uuidString.lowercased() }.joined(separator: ", "))"
             )
         }
+        // The connection took the new key when it published it; `receiveKeys` leaves it with
+        // exactly what this terminal has authenticated and kept.
         try await receiveKeys(terminal: terminal, membership: &membership)
-        // The connection took the new key when it published it; from here on it uses exactly
-        // what this terminal has authenticated and kept.
-        await hold(dataKeys)
         logger.notice("fleet data key rotated", metadata: ["generation": "\(rotated.key.generation)"])
         await record(
             .fleetRotate, .success,
@@ -861,7 +853,7 @@ actor FleetAgent {
     /// one before it. Anything else a directory writer could have made: it is refused, counted
     /// among the refused rows, logged and audited, and never used.
     private func receiveKeys(terminal: UUID, membership: inout FleetMembership) async throws(APIError) {
-        try await loadKeyring(membership)
+        // Every caller has loaded the keyring from the store just before (`loadKeyring`).
         let delivery = try await withDirectory(membership.directory) { connection throws(FleetError) in
             try await connection.keyDelivery(for: terminal)
         }
@@ -870,24 +862,33 @@ actor FleetAgent {
         let acceptance = FleetKeyAuthentication.accept(
             delivery, keyPair: pair, terminal: terminal, held: dataKeys, joinSecret: secret)
         if !acceptance.refused.isEmpty {
-            let reason = acceptance.refused.map { "data-key generation \($0.generation) refused: \($0.reason)" }
-                .joined(separator: "; ")
-            // A pending terminal asks at every sync: the same refusal is recorded once, not at
-            // each (a forged admission would otherwise fill the audit trail).
-            if reason != (try? store.fleetMembership()?.lastRejection) {
-                logger.error("fleet key refused", metadata: ["why": "\(reason)"])
-                _ = try? store.recordFleetRejection(reason)
-                await record(.fleetReject, .refused, reason)
-            }
+            await refused(
+                acceptance.refused.map { "data-key generation \($0.generation) refused: \($0.reason)" }
+                    .joined(separator: "; "))
         }
         let becomeMember = membership.state != "member" && !acceptance.keys.isEmpty
-        guard !acceptance.accepted.isEmpty || becomeMember else { return }
-        try storeCall { () throws(StoreError) in
-            try store.acceptFleetKeys(
-                acceptance.accepted.map { ($0.generation, Self.encode($0)) }, becomeMember: becomeMember, now: now())
+        if !acceptance.accepted.isEmpty || becomeMember {
+            try storeCall { () throws(StoreError) in
+                try store.acceptFleetKeys(
+                    acceptance.accepted.map { ($0.generation, Self.encode($0)) }, becomeMember: becomeMember,
+                    now: now())
+            }
+            if becomeMember { membership.state = "member" }
         }
-        if becomeMember { membership.state = "member" }
+        // Also when nothing new was taken: the connection then drops a key it added itself
+        // (its own rotation's) until that key has been authenticated and kept here.
         await hold(acceptance.keys)
+    }
+
+    /// Records what the directory offered and this terminal refused (a key, its own row):
+    /// logged, counted among the refused rows, audited as `fleet.reject`. A pending terminal
+    /// asks at every sync, so the same refusal is recorded once, not at each (a forged
+    /// admission would otherwise fill the audit trail).
+    private func refused(_ reason: String) async {
+        guard reason != (try? store.fleetMembership()?.lastRejection) else { return }
+        logger.error("fleet: refused what the directory offered", metadata: ["why": "\(reason)"])
+        _ = try? store.recordFleetRejection(reason)
+        await record(.fleetReject, .refused, reason)
     }
 
     /// Admits the pending terminals that joined with a token this terminal issued.

@@ -491,13 +491,11 @@ public actor FleetDirectory {
             guard Array(listedKey) == publicKey else {
                 throw FleetError(.integrity("the directory lists another public key for this terminal"))
             }
-            // Only a vouch under the newest generation counts (`rotateDataKey`). One under a
-            // generation this terminal does not hold yet was renewed by a rotation it has not
-            // taken: rewriting it under an older one would leave it out of the next.
-            // And with a newer generation in the directory than this terminal holds, a vouch
-            // under its newest would not count (nor be taken): the next pull takes the newer one.
-            if let generation, generation > newest.generation { return false }
-            if let fleetNewest, fleetNewest > newest.generation { return false }
+            // Only a vouch under the newest generation counts (`rotateDataKey`). With a newer
+            // generation in the directory (or a vouch under one) than this terminal holds, a
+            // rotation it has not taken yet renewed its vouch: rewriting it under an older one
+            // would leave it out of the next, and `fleet_vouch` would refuse it anyway.
+            if max(generation ?? 0, fleetNewest ?? 0) > newest.generation { return false }
             if generation == newest.generation, let mac,
                 FleetKeyAuthentication.isValidVouch(mac, terminal: terminal, publicKey: publicKey, under: newest)
             {

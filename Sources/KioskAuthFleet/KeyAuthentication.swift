@@ -129,12 +129,11 @@ public enum FleetKeyAuthentication {
                 result.refused.append((wrapped.generation, "\(error)"))
             }
         }
-        // SymmetricKey's == compares in constant time.
-        func same(_ a: FleetDataKey, _ b: FleetDataKey) -> Bool { a.key == b.key }
-        // Held generations: the directory may list them, but never change them.
+        // Held generations: the directory may list them, but never change them (SymmetricKey's
+        // == compares in constant time).
         for (generation, entry) in opened.sorted(by: { $0.key < $1.key }) {
             guard let mine = trusted[generation] else { continue }
-            if !same(mine, entry.key) {
+            if mine.key != entry.key.key {
                 result.refused.append(
                     (
                         generation,

@@ -69,8 +69,7 @@ extension Store {
             {
                 progress.deliveredThrough = max(stored.deliveredThrough, sequence)
             }
-            let text = String(decoding: try JSONEncoder().encodeOrThrow(progress), as: UTF8.self)
-            try writeTerminalValue(text, forKey: Self.auditDeliveryKey, in: db)
+            try writeTerminalValue(progress, forKey: Self.auditDeliveryKey, in: db)
         }
     }
 

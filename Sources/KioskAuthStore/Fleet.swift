@@ -191,9 +191,7 @@ extension Store {
         guard Self.fleetStates.contains(membership.state) else {
             throw StoreError(.integrity("unknown fleet state \(membership.state)"))
         }
-        let sealedKey = try firstKey.map { key throws(StoreError) in
-            (key.generation, try seal(key.wrapped, Self.fleetKeyBinding(generation: key.generation)))
-        }
+        let sealedKey = try firstKey.map { key throws(StoreError) in try sealFleetKey(key) }
         let sealedSecret = try joinSecret.map { secret throws(StoreError) in
             try seal(secret, Self.fleetJoinSecretBinding)
         }
@@ -212,16 +210,9 @@ extension Store {
                         .text(membership.state), .integer(membership.cursor),
                         .real(membership.joinedAt.timeIntervalSince1970),
                     ])
-                if let (generation, sealed) = sealedKey {
-                    try db.query(
-                        "INSERT OR REPLACE INTO fleet_keys (generation, sealed, received_at) VALUES (?, ?, ?)",
-                        [.integer(Int64(generation)), .blob(sealed), .real(now.timeIntervalSince1970)])
-                }
-                if let sealedSecret {
-                    let text = String(decoding: try JSONEncoder().encodeOrThrow(sealedSecret), as: UTF8.self)
-                    try writeTerminalValue(text, forKey: Self.fleetJoinSecretKey, in: db)
-                }
-                try db.query("DELETE FROM terminal_state WHERE key = ?", [.text(Self.fleetPendingAttemptKey)])
+                if let sealedKey { try insertFleetKey(sealedKey, now: now, in: db) }
+                if let sealedSecret { try writeTerminalValue(sealedSecret, forKey: Self.fleetJoinSecretKey, in: db) }
+                try deleteTerminalValues(Self.fleetPendingAttemptKey, in: db)
                 isFleetMember = true
                 if bringLocalPeople {
                     for row in try db.query(
@@ -271,23 +262,34 @@ extension Store {
     public func acceptFleetKeys(
         _ keys: [(generation: Int32, wrapped: [UInt8])], becomeMember: Bool, now: Date
     ) throws(StoreError) {
-        var sealed: [(Int32, [UInt8])] = []
-        for key in keys {
-            sealed.append((key.generation, try seal(key.wrapped, Self.fleetKeyBinding(generation: key.generation))))
-        }
+        var sealed: [(generation: Int32, sealed: [UInt8])] = []
+        for key in keys { sealed.append(try sealFleetKey(key)) }
         try transaction { db in
             // Only for a membership still there (a leave may have ended it meanwhile).
             guard try !db.query("SELECT 1 FROM fleet_membership WHERE state <> 'removed'").isEmpty else { return }
-            for (generation, bytes) in sealed {
-                try db.query(
-                    "INSERT INTO fleet_keys (generation, sealed, received_at) VALUES (?, ?, ?) ON CONFLICT (generation) DO NOTHING",
-                    [.integer(Int64(generation)), .blob(bytes), .real(now.timeIntervalSince1970)])
-            }
+            for key in sealed { try insertFleetKey(key, now: now, in: db) }
             if becomeMember {
                 try db.query("UPDATE fleet_membership SET state = 'member' WHERE state = 'pending'")
-                try db.query("DELETE FROM terminal_state WHERE key = ?", [.text(Self.fleetJoinSecretKey)])
+                try deleteTerminalValues(Self.fleetJoinSecretKey, in: db)
             }
         }
+    }
+
+    /// A generation as wrapped to this terminal, sealed under the store key: it opens only with
+    /// the store key and the terminal's own key together.
+    private func sealFleetKey(
+        _ key: (generation: Int32, wrapped: [UInt8])
+    ) throws(StoreError) -> (generation: Int32, sealed: [UInt8]) {
+        (key.generation, try seal(key.wrapped, Self.fleetKeyBinding(generation: key.generation)))
+    }
+
+    /// Keeps a sealed generation; one already held is never replaced.
+    private func insertFleetKey(
+        _ key: (generation: Int32, sealed: [UInt8]), now: Date, in db: SQLiteConnection
+    ) throws {
+        try db.query(
+            "INSERT INTO fleet_keys (generation, sealed, received_at) VALUES (?, ?, ?) ON CONFLICT (generation) DO NOTHING",
+            [.integer(Int64(key.generation)), .blob(key.sealed), .real(now.timeIntervalSince1970)])
     }
 
     /// Changes the membership's state, cursor and sync record.
@@ -329,9 +331,8 @@ extension Store {
             ] {
                 try db.query("DELETE FROM \(table)")
             }
-            for key in [Self.fleetPendingAttemptKey, Self.fleetJoinSecretKey, Self.fleetRemovedTerminalsKey] {
-                try db.query("DELETE FROM terminal_state WHERE key = ?", [.text(key)])
-            }
+            try deleteTerminalValues(
+                Self.fleetPendingAttemptKey, Self.fleetJoinSecretKey, Self.fleetRemovedTerminalsKey, in: db)
             isFleetMember = false
         }
         try checkpointTruncating()
@@ -347,7 +348,7 @@ extension Store {
             for table in ["fleet_outbox", "fleet_join_tokens", "fleet_keys"] {
                 try db.query("DELETE FROM \(table)")
             }
-            try db.query("DELETE FROM terminal_state WHERE key = ?", [.text(Self.fleetJoinSecretKey)])
+            try deleteTerminalValues(Self.fleetJoinSecretKey, in: db)
             try db.query(
                 "UPDATE fleet_membership SET state = 'removed', last_error = ?", [.text(String(reason.prefix(500)))])
             isFleetMember = false

@@ -1081,18 +1081,23 @@ public final class Store: @unchecked Sendable {
 
     /// Stores a terminal-wide value (JSON), durably.
     public func setTerminalValue(_ value: some Encodable, forKey key: String) throws(StoreError) {
-        let text = String(decoding: try JSONEncoder().encodeOrThrow(value), as: UTF8.self)
-        try transaction { db in try writeTerminalValue(text, forKey: key, in: db) }
+        try transaction { db in try writeTerminalValue(value, forKey: key, in: db) }
     }
 
-    /// Writes a terminal value and its MAC inside `db`'s transaction, after checking the row it
-    /// replaces.
-    func writeTerminalValue(_ text: String, forKey key: String, in db: SQLiteConnection) throws {
+    /// Writes a terminal value (JSON) and its MAC inside `db`'s transaction, after checking the
+    /// row it replaces.
+    func writeTerminalValue(_ value: some Encodable, forKey key: String, in db: SQLiteConnection) throws {
+        let text = String(decoding: try JSONEncoder().encodeOrThrow(value), as: UTF8.self)
         try updatingRows(Self.terminalStateTable, where: "key = ?", [.text(key)], in: db) {
             try db.query(
                 "INSERT INTO terminal_state (key, value) VALUES (?, ?) ON CONFLICT (key) DO UPDATE SET value = excluded.value",
                 [.text(key), .text(text)])
         }
+    }
+
+    /// Deletes terminal values inside `db`'s transaction.
+    func deleteTerminalValues(_ keys: String..., in db: SQLiteConnection) throws {
+        for key in keys { try db.query("DELETE FROM terminal_state WHERE key = ?", [.text(key)]) }
     }
 }
 

@@ -434,4 +434,44 @@ import Testing
             for terminal in fleet { await terminal.directory.close() }
         }
     }
+
+    /// `fleet_vouch` is for a terminal's own row: B's role vouching for A, a pending terminal
+    /// vouching for itself, and a role outside kioskauth_terminal are each refused, and A's
+    /// vouch is unchanged.
+    @Test func fleetVouch_isOnlyForAMembersOwnRow() async throws {
+        try await TestPostgres.with { server in
+            let (fleet, dataKey) = try await makeFleet(2, on: server)
+            let (a, b) = (fleet[0], fleet[1])
+            let vouchOfA = "SELECT encode(vouch_mac, 'hex') FROM terminals WHERE terminal_id = '\(a.id.fleetText)'"
+            let before = try server.psql(vouchOfA)
+            let forA = FleetKeyAuthentication.vouchMAC(terminal: a.id, publicKey: b.keys.publicKey, under: dataKey)
+            let asB = Result {
+                try server.psql(["SELECT fleet_vouch('\(a.id.fleetText)', 1, '\\x\(hex(Array(forA)))')"], as: b.role)
+            }
+            if case .failure(let error) = asB {
+                #expect("\(error)".contains("does not belong to role"), "\(error)")
+            } else {
+                Issue.record("B's role vouched for A")
+            }
+            let token = try await a.directory.issueJoinToken(by: a.id, lifetime: .seconds(600))
+            let c = try await Terminal.make("c", on: server)
+            try await c.directory.join(with: token, as: c.registration)
+            let forC = FleetKeyAuthentication.vouchMAC(terminal: c.id, publicKey: c.keys.publicKey, under: dataKey)
+            let pending = Result {
+                try server.psql(["SELECT fleet_vouch('\(c.id.fleetText)', 1, '\\x\(hex(Array(forC)))')"], as: c.role)
+            }
+            if case .failure(let error) = pending {
+                #expect("\(error)".contains("not a fleet member"), "\(error)")
+            } else {
+                Issue.record("a pending terminal vouched for itself")
+            }
+            try server.psql("CREATE ROLE vouch_outsider LOGIN")
+            #expect(throws: (any Error).self) {
+                try server.psql(
+                    ["SELECT fleet_vouch('\(a.id.fleetText)', 1, '\\x\(hex(Array(forA)))')"], as: "vouch_outsider")
+            }
+            #expect(try server.psql(vouchOfA) == before)
+            for directory in [a.directory, b.directory, c.directory] { await directory.close() }
+        }
+    }
 }

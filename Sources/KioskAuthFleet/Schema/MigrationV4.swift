@@ -181,52 +181,8 @@ extension FleetMigration {
             END
             $$
             """,
-            // The signatures older daemons call now refuse, by name (and stay SECURITY DEFINER
-            // with a pinned search path, like every function a terminal may call: below).
-            """
-            CREATE OR REPLACE FUNCTION fleet_bootstrap(p_terminal uuid, p_name text, p_public_key bytea, p_driver text,
-                                                       p_device_type text, p_match_on_chip boolean,
-                                                       p_encapsulated bytea, p_ciphertext bytea)
-            RETURNS boolean
-            LANGUAGE plpgsql AS $$
-            BEGIN
-                RAISE EXCEPTION 'the directory is at schema 4: this kioskauthd is too old to create its fleet, upgrade it'
-                    USING ERRCODE = 'KA426';
-            END
-            $$
-            """,
-            """
-            CREATE OR REPLACE FUNCTION fleet_admit_keys(p_terminal uuid, p_token uuid, p_public_key bytea, p_wraps jsonb)
-            RETURNS uuid
-            LANGUAGE plpgsql AS $$
-            BEGIN
-                RAISE EXCEPTION 'the directory is at schema 4: this kioskauthd is too old to admit, upgrade it'
-                    USING ERRCODE = 'KA426';
-            END
-            $$
-            """,
-            """
-            CREATE OR REPLACE FUNCTION fleet_admit(p_terminal uuid, p_token uuid, p_public_key bytea,
-                                                   p_generation integer, p_encapsulated bytea, p_ciphertext bytea)
-            RETURNS uuid
-            LANGUAGE plpgsql AS $$
-            BEGIN
-                RAISE EXCEPTION 'the directory is at schema 4: this kioskauthd is too old to admit, upgrade it'
-                    USING ERRCODE = 'KA426';
-            END
-            $$
-            """,
-            """
-            CREATE OR REPLACE FUNCTION fleet_rotate_data_key(p_generation integer, p_member uuid, p_reason text,
-                                                             p_wraps jsonb)
-            RETURNS void
-            LANGUAGE plpgsql AS $$
-            BEGIN
-                RAISE EXCEPTION 'the directory is at schema 4: this kioskauthd is too old to rotate the data key, upgrade it'
-                    USING ERRCODE = 'KA426';
-            END
-            $$
-            """,
+            // The signatures older daemons call now refuse, by name (`retired`).
+        ] + retired.map(\.statement) + [
             """
             DO $$
             DECLARE
@@ -238,10 +194,7 @@ extension FleetMigration {
                     'fleet_rotate_data_key(integer, uuid, text, jsonb, bytea, jsonb)',
                     'fleet_vouch(uuid, integer, bytea)',
                     'fleet_remove_terminal(uuid)',
-                    'fleet_bootstrap(uuid, text, bytea, text, text, boolean, bytea, bytea)',
-                    'fleet_admit_keys(uuid, uuid, bytea, jsonb)',
-                    'fleet_admit(uuid, uuid, bytea, integer, bytea, bytea)',
-                    'fleet_rotate_data_key(integer, uuid, text, jsonb)'
+                    \(retired.map { "'\($0.signature)'" }.joined(separator: ", "))
                 ] LOOP
                     EXECUTE format('REVOKE ALL ON FUNCTION %s FROM PUBLIC', f);
                     EXECUTE format('ALTER FUNCTION %s SECURITY DEFINER SET search_path = %I, pg_temp',
@@ -250,6 +203,44 @@ extension FleetMigration {
                 END LOOP;
             END
             $$
-            """,
+            """
         ])
+
+    /// The signatures daemons from before this migration call, which now refuse with KA426
+    /// ("upgrade it") and stay SECURITY DEFINER with a pinned search path, like every function
+    /// a terminal may call (the grant loop above): such a daemon would make generations and
+    /// members nobody can authenticate.
+    static let retired: [(signature: String, statement: String)] = [
+        (
+            "fleet_bootstrap",
+            "p_terminal uuid, p_name text, p_public_key bytea, p_driver text, p_device_type text, "
+                + "p_match_on_chip boolean, p_encapsulated bytea, p_ciphertext bytea", "boolean", "create its fleet"
+        ),
+        ("fleet_admit_keys", "p_terminal uuid, p_token uuid, p_public_key bytea, p_wraps jsonb", "uuid", "admit"),
+        (
+            "fleet_admit",
+            "p_terminal uuid, p_token uuid, p_public_key bytea, p_generation integer, p_encapsulated bytea, "
+                + "p_ciphertext bytea", "uuid", "admit"
+        ),
+        (
+            "fleet_rotate_data_key", "p_generation integer, p_member uuid, p_reason text, p_wraps jsonb", "void",
+            "rotate the data key"
+        ),
+    ].map { name, parameters, returns, what in
+        // The same parameter names as before (CREATE OR REPLACE may not rename them); the
+        // signature, for the grant loop, is the types alone.
+        let types = parameters.split(separator: ",").map { $0.split(separator: " ").last.map(String.init) ?? "" }
+        return (
+            "\(name)(\(types.joined(separator: ", ")))",
+            """
+            CREATE OR REPLACE FUNCTION \(name)(\(parameters)) RETURNS \(returns)
+            LANGUAGE plpgsql AS $$
+            BEGIN
+                RAISE EXCEPTION 'the directory is at schema 4: this kioskauthd is too old to \(what), upgrade it'
+                    USING ERRCODE = 'KA426';
+            END
+            $$
+            """
+        )
+    }
 }
