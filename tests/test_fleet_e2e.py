@@ -486,6 +486,45 @@ def test_passcode_guesses_over_three_terminals_stop_at_the_fleet_wide_bound(make
         assert error_name(locked) == "PasscodeLocked" and locked["parameters"]["hardLocked"] is True, locked
 
 
+def test_a_sum_pulled_while_a_reset_made_here_is_still_queued_does_not_count_the_failures_it_forgave(make_fleet):
+    """docs/fleet.md §5. At B nora mistypes once, then gets it right: B forgives the failure at
+    once and queues the reset behind it. B's push of the failure is applied but its answer is
+    lost, so the reset stays queued; meanwhile A counts a failure of hers, and B pulls the
+    fleet's sum (2: its own failure and A's), which predates its reset. B counts only what came
+    since its reset, nothing; it used to count 2 until the reset went through. When it does,
+    the fleet is back to 0 everywhere."""
+    fleet = make_fleet(["virtual_device"] * 2, fleet_config=QUICK_RECONNECT + "OperationTimeoutSec=3\n",
+                       config=NO_DELAYS)
+    a, b = fleet.terminals
+    add_with_passcode(a, "nora")
+    wait_drained(a)
+    wait_knows(b, "nora", hasPasscode=True, state="active")
+
+    b.proxy.stall_after(b"fleet_apply_push")
+    assert error_name(b.verify_passcode("nora", WRONG)) == "WrongPasscode"
+    wait_until(lambda: fleet_failures(fleet, "nora") == 1, what="B's failure applied by the directory")
+    ok(b.verify_passcode("nora", PASSCODE))
+    queued = b.status()["queuedPushes"]  # the failure, the reset, and what else the unlock wrote
+    assert queued >= 2, b.status()
+    assert error_name(a.verify_passcode("nora", WRONG)) == "WrongPasscode"
+    add_with_passcode(a, "zed")  # after A's failure in the feed: once B has zed, it pulled both
+    wait_drained(a)
+    assert fleet_failures(fleet, "nora") == 2
+    wait_knows(b, "zed", hasPasscode=True, state="active")
+    assert b.status()["queuedPushes"] == queued, "the reset is still queued at B"
+    person = b.person("nora")["parameters"]["person"]
+    assert person["passcodeFailures"] == 0, person
+
+    b.proxy.restore()
+    wait_drained(b)
+    fleet.sync_all()
+    assert fleet_failures(fleet, "nora") == 0
+    for terminal in (a, b):
+        person = terminal.person("nora")["parameters"]["person"]
+        assert person["passcodeFailures"] == 0, (terminal.name, person)
+        assert "error" not in terminal.verify_passcode("nora", PASSCODE)
+
+
 # 7. Templates follow the reader; and a stolen dump holds none ---------------------------------
 
 @pytest.mark.skipif(not have_nist_prints(), reason="NIST prints not found (set KIOSKAUTH_TESTDATA)")

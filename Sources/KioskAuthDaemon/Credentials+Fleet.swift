@@ -285,12 +285,15 @@ extension CredentialAuthority {
 
     /// The fleet-wide failure sum (docs/fleet.md §5): this terminal counts the sum pulled plus
     /// its own failures not yet pushed (`FleetPasscodeBudget`), hard-locks at HardLockAfter, and
-    /// clears when the fleet was reset and nothing is pending here.
+    /// clears when the fleet was reset and nothing is pending here. While a reset made here
+    /// waits in the queue, the sum pulled predates it: only the failures since count.
     private func applyFleetLockout(_ change: FleetChange) throws(StoreError) -> Bool {
-        guard let fleetID = change.fields["person_id"], let sum = change.fields["fleet_failures"].flatMap({ Int($0) }),
+        guard let fleetID = change.fields["person_id"],
+            let pulled = change.fields["fleet_failures"].flatMap({ Int($0) }),
             let person = try store.person(fleetID: fleetID)
         else { return false }
         let unpushed = try store.unpushedFleetFailures(of: person)
+        let sum = try store.fleetPasscodeResetQueued(of: person) ? 0 : pulled
         let budget = FleetPasscodeBudget(
             hardLockAfter: configuration.passcode.hardLockAfter,
             delaysSeconds: configuration.passcode.lockoutDelays.map { Int($0) })
@@ -305,17 +308,17 @@ extension CredentialAuthority {
             if !budget.mayAttempt(fleetSum: sum, unpushedLocal: unpushed) { failures.passcodeHardLocked = true }
         }
         guard failures != person.failures else {
-            try store.setFleetFailureSum(sum, of: person)
+            try store.setFleetFailureSum(pulled, of: person)
             return false
         }
         try applyingFleet { () throws(StoreError) in
             try audited { tx throws(StoreError) in
-                try store.setFleetFailureSum(sum, of: person)
+                try store.setFleetFailureSum(pulled, of: person)
                 try store.saveFailures(failures, for: person, now: now())
                 try tx.audit(
                     nil, action: .fleetApply, result: .success, person: person.name.rawValue, method: "passcode",
                     detail:
-                        "fleet failures=\(sum), unpushed here=\(unpushed)\(failures.passcodeHardLocked ? ", hard-locked" : "")"
+                        "fleet failures=\(pulled)\(sum == pulled ? "" : " (before a reset queued here)"), unpushed here=\(unpushed)\(failures.passcodeHardLocked ? ", hard-locked" : "")"
                 )
             }
         }

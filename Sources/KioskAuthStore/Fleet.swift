@@ -550,15 +550,52 @@ extension Store {
     }
 
     /// Removes a batch the directory acknowledged (applied now or before), and takes its
-    /// failures off the people's unpushed counts.
+    /// failures off the people's unpushed counts. Batches are acknowledged oldest first, so
+    /// failures followed by a reset still queued were already taken off when that reset was
+    /// queued: only failures counted since the person's last reset are unpushed.
     public func acknowledgeFleetBatch(_ batch: FleetOutboxBatch) throws(StoreError) {
         try transaction { db in
             for case .passcodeFailures(let fleetID, let count) in batch.operations {
+                let resetLater = try db.query(
+                    "SELECT 1 FROM fleet_queued_resets WHERE fleet_id = ? AND batch_id > ? LIMIT 1",
+                    [.text(fleetID), .integer(batch.id)])
+                guard resetLater.isEmpty else { continue }
                 try db.query(
                     "UPDATE fleet_people SET unpushed_failures = MAX(0, unpushed_failures - ?) WHERE fleet_id = ?",
                     [.integer(Int64(count)), .text(fleetID)])
             }
             try db.query("DELETE FROM fleet_outbox WHERE id = ?", [.integer(batch.id)])
+        }
+    }
+
+    /// Whether a reset of this person's passcode failures waits in the queue. Until the
+    /// directory has it, the fleet-wide sum it sends counts failures the reset forgave.
+    public func fleetPasscodeResetQueued(of person: StoredPerson) throws(StoreError) -> Bool {
+        try locked {
+            try !connection.query(
+                """
+                SELECT 1 FROM fleet_queued_resets r JOIN fleet_people p ON p.fleet_id = r.fleet_id
+                WHERE p.person_id = ? LIMIT 1
+                """,
+                [.integer(person.id)]
+            ).isEmpty
+        }
+    }
+
+    /// Fills `fleet_queued_resets` from the queue, at the upgrade to schema 8.
+    func recordQueuedResets() throws {
+        for batch in try fleetOutbox(limit: Int.max) {
+            try recordQueuedResets(of: batch.operations, batch: batch.id, in: connection)
+        }
+    }
+
+    private func recordQueuedResets(
+        of operations: [FleetLocalOperation], batch: Int64, in db: SQLiteConnection
+    ) throws {
+        for case .passcodeReset(let fleetID) in operations {
+            try db.query(
+                "INSERT OR IGNORE INTO fleet_queued_resets (batch_id, fleet_id) VALUES (?, ?)",
+                [.integer(batch), .text(fleetID)])
         }
     }
 
@@ -730,6 +767,7 @@ extension Store {
         try db.query(
             "INSERT INTO fleet_outbox (idempotency_key, sealed, created_at) VALUES (?, ?, ?)",
             [.text(key), .blob(sealed), .real(Date().timeIntervalSince1970)])
+        try recordQueuedResets(of: operations, batch: db.lastInsertRowID, in: db)
         return true
     }
 }

@@ -41,7 +41,7 @@ public struct StoredPerson: Sendable, Equatable {
 /// connection, serialised by a lock; calls are short.
 public final class Store: @unchecked Sendable {
     /// The schema version this code writes.
-    public static let schemaVersion = 7
+    public static let schemaVersion = 8
     /// File name of the database in the state directory.
     public static let databaseFileName = "kioskauth.sqlite"
 
@@ -420,6 +420,18 @@ public final class Store: @unchecked Sendable {
           last_reason TEXT NOT NULL
         );
         """,
+        // 8: which queued pushes reset whose passcode failures (docs/fleet.md §5): while a reset
+        // waits in the queue, a fleet-wide sum pulled from the directory predates it, and the
+        // failures acknowledged from batches before it were already forgiven here. Filled from
+        // the queue at the upgrade (`recordQueuedResets`). Idempotent.
+        """
+        CREATE TABLE IF NOT EXISTS fleet_queued_resets (
+          batch_id INTEGER NOT NULL REFERENCES fleet_outbox(id) ON DELETE CASCADE,
+          fleet_id TEXT NOT NULL,
+          PRIMARY KEY (fleet_id, batch_id)
+        ) WITHOUT ROWID;
+        CREATE INDEX IF NOT EXISTS fleet_queued_resets_batch ON fleet_queued_resets (batch_id);
+        """,
     ]
 
     private func openSchema(now: Date) throws(StoreError) {
@@ -454,6 +466,9 @@ public final class Store: @unchecked Sendable {
                         try upgradeRowMACs(from: version)
                     } else if version == 4 {
                         try upgradePeopleMACs(columns: Self.peopleMACColumnNamesV4)
+                    }
+                    if version >= 6 && version < 8 {
+                        try recordQueuedResets()
                     }
                     try connection.execute("PRAGMA user_version=\(Self.migrations.count)")
                 }

@@ -145,6 +145,67 @@ struct FleetQueueTests {
         }
     }
 
+    /// A failure, the right passcode, another failure: three batches. The reset forgave the
+    /// first failure here at once, so its acknowledgement must not take the second one off the
+    /// unpushed count (that would count one failure too few until the next pull).
+    @Test func aFailureQueuedBeforeAReset_isNotTakenOffTheFailuresCountedSince() throws {
+        let fixture = try StoreFixture()
+        try fixture.withStore { store in
+            try member(store)
+            var sarah = try store.addTestPerson("sarah")
+            _ = try store.fleetOutbox(limit: 10).map { try store.acknowledgeFleetBatch($0) }
+            var failures = CredentialFailureState()
+            failures.passcodeFailures = 1
+            try store.saveFailures(failures, for: sarah, now: testNow)
+            #expect(!(try store.fleetPasscodeResetQueued(of: sarah)))
+            try store.saveFailures(CredentialFailureState(), for: sarah, now: testNow)
+            try store.saveFailures(failures, for: sarah, now: testNow)
+            sarah = try #require(try store.person(named: LoginName("sarah")))
+            let batches = try store.fleetOutbox(limit: 10)
+            #expect(kinds(batches) == [["failures:1"], ["reset"], ["failures:1"]])
+            #expect(try store.unpushedFleetFailures(of: sarah) == 1)
+            #expect(try store.fleetPasscodeResetQueued(of: sarah))
+            try store.acknowledgeFleetBatch(batches[0])
+            #expect(try store.unpushedFleetFailures(of: sarah) == 1)
+            #expect(try store.fleetPasscodeResetQueued(of: sarah))
+            try store.acknowledgeFleetBatch(batches[1])
+            #expect(!(try store.fleetPasscodeResetQueued(of: sarah)))
+            try store.acknowledgeFleetBatch(batches[2])
+            #expect(try store.unpushedFleetFailures(of: sarah) == 0)
+        }
+    }
+
+    /// A store from schema 7 with a reset already queued knows it after the upgrade.
+    @Test func upgradeFromSchema7_findsTheResetsAlreadyQueued() throws {
+        let fixture = try StoreFixture()
+        let sarah = try fixture.withStore { store throws -> StoredPerson in
+            try member(store)
+            let sarah = try store.addTestPerson("sarah")
+            var failures = CredentialFailureState()
+            failures.passcodeFailures = 2
+            try store.saveFailures(failures, for: sarah, now: testNow)
+            try store.saveFailures(CredentialFailureState(), for: sarah, now: testNow)
+            return sarah
+        }
+        let raw = try fixture.raw()
+        try raw.query("DROP TABLE fleet_queued_resets")
+        try raw.query("PRAGMA user_version = 7")
+        raw.close()
+        try fixture.withStore { store throws in
+            #expect(try store.fleetPasscodeResetQueued(of: sarah))
+            for batch in try store.fleetOutbox(limit: 10) { try store.acknowledgeFleetBatch(batch) }
+            #expect(!(try store.fleetPasscodeResetQueued(of: sarah)))
+            // A terminal the directory removed forgets its queue, and with it the resets queued.
+            var failures = CredentialFailureState()
+            failures.passcodeFailures = 1
+            try store.saveFailures(failures, for: sarah, now: testNow)
+            try store.saveFailures(CredentialFailureState(), for: sarah, now: testNow)
+            #expect(try store.fleetPasscodeResetQueued(of: sarah))
+            try store.markFleetRemoved(reason: "test")
+            #expect(!(try store.fleetPasscodeResetQueued(of: sarah)))
+        }
+    }
+
     @Test func appliedChanges_areNotPushedBack() throws {
         let fixture = try StoreFixture()
         try fixture.withStore { store in
