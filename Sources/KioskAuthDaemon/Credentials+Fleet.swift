@@ -286,14 +286,18 @@ extension CredentialAuthority {
     /// The fleet-wide failure sum (docs/fleet.md §5): this terminal counts the sum pulled plus
     /// its own failures not yet pushed (`FleetPasscodeBudget`), hard-locks at HardLockAfter, and
     /// clears when the fleet was reset and nothing is pending here. While a reset made here
-    /// waits in the queue, the sum pulled predates it: only the failures since count.
+    /// waits in the queue, the sum pulled predates it: only the failures since count. For a
+    /// bounded time only, `resetWindow`: a queue that stays stuck (its pushes refused, or their
+    /// answers held back, while pulls work) must not leave this terminal blind to a lock the
+    /// rest of the fleet counted. After it, the forgiven failures count again until the reset
+    /// goes through: failing closed.
     private func applyFleetLockout(_ change: FleetChange) throws(StoreError) -> Bool {
         guard let fleetID = change.fields["person_id"],
             let pulled = change.fields["fleet_failures"].flatMap({ Int($0) }),
             let person = try store.person(fleetID: fleetID)
         else { return false }
         let unpushed = try store.unpushedFleetFailures(of: person)
-        let sum = try store.fleetPasscodeResetQueued(of: person) ? 0 : pulled
+        let sum = try store.fleetPasscodeResetQueued(of: person, within: resetWindow) ? 0 : pulled
         let budget = FleetPasscodeBudget(
             hardLockAfter: configuration.passcode.hardLockAfter,
             delaysSeconds: configuration.passcode.lockoutDelays.map { Int($0) })
@@ -324,6 +328,14 @@ extension CredentialAuthority {
         }
         return true
     }
+}
+
+extension CredentialAuthority {
+    /// How long a reset queued here makes this terminal set the pulled fleet sum aside: the
+    /// first non-zero `LockoutDelaysSec` (60 s by default), or 60 s when there is none. Within
+    /// it a guesser here meets only the failures counted here since the reset, and once those
+    /// reach the first delay, waiting it out ends the window (docs/fleet.md §5).
+    var resetWindow: TimeInterval { configuration.passcode.lockoutDelays.first(where: { $0 > 0 }) ?? 60 }
 }
 
 extension StoreError {

@@ -568,34 +568,53 @@ extension Store {
         }
     }
 
-    /// Whether a reset of this person's passcode failures waits in the queue. Until the
-    /// directory has it, the fleet-wide sum it sends counts failures the reset forgave.
-    public func fleetPasscodeResetQueued(of person: StoredPerson) throws(StoreError) -> Bool {
-        try locked {
+    /// Whether a reset of this person's passcode failures waits in the queue, queued less than
+    /// `window` seconds ago (by this machine's clock; one dated in the future does not count).
+    /// Until the directory has it, the fleet-wide sum it sends counts failures the reset forgave.
+    public func fleetPasscodeResetQueued(
+        of person: StoredPerson, within window: TimeInterval
+    ) throws(StoreError)
+        -> Bool
+    {
+        let now = Date().timeIntervalSince1970
+        return try locked {
             try !connection.query(
                 """
                 SELECT 1 FROM fleet_queued_resets r JOIN fleet_people p ON p.fleet_id = r.fleet_id
-                WHERE p.person_id = ? LIMIT 1
+                WHERE p.person_id = ? AND r.queued_at > ? AND r.queued_at <= ? LIMIT 1
                 """,
-                [.integer(person.id)]
+                [.integer(person.id), .real(now - window), .real(now + 1)]
             ).isEmpty
         }
     }
 
-    /// Fills `fleet_queued_resets` from the queue, at the upgrade to schema 8.
+    /// Fills `fleet_queued_resets` from the queue, at the upgrade to schema 8. A queued batch
+    /// that does not open is left out (as holding no reset, so pulled sums keep counting); the
+    /// sync reports it when it reaches it.
     func recordQueuedResets() throws {
-        for batch in try fleetOutbox(limit: Int.max) {
-            try recordQueuedResets(of: batch.operations, batch: batch.id, in: connection)
+        let rows = try connection.query("SELECT id, idempotency_key, sealed, created_at FROM fleet_outbox ORDER BY id")
+        for row in rows {
+            let key = row["idempotency_key"].string ?? ""
+            guard let sealed = row["sealed"].bytes, let id = row["id"].int,
+                let plaintext = try? sealer.open(sealed, binding: Self.fleetOutboxBinding(key: key)),
+                let operations = try? JSONDecoder().decode([FleetLocalOperation].self, from: Data(plaintext))
+            else {
+                logger.warning(
+                    "a queued fleet batch does not open: its resets are not recorded", metadata: ["key": "\(key)"])
+                continue
+            }
+            try recordQueuedResets(
+                of: operations, batch: Int64(id), queuedAt: row["created_at"].double ?? 0, in: connection)
         }
     }
 
     private func recordQueuedResets(
-        of operations: [FleetLocalOperation], batch: Int64, in db: SQLiteConnection
+        of operations: [FleetLocalOperation], batch: Int64, queuedAt: Double, in db: SQLiteConnection
     ) throws {
         for case .passcodeReset(let fleetID) in operations {
             try db.query(
-                "INSERT OR IGNORE INTO fleet_queued_resets (batch_id, fleet_id) VALUES (?, ?)",
-                [.integer(batch), .text(fleetID)])
+                "INSERT OR IGNORE INTO fleet_queued_resets (batch_id, fleet_id, queued_at) VALUES (?, ?, ?)",
+                [.integer(batch), .text(fleetID), .real(queuedAt)])
         }
     }
 
@@ -764,10 +783,11 @@ extension Store {
             throw StoreError(.integrity("the fleet batch does not encode: \(error)"))
         }
         let sealed = try sealer.seal(Array(plaintext), binding: Self.fleetOutboxBinding(key: key))
+        let queuedAt = Date().timeIntervalSince1970
         try db.query(
             "INSERT INTO fleet_outbox (idempotency_key, sealed, created_at) VALUES (?, ?, ?)",
-            [.text(key), .blob(sealed), .real(Date().timeIntervalSince1970)])
-        try recordQueuedResets(of: operations, batch: db.lastInsertRowID, in: db)
+            [.text(key), .blob(sealed), .real(queuedAt)])
+        try recordQueuedResets(of: operations, batch: db.lastInsertRowID, queuedAt: queuedAt, in: db)
         return true
     }
 }

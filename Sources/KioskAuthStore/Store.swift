@@ -420,14 +420,15 @@ public final class Store: @unchecked Sendable {
           last_reason TEXT NOT NULL
         );
         """,
-        // 8: which queued pushes reset whose passcode failures (docs/fleet.md §5): while a reset
-        // waits in the queue, a fleet-wide sum pulled from the directory predates it, and the
-        // failures acknowledged from batches before it were already forgiven here. Filled from
-        // the queue at the upgrade (`recordQueuedResets`). Idempotent.
+        // 8: which queued pushes reset whose passcode failures, and when (docs/fleet.md §5):
+        // while a reset waits in the queue, a fleet-wide sum pulled from the directory predates
+        // it, and the failures acknowledged from batches before it were already forgiven here.
+        // Filled from the queue at the upgrade (`recordQueuedResets`). Idempotent.
         """
         CREATE TABLE IF NOT EXISTS fleet_queued_resets (
           batch_id INTEGER NOT NULL REFERENCES fleet_outbox(id) ON DELETE CASCADE,
           fleet_id TEXT NOT NULL,
+          queued_at REAL NOT NULL,
           PRIMARY KEY (fleet_id, batch_id)
         ) WITHOUT ROWID;
         CREATE INDEX IF NOT EXISTS fleet_queued_resets_batch ON fleet_queued_resets (batch_id);

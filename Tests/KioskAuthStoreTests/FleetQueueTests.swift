@@ -157,52 +157,66 @@ struct FleetQueueTests {
             var failures = CredentialFailureState()
             failures.passcodeFailures = 1
             try store.saveFailures(failures, for: sarah, now: testNow)
-            #expect(!(try store.fleetPasscodeResetQueued(of: sarah)))
+            #expect(!(try store.fleetPasscodeResetQueued(of: sarah, within: 3600)))
             try store.saveFailures(CredentialFailureState(), for: sarah, now: testNow)
             try store.saveFailures(failures, for: sarah, now: testNow)
             sarah = try #require(try store.person(named: LoginName("sarah")))
             let batches = try store.fleetOutbox(limit: 10)
             #expect(kinds(batches) == [["failures:1"], ["reset"], ["failures:1"]])
             #expect(try store.unpushedFleetFailures(of: sarah) == 1)
-            #expect(try store.fleetPasscodeResetQueued(of: sarah))
+            #expect(try store.fleetPasscodeResetQueued(of: sarah, within: 3600))
+            // Only for a while: a reset queued longer ago than the window no longer counts.
+            #expect(!(try store.fleetPasscodeResetQueued(of: sarah, within: 0)))
             try store.acknowledgeFleetBatch(batches[0])
             #expect(try store.unpushedFleetFailures(of: sarah) == 1)
-            #expect(try store.fleetPasscodeResetQueued(of: sarah))
+            #expect(try store.fleetPasscodeResetQueued(of: sarah, within: 3600))
             try store.acknowledgeFleetBatch(batches[1])
-            #expect(!(try store.fleetPasscodeResetQueued(of: sarah)))
+            #expect(!(try store.fleetPasscodeResetQueued(of: sarah, within: 3600)))
             try store.acknowledgeFleetBatch(batches[2])
             #expect(try store.unpushedFleetFailures(of: sarah) == 0)
         }
     }
 
-    /// A store from schema 7 with a reset already queued knows it after the upgrade.
+    /// A store from schema 7 with a reset already queued knows it after the upgrade, dated
+    /// when it was queued; a queued batch that does not open does not stop the upgrade.
     @Test func upgradeFromSchema7_findsTheResetsAlreadyQueued() throws {
         let fixture = try StoreFixture()
-        let sarah = try fixture.withStore { store throws -> StoredPerson in
+        let (sarah, tom) = try fixture.withStore { store throws -> (StoredPerson, StoredPerson) in
             try member(store)
             let sarah = try store.addTestPerson("sarah")
+            let tom = try store.addTestPerson("tom")
             var failures = CredentialFailureState()
             failures.passcodeFailures = 2
             try store.saveFailures(failures, for: sarah, now: testNow)
             try store.saveFailures(CredentialFailureState(), for: sarah, now: testNow)
-            return sarah
+            try store.saveFailures(failures, for: tom, now: testNow)
+            try store.saveFailures(CredentialFailureState(), for: tom, now: testNow)
+            return (sarah, tom)
         }
         let raw = try fixture.raw()
         try raw.query("DROP TABLE fleet_queued_resets")
+        // Tom's reset is in the newest batch; its sealed bytes are damaged.
+        try raw.query(
+            "UPDATE fleet_outbox SET sealed = zeroblob(64) WHERE id = (SELECT max(id) FROM fleet_outbox)")
         try raw.query("PRAGMA user_version = 7")
         raw.close()
         try fixture.withStore { store throws in
-            #expect(try store.fleetPasscodeResetQueued(of: sarah))
-            for batch in try store.fleetOutbox(limit: 10) { try store.acknowledgeFleetBatch(batch) }
-            #expect(!(try store.fleetPasscodeResetQueued(of: sarah)))
+            #expect(try store.fleetPasscodeResetQueued(of: sarah, within: 3600))
+            #expect(!(try store.fleetPasscodeResetQueued(of: tom, within: 3600)))
+            // Acknowledged oldest first, up to and with Sarah's reset (the damaged batch is last).
+            while try store.fleetPasscodeResetQueued(of: sarah, within: 3600) {
+                let oldest = try #require(try store.fleetOutbox(limit: 1).first)
+                try store.acknowledgeFleetBatch(oldest)
+            }
+            #expect(try store.fleetOutboxCount() == 2)  // Tom's failures and his damaged reset
             // A terminal the directory removed forgets its queue, and with it the resets queued.
             var failures = CredentialFailureState()
             failures.passcodeFailures = 1
             try store.saveFailures(failures, for: sarah, now: testNow)
             try store.saveFailures(CredentialFailureState(), for: sarah, now: testNow)
-            #expect(try store.fleetPasscodeResetQueued(of: sarah))
+            #expect(try store.fleetPasscodeResetQueued(of: sarah, within: 3600))
             try store.markFleetRemoved(reason: "test")
-            #expect(!(try store.fleetPasscodeResetQueued(of: sarah)))
+            #expect(!(try store.fleetPasscodeResetQueued(of: sarah, within: 3600)))
         }
     }
 
