@@ -322,6 +322,8 @@ final class CredentialAuthority: AuthorityPart {
     ) async throws(APIError) -> Message.PasscodeVerified {
         let name = try loginName(input.name)
         let service = input.context?.service
+        // A fleet sum set aside for a reset queued here counts again once its window is over.
+        endFleetResetWindows()
         let person = try authenticationSubject(
             caller, name: name, context: input.context, action: .passcodeVerify, method: "passcode",
             refusalError: "PasscodeNotAllowed", refusal: { passcodeRefusal(caller, $0, input.context) })

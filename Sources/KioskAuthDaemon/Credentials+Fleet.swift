@@ -19,7 +19,11 @@ extension CredentialAuthority {
     /// does not hold) is never applied: it is audited as `fleet.reject` and counted for
     /// `FleetStatus`. Each trusted row's version is kept, so that after a restart the directory
     /// connection still refuses an older one.
+    ///
+    /// Every call, also with no changes (the agent makes one at the start of each sync, reachable
+    /// or not), first ends the reset windows that are over (`endFleetResetWindows`).
     func applyFleetChanges(_ changes: [FleetChange], _ fleet: FleetApplyContext) -> FleetApplyOutcome {
+        endFleetResetWindows()
         var outcome = FleetApplyOutcome()
         for change in changes {
             guard change.isTrusted else {
@@ -286,24 +290,36 @@ extension CredentialAuthority {
     /// The fleet-wide failure sum (docs/fleet.md §5): this terminal counts the sum pulled plus
     /// its own failures not yet pushed (`FleetPasscodeBudget`), hard-locks at HardLockAfter, and
     /// clears when the fleet was reset and nothing is pending here. While a reset made here
-    /// waits in the queue, the sum pulled predates it: only the failures since count. For a
+    /// waits in the queue, the sum pulled predates it and is set aside: only the failures since
+    /// count, and a count of 0 lowers the count without lifting a delay or a hard lock. For a
     /// bounded time only, `resetWindow`: a queue that stays stuck (its pushes refused, or their
     /// answers held back, while pulls work) must not leave this terminal blind to a lock the
-    /// rest of the fleet counted. After it, the forgiven failures count again until the reset
-    /// goes through: failing closed.
+    /// rest of the fleet counted. When the window ends, the sum last pulled counts again
+    /// (`endFleetResetWindows`), the forgiven failures with it, until the reset goes through:
+    /// failing closed.
     private func applyFleetLockout(_ change: FleetChange) throws(StoreError) -> Bool {
         guard let fleetID = change.fields["person_id"],
             let pulled = change.fields["fleet_failures"].flatMap({ Int($0) }),
             let person = try store.person(fleetID: fleetID)
         else { return false }
+        let setAside = try store.setsAsideFleetSum(of: person, window: resetWindow)
+        return try countFleetFailures(
+            of: person, pulled: pulled, setAside: setAside, note: setAside ? " (set aside: a reset queued here)" : "")
+    }
+
+    /// Counts a person's failures from the fleet sum `pulled` (0 when `setAside`) and the
+    /// failures not yet pushed from here, and saves (and audits) what changed.
+    private func countFleetFailures(
+        of person: StoredPerson, pulled: Int, setAside: Bool, note: String
+    ) throws(StoreError) -> Bool {
         let unpushed = try store.unpushedFleetFailures(of: person)
-        let sum = try store.fleetPasscodeResetQueued(of: person, within: resetWindow) ? 0 : pulled
+        let sum = setAside ? 0 : pulled
         let budget = FleetPasscodeBudget(
             hardLockAfter: configuration.passcode.hardLockAfter,
             delaysSeconds: configuration.passcode.lockoutDelays.map { Int($0) })
         let count = budget.failures(fleetSum: sum, unpushedLocal: unpushed)
         var failures = person.failures
-        if count == 0 {
+        if count == 0 && !setAside {
             failures.passcodeFailures = 0
             failures.passcodeLockedUntil = nil
             failures.passcodeHardLocked = false
@@ -322,20 +338,34 @@ extension CredentialAuthority {
                 try tx.audit(
                     nil, action: .fleetApply, result: .success, person: person.name.rawValue, method: "passcode",
                     detail:
-                        "fleet failures=\(pulled)\(sum == pulled ? "" : " (before a reset queued here)"), unpushed here=\(unpushed)\(failures.passcodeHardLocked ? ", hard-locked" : "")"
+                        "fleet failures=\(pulled)\(note), unpushed here=\(unpushed)\(failures.passcodeHardLocked ? ", hard-locked" : "")"
                 )
             }
         }
         return true
     }
-}
 
-extension CredentialAuthority {
     /// How long a reset queued here makes this terminal set the pulled fleet sum aside: the
     /// first non-zero `LockoutDelaysSec` (60 s by default), or 60 s when there is none. Within
     /// it a guesser here meets only the failures counted here since the reset, and once those
     /// reach the first delay, waiting it out ends the window (docs/fleet.md §5).
     var resetWindow: TimeInterval { configuration.passcode.lockoutDelays.first(where: { $0 > 0 }) ?? 60 }
+
+    /// Ends the reset windows that are over: each person for whom a pulled sum was set aside
+    /// counts the sum last pulled again, now, rather than at the directory's next change of
+    /// their row, which a stuck queue may never bring. Run before every passcode check and at
+    /// every sync. A store error is logged: the check it precedes goes on.
+    func endFleetResetWindows() {
+        do {
+            for (person, pulled) in try store.endExpiredFleetResets(window: resetWindow) {
+                _ = try countFleetFailures(
+                    of: person, pulled: pulled, setAside: false,
+                    note: " (counted again: the window of a reset queued here ended before the directory had it)")
+            }
+        } catch {
+            logger.error("fleet reset windows not ended", metadata: ["error": "\(error.message)"])
+        }
+    }
 }
 
 extension StoreError {

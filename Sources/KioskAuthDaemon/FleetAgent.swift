@@ -664,6 +664,9 @@ actor FleetAgent {
         guard let terminal = UUID(uuidString: membership.terminalID) else {
             throw APIError.fleetError("the stored terminal id is not a UUID")
         }
+        // Reset windows that are over end first, whether or not the directory answers (§5).
+        _ = await apply(
+            [], FleetApplyContext(keyring: keyring, terminalID: membership.terminalID, reader: await readerTags()))
         do throws(APIError) {
             let standing = try await withDirectory(membership.directory) { connection throws(FleetError) in
                 try await connection.standing(of: terminal)

@@ -557,7 +557,7 @@ extension Store {
         try transaction { db in
             for case .passcodeFailures(let fleetID, let count) in batch.operations {
                 let resetLater = try db.query(
-                    "SELECT 1 FROM fleet_queued_resets WHERE fleet_id = ? AND batch_id > ? LIMIT 1",
+                    "SELECT 1 FROM fleet_queued_resets WHERE fleet_id IN (?, '*') AND batch_id > ? LIMIT 1",
                     [.text(fleetID), .integer(batch.id)])
                 guard resetLater.isEmpty else { continue }
                 try db.query(
@@ -568,24 +568,76 @@ extension Store {
         }
     }
 
-    /// Whether a reset of this person's passcode failures waits in the queue, queued less than
-    /// `window` seconds ago (by this machine's clock; one dated in the future does not count).
-    /// Until the directory has it, the fleet-wide sum it sends counts failures the reset forgave.
-    public func fleetPasscodeResetQueued(
-        of person: StoredPerson, within window: TimeInterval
-    ) throws(StoreError)
-        -> Bool
-    {
+    /// Whether a fleet-wide sum pulled now for this person is set aside: a reset of their
+    /// passcode failures waits in the queue, queued less than `window` seconds ago by this
+    /// machine's clock. Until the directory has it, the sum it sends counts failures the reset
+    /// forgave. A reset seen past its window (or dated in the future) is marked expired for
+    /// good, so a clock set back does not reopen it; one that sets a sum aside is marked so,
+    /// and its end is counted again (`endExpiredFleetResets`).
+    public func setsAsideFleetSum(of person: StoredPerson, window: TimeInterval) throws(StoreError) -> Bool {
         let now = Date().timeIntervalSince1970
-        return try locked {
-            try !connection.query(
+        return try transaction { db in
+            guard
+                let fleetID = try db.query(
+                    "SELECT fleet_id FROM fleet_people WHERE person_id = ?", [.integer(person.id)]
+                ).first?["fleet_id"].string
+            else { return false }
+            try db.query(
                 """
-                SELECT 1 FROM fleet_queued_resets r JOIN fleet_people p ON p.fleet_id = r.fleet_id
-                WHERE p.person_id = ? AND r.queued_at > ? AND r.queued_at <= ? LIMIT 1
+                UPDATE fleet_queued_resets SET expired = 1
+                WHERE fleet_id = ? AND expired = 0 AND NOT (queued_at > ? AND queued_at <= ?)
                 """,
-                [.integer(person.id), .real(now - window), .real(now + 1)]
-            ).isEmpty
+                [.text(fleetID), .real(now - window), .real(now + 1)])
+            try db.query(
+                "UPDATE fleet_queued_resets SET set_aside = 1 WHERE fleet_id = ? AND expired = 0",
+                [.text(fleetID)])
+            return db.changes > 0
         }
+    }
+
+    /// Marks every queued reset past its window expired, and names the people for whom a
+    /// pulled sum was set aside and no reset is left in its window: their count must take in
+    /// the sum last pulled again (`fleet_people.fleet_failures`), now, and not wait for the
+    /// directory's next change of their row, which a stuck queue may never bring.
+    public func endExpiredFleetResets(window: TimeInterval) throws(StoreError) -> [(StoredPerson, Int)] {
+        let now = Date().timeIntervalSince1970
+        let ids: [Int64] = try transaction { db in
+            let ending = try db.query(
+                """
+                SELECT DISTINCT r.fleet_id, r.set_aside FROM fleet_queued_resets r
+                WHERE r.expired = 0 AND NOT (r.queued_at > ? AND r.queued_at <= ?)
+                """,
+                [.real(now - window), .real(now + 1)])
+            guard !ending.isEmpty else { return [] }
+            try db.query(
+                "UPDATE fleet_queued_resets SET expired = 1 WHERE expired = 0 AND NOT (queued_at > ? AND queued_at <= ?)",
+                [.real(now - window), .real(now + 1)])
+            var ids: [Int64] = []
+            for fleetID in Set(ending.filter { $0["set_aside"].int == 1 }.compactMap { $0["fleet_id"].string }) {
+                // A newer reset still in its window carries the set-aside on to its own end.
+                try db.query(
+                    "UPDATE fleet_queued_resets SET set_aside = 1 WHERE fleet_id = ? AND expired = 0",
+                    [.text(fleetID)])
+                if db.changes > 0 { continue }
+                if let id = try db.query(
+                    "SELECT person_id FROM fleet_people WHERE fleet_id = ?", [.text(fleetID)]
+                ).first?["person_id"].int {
+                    ids.append(Int64(id))
+                }
+            }
+            return ids
+        }
+        var ended: [(StoredPerson, Int)] = []
+        for id in ids.sorted() {
+            guard let person = try person(id: id) else { continue }
+            let sum = try locked {
+                try connection.query(
+                    "SELECT fleet_failures FROM fleet_people WHERE person_id = ?", [.integer(id)]
+                ).first?["fleet_failures"].int ?? 0
+            }
+            ended.append((person, sum))
+        }
+        return ended
     }
 
     /// Fills `fleet_queued_resets` from the queue, at the upgrade to schema 8. A queued batch
@@ -599,8 +651,15 @@ extension Store {
                 let plaintext = try? sealer.open(sealed, binding: Self.fleetOutboxBinding(key: key)),
                 let operations = try? JSONDecoder().decode([FleetLocalOperation].self, from: Data(plaintext))
             else {
+                // It may hold a reset of anyone: acknowledging older failures takes nothing off.
                 logger.warning(
-                    "a queued fleet batch does not open: its resets are not recorded", metadata: ["key": "\(key)"])
+                    "a queued fleet batch does not open: it is taken as a reset of everyone's unpushed failures",
+                    metadata: ["key": "\(key)"])
+                if let id = row["id"].int {
+                    try connection.query(
+                        "INSERT OR IGNORE INTO fleet_queued_resets (batch_id, fleet_id, queued_at, expired) VALUES (?, '*', 0, 1)",
+                        [.integer(Int64(id))])
+                }
                 continue
             }
             try recordQueuedResets(

@@ -423,12 +423,16 @@ public final class Store: @unchecked Sendable {
         // 8: which queued pushes reset whose passcode failures, and when (docs/fleet.md §5):
         // while a reset waits in the queue, a fleet-wide sum pulled from the directory predates
         // it, and the failures acknowledged from batches before it were already forgiven here.
-        // Filled from the queue at the upgrade (`recordQueuedResets`). Idempotent.
+        // `set_aside`: a pulled sum was set aside for it; `expired`: its window was seen over.
+        // `fleet_id` '*': a queued batch that did not open at the upgrade (it may hold a reset
+        // of anyone). Filled from the queue at the upgrade (`recordQueuedResets`). Idempotent.
         """
         CREATE TABLE IF NOT EXISTS fleet_queued_resets (
           batch_id INTEGER NOT NULL REFERENCES fleet_outbox(id) ON DELETE CASCADE,
           fleet_id TEXT NOT NULL,
           queued_at REAL NOT NULL,
+          set_aside INTEGER NOT NULL DEFAULT 0,
+          expired INTEGER NOT NULL DEFAULT 0,
           PRIMARY KEY (fleet_id, batch_id)
         ) WITHOUT ROWID;
         CREATE INDEX IF NOT EXISTS fleet_queued_resets_batch ON fleet_queued_resets (batch_id);

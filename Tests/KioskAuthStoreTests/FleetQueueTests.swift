@@ -30,6 +30,89 @@ struct FleetQueueTests {
         }
     }
 
+    /// Whether a reset of `person` waits in the queue (in its window or not).
+    private func queued(_ store: Store, _ person: StoredPerson) throws -> Bool {
+        try !store.connection.query(
+            """
+            SELECT 1 FROM fleet_queued_resets r JOIN fleet_people p ON p.fleet_id = r.fleet_id
+            WHERE p.person_id = ?
+            """,
+            [.integer(person.id)]
+        ).isEmpty
+    }
+
+    /// Queues a failure and the reset of a success for `person`.
+    private func failThenSucceed(_ store: Store, _ person: StoredPerson) throws {
+        var failures = CredentialFailureState()
+        failures.passcodeFailures = 1
+        try store.saveFailures(failures, for: person, now: testNow)
+        try store.saveFailures(CredentialFailureState(), for: person, now: testNow)
+    }
+
+    /// Moves the queued resets of `person` `seconds` into the past.
+    private func age(_ store: Store, _ person: StoredPerson, by seconds: Double) throws {
+        try store.connection.query(
+            """
+            UPDATE fleet_queued_resets SET queued_at = queued_at - ?
+            WHERE fleet_id = (SELECT fleet_id FROM fleet_people WHERE person_id = ?)
+            """,
+            [.real(seconds), .integer(person.id)])
+    }
+
+    /// A pulled sum is set aside only within the window of a queued reset; a reset seen past
+    /// its window stays expired (a clock set back does not reopen it), and the end of a window
+    /// that set a sum aside is reported once, with the sum last pulled, so it counts again.
+    @Test func aQueuedReset_setsTheSumAsideForItsWindowOnly_andItsEndIsCountedOnce() throws {
+        let fixture = try StoreFixture()
+        try fixture.withStore { store in
+            try member(store)
+            let sarah = try store.addTestPerson("sarah")
+            let tom = try store.addTestPerson("tom")
+            #expect(!(try store.setsAsideFleetSum(of: sarah, window: 60)))
+            try failThenSucceed(store, sarah)
+            try failThenSucceed(store, tom)
+            #expect(try store.endExpiredFleetResets(window: 60).isEmpty)
+            #expect(try store.setsAsideFleetSum(of: sarah, window: 60))
+            try store.setFleetFailureSum(7, of: sarah)
+            #expect(try store.endExpiredFleetResets(window: 60).isEmpty)
+            // 61 s later: over for both; only Sarah had a sum set aside.
+            try age(store, sarah, by: 61)
+            try age(store, tom, by: 61)
+            let ended = try store.endExpiredFleetResets(window: 60)
+            #expect(ended.map { $0.0.name.rawValue } == ["sarah"] && ended.map { $0.1 } == [7])
+            #expect(try store.endExpiredFleetResets(window: 60).isEmpty)
+            #expect(!(try store.setsAsideFleetSum(of: sarah, window: 60)))
+            // The clock set back an hour: the expired resets stay expired.
+            try age(store, sarah, by: -3600)
+            try age(store, tom, by: -3600)
+            #expect(!(try store.setsAsideFleetSum(of: sarah, window: 60)))
+            #expect(!(try store.setsAsideFleetSum(of: tom, window: 60)))
+            #expect(try queued(store, sarah) && queued(store, tom))
+            // A reset dated in the future does not set anything aside either.
+            try failThenSucceed(store, sarah)
+            try store.connection.query("UPDATE fleet_queued_resets SET queued_at = queued_at + 600 WHERE expired = 0")
+            #expect(!(try store.setsAsideFleetSum(of: sarah, window: 60)))
+        }
+    }
+
+    /// Two resets queued: the older one's window ends while the newer one's runs; the set-aside
+    /// goes on with the newer one and is reported when that one ends.
+    @Test func aSetAsideOutlivingItsReset_isCarriedByTheNewerOne() throws {
+        let fixture = try StoreFixture()
+        try fixture.withStore { store in
+            try member(store)
+            let sarah = try store.addTestPerson("sarah")
+            try failThenSucceed(store, sarah)
+            #expect(try store.setsAsideFleetSum(of: sarah, window: 60))
+            try age(store, sarah, by: 50)
+            try failThenSucceed(store, sarah)
+            try age(store, sarah, by: 20)  // the first is 70 s old, the second 20 s
+            #expect(try store.endExpiredFleetResets(window: 60).isEmpty)
+            try age(store, sarah, by: 41)
+            #expect(try store.endExpiredFleetResets(window: 60).map { $0.0.name.rawValue } == ["sarah"])
+        }
+    }
+
     @Test func aPendingAttempt_survivesReopening_andBeginningOrEndingAMembershipForgetsIt() throws {
         let fixture = try StoreFixture()
         let attempt = FleetPendingAttempt(
@@ -157,21 +240,19 @@ struct FleetQueueTests {
             var failures = CredentialFailureState()
             failures.passcodeFailures = 1
             try store.saveFailures(failures, for: sarah, now: testNow)
-            #expect(!(try store.fleetPasscodeResetQueued(of: sarah, within: 3600)))
+            #expect(!(try queued(store, sarah)))
             try store.saveFailures(CredentialFailureState(), for: sarah, now: testNow)
             try store.saveFailures(failures, for: sarah, now: testNow)
             sarah = try #require(try store.person(named: LoginName("sarah")))
             let batches = try store.fleetOutbox(limit: 10)
             #expect(kinds(batches) == [["failures:1"], ["reset"], ["failures:1"]])
             #expect(try store.unpushedFleetFailures(of: sarah) == 1)
-            #expect(try store.fleetPasscodeResetQueued(of: sarah, within: 3600))
-            // Only for a while: a reset queued longer ago than the window no longer counts.
-            #expect(!(try store.fleetPasscodeResetQueued(of: sarah, within: 0)))
+            #expect(try queued(store, sarah))
             try store.acknowledgeFleetBatch(batches[0])
             #expect(try store.unpushedFleetFailures(of: sarah) == 1)
-            #expect(try store.fleetPasscodeResetQueued(of: sarah, within: 3600))
+            #expect(try queued(store, sarah))
             try store.acknowledgeFleetBatch(batches[1])
-            #expect(!(try store.fleetPasscodeResetQueued(of: sarah, within: 3600)))
+            #expect(!(try queued(store, sarah)))
             try store.acknowledgeFleetBatch(batches[2])
             #expect(try store.unpushedFleetFailures(of: sarah) == 0)
         }
@@ -201,10 +282,10 @@ struct FleetQueueTests {
         try raw.query("PRAGMA user_version = 7")
         raw.close()
         try fixture.withStore { store throws in
-            #expect(try store.fleetPasscodeResetQueued(of: sarah, within: 3600))
-            #expect(!(try store.fleetPasscodeResetQueued(of: tom, within: 3600)))
+            #expect(try queued(store, sarah))
+            #expect(!(try queued(store, tom)))
             // Acknowledged oldest first, up to and with Sarah's reset (the damaged batch is last).
-            while try store.fleetPasscodeResetQueued(of: sarah, within: 3600) {
+            while try queued(store, sarah) {
                 let oldest = try #require(try store.fleetOutbox(limit: 1).first)
                 try store.acknowledgeFleetBatch(oldest)
             }
@@ -214,9 +295,9 @@ struct FleetQueueTests {
             failures.passcodeFailures = 1
             try store.saveFailures(failures, for: sarah, now: testNow)
             try store.saveFailures(CredentialFailureState(), for: sarah, now: testNow)
-            #expect(try store.fleetPasscodeResetQueued(of: sarah, within: 3600))
+            #expect(try queued(store, sarah))
             try store.markFleetRemoved(reason: "test")
-            #expect(!(try store.fleetPasscodeResetQueued(of: sarah, within: 3600)))
+            #expect(!(try queued(store, sarah)))
         }
     }
 
