@@ -492,10 +492,10 @@ def test_a_sum_pulled_while_a_reset_made_here_is_still_queued_does_not_count_the
     lost, so the reset stays queued; meanwhile A counts a failure of hers, and B pulls the
     fleet's sum (2: its own failure and A's), which predates its reset. B counts only what came
     since its reset, nothing; it used to count 2 until the reset went through. For a bounded
-    time only (the first non-zero lockout delay, 30 s here): when a queue is still stuck at its
+    time only (the first non-zero lockout delay, 45 s here): when a queue is still stuck at its
     end, B counts the sum it last pulled again (failing closed), by itself, without waiting for
     the directory to change that row. When the reset goes through, the fleet is back to 0."""
-    window = 30
+    window = 45
     fleet = make_fleet(["virtual_device"] * 2, fleet_config=QUICK_RECONNECT + "OperationTimeoutSec=3\n",
                        config=f"\n[Passcode]\nLockoutDelaysSec=0 0 {window}\n")
     a, b = fleet.terminals

@@ -356,14 +356,23 @@ extension CredentialAuthority {
     /// their row, which a stuck queue may never bring. Run before every passcode check and at
     /// every sync. A store error is logged: the check it precedes goes on.
     func endFleetResetWindows() {
-        do {
-            for (person, pulled) in try store.endExpiredFleetResets(window: resetWindow) {
+        let ended: [(StoredPerson, Int)]
+        do { ended = try store.endedFleetResetWindows(window: resetWindow) } catch {
+            logger.error("fleet reset windows not ended", metadata: ["error": "\(error.message)"])
+            return
+        }
+        // Each person on their own: one that cannot be saved is named again next time.
+        for (person, pulled) in ended {
+            do {
                 _ = try countFleetFailures(
                     of: person, pulled: pulled, setAside: false,
                     note: " (counted again: the window of a reset queued here ended before the directory had it)")
+                try store.expireFleetResets(of: person, window: resetWindow)
+            } catch {
+                logger.error(
+                    "fleet reset window not ended",
+                    metadata: ["person": "\(person.name.rawValue)", "error": "\(error.message)"])
             }
-        } catch {
-            logger.error("fleet reset windows not ended", metadata: ["error": "\(error.message)"])
         }
     }
 }

@@ -573,7 +573,7 @@ extension Store {
     /// machine's clock. Until the directory has it, the sum it sends counts failures the reset
     /// forgave. A reset seen past its window (or dated in the future) is marked expired for
     /// good, so a clock set back does not reopen it; one that sets a sum aside is marked so,
-    /// and its end is counted again (`endExpiredFleetResets`).
+    /// and its end is counted again (`endedFleetResetWindows`).
     public func setsAsideFleetSum(of person: StoredPerson, window: TimeInterval) throws(StoreError) -> Bool {
         let now = Date().timeIntervalSince1970
         return try transaction { db in
@@ -595,31 +595,31 @@ extension Store {
         }
     }
 
-    /// Marks every queued reset past its window expired, and names the people for whom a
-    /// pulled sum was set aside and no reset is left in its window: their count must take in
-    /// the sum last pulled again (`fleet_people.fleet_failures`), now, and not wait for the
-    /// directory's next change of their row, which a stuck queue may never bring.
-    public func endExpiredFleetResets(window: TimeInterval) throws(StoreError) -> [(StoredPerson, Int)] {
+    /// The people whose reset window is over after a pulled sum was set aside: their count must
+    /// take in the sum last pulled (`fleet_people.fleet_failures`) again, now, and not wait for
+    /// the directory's next change of their row, which a stuck queue may never bring. Their
+    /// resets stay as they are until `expireFleetResets(of:window:)`, called once the count is
+    /// saved, so a crash or an error in between leaves them to be named again. Resets past their
+    /// window that set nothing aside are marked expired here; a set-aside whose reset is over
+    /// while a newer one is still in its window goes on with the newer one.
+    public func endedFleetResetWindows(window: TimeInterval) throws(StoreError) -> [(StoredPerson, Int)] {
         let now = Date().timeIntervalSince1970
+        let over = "NOT (queued_at > \(now - window) AND queued_at <= \(now + 1))"
         let ids: [Int64] = try transaction { db in
-            let ending = try db.query(
-                """
-                SELECT DISTINCT r.fleet_id, r.set_aside FROM fleet_queued_resets r
-                WHERE r.expired = 0 AND NOT (r.queued_at > ? AND r.queued_at <= ?)
-                """,
-                [.real(now - window), .real(now + 1)])
-            guard !ending.isEmpty else { return [] }
-            try db.query(
-                "UPDATE fleet_queued_resets SET expired = 1 WHERE expired = 0 AND NOT (queued_at > ? AND queued_at <= ?)",
-                [.real(now - window), .real(now + 1)])
+            try db.query("UPDATE fleet_queued_resets SET expired = 1 WHERE expired = 0 AND set_aside = 0 AND \(over)")
             var ids: [Int64] = []
-            for fleetID in Set(ending.filter { $0["set_aside"].int == 1 }.compactMap { $0["fleet_id"].string }) {
-                // A newer reset still in its window carries the set-aside on to its own end.
+            for row in try db.query(
+                "SELECT DISTINCT fleet_id FROM fleet_queued_resets WHERE expired = 0 AND set_aside = 1 AND \(over)")
+            {
+                guard let fleetID = row["fleet_id"].string else { continue }
                 try db.query(
-                    "UPDATE fleet_queued_resets SET set_aside = 1 WHERE fleet_id = ? AND expired = 0",
+                    "UPDATE fleet_queued_resets SET set_aside = 1 WHERE fleet_id = ? AND expired = 0 AND NOT (\(over))",
                     [.text(fleetID)])
-                if db.changes > 0 { continue }
-                if let id = try db.query(
+                if db.changes > 0 {
+                    try db.query(
+                        "UPDATE fleet_queued_resets SET expired = 1 WHERE fleet_id = ? AND expired = 0 AND \(over)",
+                        [.text(fleetID)])
+                } else if let id = try db.query(
                     "SELECT person_id FROM fleet_people WHERE fleet_id = ?", [.text(fleetID)]
                 ).first?["person_id"].int {
                     ids.append(Int64(id))
@@ -638,6 +638,21 @@ extension Store {
             ended.append((person, sum))
         }
         return ended
+    }
+
+    /// Marks this person's queued resets past their window expired for good (a wall clock set
+    /// back does not reopen them): their count took the sum last pulled in again.
+    public func expireFleetResets(of person: StoredPerson, window: TimeInterval) throws(StoreError) {
+        let now = Date().timeIntervalSince1970
+        try transaction { db in
+            try db.query(
+                """
+                UPDATE fleet_queued_resets SET expired = 1
+                WHERE expired = 0 AND NOT (queued_at > ? AND queued_at <= ?)
+                  AND fleet_id = (SELECT fleet_id FROM fleet_people WHERE person_id = ?)
+                """,
+                [.real(now - window), .real(now + 1), .integer(person.id)])
+        }
     }
 
     /// Fills `fleet_queued_resets` from the queue, at the upgrade to schema 8. A queued batch
