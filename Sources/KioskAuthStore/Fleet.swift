@@ -603,6 +603,12 @@ extension Store {
     /// window that set nothing aside are marked expired here; a set-aside whose reset is over
     /// while a newer one is still in its window goes on with the newer one.
     public func endedFleetResetWindows(window: TimeInterval) throws(StoreError) -> [(StoredPerson, Int)] {
+        // Before every passcode check: no write transaction when no reset is waiting (always,
+        // outside a fleet).
+        let waiting = try locked {
+            try !connection.query("SELECT 1 FROM fleet_queued_resets WHERE expired = 0 LIMIT 1").isEmpty
+        }
+        guard waiting else { return [] }
         let now = Date().timeIntervalSince1970
         let over = "NOT (queued_at > \(now - window) AND queued_at <= \(now + 1))"
         let ids: [Int64] = try transaction { db in
