@@ -58,6 +58,7 @@ public final class Authority {
                 return FleetReaderTags(driver: first.driver, deviceType: first.name, isMatchOnChip: first.hasStorage)
             },
             apply: { changes, fleet in await credentials.applyFleetChanges(changes, fleet) },
+            endResetWindows: { await credentials.endFleetResetWindows() },
             record: { [trail = context.trail] action, result, detail in
                 await trail.audit(nil, action: action, result: result, detail: detail)
             })

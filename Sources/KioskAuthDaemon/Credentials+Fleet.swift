@@ -19,11 +19,7 @@ extension CredentialAuthority {
     /// does not hold) is never applied: it is audited as `fleet.reject` and counted for
     /// `FleetStatus`. Each trusted row's version is kept, so that after a restart the directory
     /// connection still refuses an older one.
-    ///
-    /// Every call, also with no changes (the agent makes one at the start of each sync, reachable
-    /// or not), first ends the reset windows that are over (`endFleetResetWindows`).
     func applyFleetChanges(_ changes: [FleetChange], _ fleet: FleetApplyContext) -> FleetApplyOutcome {
-        endFleetResetWindows()
         var outcome = FleetApplyOutcome()
         for change in changes {
             guard change.isTrusted else {
@@ -302,7 +298,7 @@ extension CredentialAuthority {
             let pulled = change.fields["fleet_failures"].flatMap({ Int($0) }),
             let person = try store.person(fleetID: fleetID)
         else { return false }
-        let setAside = try store.setsAsideFleetSum(of: person, window: resetWindow)
+        let setAside = try store.setsAsideFleetSum(fleetID: fleetID, window: resetWindow)
         return try countFleetFailures(
             of: person, pulled: pulled, setAside: setAside, note: setAside ? " (set aside: a reset queued here)" : "")
     }
@@ -354,7 +350,8 @@ extension CredentialAuthority {
     /// Ends the reset windows that are over: each person for whom a pulled sum was set aside
     /// counts the sum last pulled again, now, rather than at the directory's next change of
     /// their row, which a stuck queue may never bring. Run before every passcode check and at
-    /// every sync. A store error is logged: the check it precedes goes on.
+    /// the start of every sync, reachable or not. A store error is logged: what it precedes
+    /// goes on.
     func endFleetResetWindows() {
         let ended: [(StoredPerson, Int)]
         do { ended = try store.endedFleetResetWindows(window: resetWindow) } catch {

@@ -50,6 +50,8 @@ actor FleetAgent {
     nonisolated let wakeup = Wakeup()
     /// Applies pulled changes to the local store (the authority's credential part).
     private let apply: @Sendable ([FleetChange], FleetApplyContext) async -> FleetApplyOutcome
+    /// Ends the passcode-reset windows that are over (the authority's credential part, §5).
+    private let endResetWindows: @Sendable () async -> Void
     /// The reader this terminal registers with, as libfprint names it.
     private let readerTags: @Sendable () async -> FleetReaderTags?
     /// Audits what the agent does on its own (a rotation, this terminal's removal).
@@ -74,11 +76,13 @@ actor FleetAgent {
         store: Store, configuration: DaemonConfiguration.Fleet, credentialsDirectory: String?, logger: Logger,
         now: @escaping @Sendable () -> Date, readerTags: @escaping @Sendable () async -> FleetReaderTags?,
         apply: @escaping @Sendable ([FleetChange], FleetApplyContext) async -> FleetApplyOutcome,
+        endResetWindows: @escaping @Sendable () async -> Void,
         record: @escaping @Sendable (AuditAction, AuditResult, String) async -> Void = { _, _, _ in }
     ) {
         self.record = record
         self.readerTags = readerTags
         self.apply = apply
+        self.endResetWindows = endResetWindows
         self.store = store
         self.configuration = configuration
         self.credentialsDirectory = credentialsDirectory
@@ -665,8 +669,7 @@ actor FleetAgent {
             throw APIError.fleetError("the stored terminal id is not a UUID")
         }
         // Reset windows that are over end first, whether or not the directory answers (§5).
-        _ = await apply(
-            [], FleetApplyContext(keyring: keyring, terminalID: membership.terminalID, reader: await readerTags()))
+        await endResetWindows()
         do throws(APIError) {
             let standing = try await withDirectory(membership.directory) { connection throws(FleetError) in
                 try await connection.standing(of: terminal)

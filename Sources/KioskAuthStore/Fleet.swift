@@ -527,21 +527,24 @@ extension Store {
         }
         var batches: [FleetOutboxBatch] = []
         for row in rows {
-            let key = row["idempotency_key"].string ?? ""
-            guard let sealed = row["sealed"].bytes else {
-                throw StoreError(.integrity("fleet_outbox row \(key) is not a blob"))
-            }
-            let plaintext = try sealer.open(sealed, binding: Self.fleetOutboxBinding(key: key))
-            let operations: [FleetLocalOperation]
-            do { operations = try JSONDecoder().decode([FleetLocalOperation].self, from: Data(plaintext)) } catch {
-                throw StoreError(.integrity("fleet_outbox row \(key) does not decode"))
-            }
             batches.append(
                 FleetOutboxBatch(
-                    id: Int64(row["id"].int ?? 0), idempotencyKey: key, operations: operations,
-                    attempts: row["attempts"].int ?? 0))
+                    id: Int64(row["id"].int ?? 0), idempotencyKey: row["idempotency_key"].string ?? "",
+                    operations: try queuedOperations(row), attempts: row["attempts"].int ?? 0))
         }
         return batches
+    }
+
+    /// The operations of a `fleet_outbox` row (its `idempotency_key` and `sealed` columns).
+    private func queuedOperations(_ row: SQLRow) throws(StoreError) -> [FleetLocalOperation] {
+        let key = row["idempotency_key"].string ?? ""
+        guard let sealed = row["sealed"].bytes else {
+            throw StoreError(.integrity("fleet_outbox row \(key) is not a blob"))
+        }
+        let plaintext = try sealer.open(sealed, binding: Self.fleetOutboxBinding(key: key))
+        do { return try JSONDecoder().decode([FleetLocalOperation].self, from: Data(plaintext)) } catch {
+            throw StoreError(.integrity("fleet_outbox row \(key) does not decode"))
+        }
     }
 
     /// Number of queued pushes.
@@ -568,26 +571,16 @@ extension Store {
         }
     }
 
-    /// Whether a fleet-wide sum pulled now for this person is set aside: a reset of their
-    /// passcode failures waits in the queue, queued less than `window` seconds ago by this
+    /// Whether a fleet-wide sum pulled now for the person `fleetID` is set aside: a reset of
+    /// their passcode failures waits in the queue, queued less than `window` seconds ago by this
     /// machine's clock. Until the directory has it, the sum it sends counts failures the reset
     /// forgave. A reset seen past its window (or dated in the future) is marked expired for
     /// good, so a clock set back does not reopen it; one that sets a sum aside is marked so,
     /// and its end is counted again (`endedFleetResetWindows`).
-    public func setsAsideFleetSum(of person: StoredPerson, window: TimeInterval) throws(StoreError) -> Bool {
-        let now = Date().timeIntervalSince1970
+    public func setsAsideFleetSum(fleetID: String, window: TimeInterval) throws(StoreError) -> Bool {
+        let open = ResetWindow(window)
         return try transaction { db in
-            guard
-                let fleetID = try db.query(
-                    "SELECT fleet_id FROM fleet_people WHERE person_id = ?", [.integer(person.id)]
-                ).first?["fleet_id"].string
-            else { return false }
-            try db.query(
-                """
-                UPDATE fleet_queued_resets SET expired = 1
-                WHERE fleet_id = ? AND expired = 0 AND NOT (queued_at > ? AND queued_at <= ?)
-                """,
-                [.text(fleetID), .real(now - window), .real(now + 1)])
+            try expireResets(fleetID: fleetID, outside: open, in: db)
             try db.query(
                 "UPDATE fleet_queued_resets SET set_aside = 1 WHERE fleet_id = ? AND expired = 0",
                 [.text(fleetID)])
@@ -595,13 +588,13 @@ extension Store {
         }
     }
 
-    /// The people whose reset window is over after a pulled sum was set aside: their count must
-    /// take in the sum last pulled (`fleet_people.fleet_failures`) again, now, and not wait for
-    /// the directory's next change of their row, which a stuck queue may never bring. Their
-    /// resets stay as they are until `expireFleetResets(of:window:)`, called once the count is
-    /// saved, so a crash or an error in between leaves them to be named again. Resets past their
-    /// window that set nothing aside are marked expired here; a set-aside whose reset is over
-    /// while a newer one is still in its window goes on with the newer one.
+    /// The people whose reset window is over after a pulled sum was set aside, with the sum
+    /// last pulled (`fleet_people.fleet_failures`): their count must take it in again, now, and
+    /// not wait for the directory's next change of their row, which a stuck queue may never
+    /// bring. Their resets stay as they are until `expireFleetResets(of:window:)`, called once
+    /// the count is saved, so a crash or an error in between leaves them to be named again.
+    /// Resets past their window that set nothing aside are marked expired here; a set-aside
+    /// whose reset is over while a newer one is still in its window goes on with the newer one.
     public func endedFleetResetWindows(window: TimeInterval) throws(StoreError) -> [(StoredPerson, Int)] {
         // Before every passcode check: no write transaction when no reset is waiting (always,
         // outside a fleet).
@@ -609,78 +602,85 @@ extension Store {
             try !connection.query("SELECT 1 FROM fleet_queued_resets WHERE expired = 0 LIMIT 1").isEmpty
         }
         guard waiting else { return [] }
-        let now = Date().timeIntervalSince1970
-        let over = "NOT (queued_at > \(now - window) AND queued_at <= \(now + 1))"
-        let ids: [Int64] = try transaction { db in
-            try db.query("UPDATE fleet_queued_resets SET expired = 1 WHERE expired = 0 AND set_aside = 0 AND \(over)")
-            var ids: [Int64] = []
+        let open = ResetWindow(window)
+        let ended: [(id: Int64, sum: Int)] = try transaction { db in
+            try db.query(
+                "UPDATE fleet_queued_resets SET expired = 1 WHERE expired = 0 AND set_aside = 0 AND \(open.outside)",
+                open.bounds)
+            var ended: [(id: Int64, sum: Int)] = []
             for row in try db.query(
-                "SELECT DISTINCT fleet_id FROM fleet_queued_resets WHERE expired = 0 AND set_aside = 1 AND \(over)")
+                "SELECT DISTINCT fleet_id FROM fleet_queued_resets WHERE expired = 0 AND set_aside = 1 AND \(open.outside)",
+                open.bounds)
             {
                 guard let fleetID = row["fleet_id"].string else { continue }
                 try db.query(
-                    "UPDATE fleet_queued_resets SET set_aside = 1 WHERE fleet_id = ? AND expired = 0 AND NOT (\(over))",
-                    [.text(fleetID)])
+                    "UPDATE fleet_queued_resets SET set_aside = 1 WHERE fleet_id = ? AND expired = 0 AND \(open.inside)",
+                    [.text(fleetID)] + open.bounds)
                 if db.changes > 0 {
-                    try db.query(
-                        "UPDATE fleet_queued_resets SET expired = 1 WHERE fleet_id = ? AND expired = 0 AND \(over)",
-                        [.text(fleetID)])
-                } else if let id = try db.query(
-                    "SELECT person_id FROM fleet_people WHERE fleet_id = ?", [.text(fleetID)]
-                ).first?["person_id"].int {
-                    ids.append(Int64(id))
+                    try expireResets(fleetID: fleetID, outside: open, in: db)
+                } else if let mapping = try db.query(
+                    "SELECT person_id, fleet_failures FROM fleet_people WHERE fleet_id = ?", [.text(fleetID)]
+                ).first, let id = mapping["person_id"].int {
+                    ended.append((Int64(id), mapping["fleet_failures"].int ?? 0))
                 }
             }
-            return ids
+            return ended
         }
-        var ended: [(StoredPerson, Int)] = []
-        for id in ids.sorted() {
-            guard let person = try person(id: id) else { continue }
-            let sum = try locked {
-                try connection.query(
-                    "SELECT fleet_failures FROM fleet_people WHERE person_id = ?", [.integer(id)]
-                ).first?["fleet_failures"].int ?? 0
-            }
-            ended.append((person, sum))
+        var people: [(StoredPerson, Int)] = []
+        for (id, sum) in ended.sorted(by: { $0.id < $1.id }) {
+            if let person = try person(id: id) { people.append((person, sum)) }
         }
-        return ended
+        return people
     }
 
     /// Marks this person's queued resets past their window expired for good (a wall clock set
     /// back does not reopen them): their count took the sum last pulled in again.
     public func expireFleetResets(of person: StoredPerson, window: TimeInterval) throws(StoreError) {
-        let now = Date().timeIntervalSince1970
         try transaction { db in
-            try db.query(
-                """
-                UPDATE fleet_queued_resets SET expired = 1
-                WHERE expired = 0 AND NOT (queued_at > ? AND queued_at <= ?)
-                  AND fleet_id = (SELECT fleet_id FROM fleet_people WHERE person_id = ?)
-                """,
-                [.real(now - window), .real(now + 1), .integer(person.id)])
+            guard
+                let fleetID = try db.query(
+                    "SELECT fleet_id FROM fleet_people WHERE person_id = ?", [.integer(person.id)]
+                ).first?["fleet_id"].string
+            else { return }
+            try expireResets(fleetID: fleetID, outside: ResetWindow(window), in: db)
         }
     }
 
+    /// The window of a queued reset, as of now by this machine's clock: queued less than
+    /// `seconds` ago, and not in the future (by more than a second).
+    private struct ResetWindow {
+        let bounds: [SQLValue]
+        /// SQL over `queued_at`, taking `bounds` as its parameters.
+        let inside = "(queued_at > ? AND queued_at <= ?)"
+        var outside: String { "NOT \(inside)" }
+
+        init(_ seconds: TimeInterval) {
+            let now = Date().timeIntervalSince1970
+            bounds = [.real(now - seconds), .real(now + 1)]
+        }
+    }
+
+    private func expireResets(fleetID: String, outside open: ResetWindow, in db: SQLiteConnection) throws {
+        try db.query(
+            "UPDATE fleet_queued_resets SET expired = 1 WHERE fleet_id = ? AND expired = 0 AND \(open.outside)",
+            [.text(fleetID)] + open.bounds)
+    }
+
     /// Fills `fleet_queued_resets` from the queue, at the upgrade to schema 8. A queued batch
-    /// that does not open is left out (as holding no reset, so pulled sums keep counting); the
-    /// sync reports it when it reaches it.
+    /// that does not open is recorded as a reset of anyone (`fleet_id` '*', already expired), so
+    /// acknowledging failures queued before it takes nothing off; the sync reports the batch
+    /// when it reaches it.
     func recordQueuedResets() throws {
-        let rows = try connection.query("SELECT id, idempotency_key, sealed, created_at FROM fleet_outbox ORDER BY id")
-        for row in rows {
-            let key = row["idempotency_key"].string ?? ""
-            guard let sealed = row["sealed"].bytes, let id = row["id"].int,
-                let plaintext = try? sealer.open(sealed, binding: Self.fleetOutboxBinding(key: key)),
-                let operations = try? JSONDecoder().decode([FleetLocalOperation].self, from: Data(plaintext))
-            else {
-                // It may hold a reset of anyone: acknowledging older failures takes nothing off.
+        for row in try connection.query("SELECT id, idempotency_key, sealed, created_at FROM fleet_outbox ORDER BY id")
+        {
+            guard let id = row["id"].int else { continue }
+            guard let operations = try? queuedOperations(row) else {
                 logger.warning(
                     "a queued fleet batch does not open: it is taken as a reset of everyone's unpushed failures",
-                    metadata: ["key": "\(key)"])
-                if let id = row["id"].int {
-                    try connection.query(
-                        "INSERT OR IGNORE INTO fleet_queued_resets (batch_id, fleet_id, queued_at, expired) VALUES (?, '*', 0, 1)",
-                        [.integer(Int64(id))])
-                }
+                    metadata: ["key": "\(row["idempotency_key"].string ?? "")"])
+                try connection.query(
+                    "INSERT OR IGNORE INTO fleet_queued_resets (batch_id, fleet_id, queued_at, expired) VALUES (?, '*', 0, 1)",
+                    [.integer(Int64(id))])
                 continue
             }
             try recordQueuedResets(

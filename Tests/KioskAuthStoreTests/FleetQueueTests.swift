@@ -41,6 +41,13 @@ struct FleetQueueTests {
         ).isEmpty
     }
 
+    /// The directory person id `person` is pushed under.
+    private func fleetID(_ store: Store, _ person: StoredPerson) throws -> String {
+        try #require(
+            try store.connection.query("SELECT fleet_id FROM fleet_people WHERE person_id = ?", [.integer(person.id)])
+                .first?["fleet_id"].string)
+    }
+
     /// Queues a failure and the reset of a success for `person`.
     private func failThenSucceed(_ store: Store, _ person: StoredPerson) throws {
         var failures = CredentialFailureState()
@@ -68,11 +75,11 @@ struct FleetQueueTests {
             try member(store)
             let sarah = try store.addTestPerson("sarah")
             let tom = try store.addTestPerson("tom")
-            #expect(!(try store.setsAsideFleetSum(of: sarah, window: 60)))
+            #expect(!(try store.setsAsideFleetSum(fleetID: try fleetID(store, sarah), window: 60)))
             try failThenSucceed(store, sarah)
             try failThenSucceed(store, tom)
             #expect(try store.endedFleetResetWindows(window: 60).isEmpty)
-            #expect(try store.setsAsideFleetSum(of: sarah, window: 60))
+            #expect(try store.setsAsideFleetSum(fleetID: try fleetID(store, sarah), window: 60))
             try store.setFleetFailureSum(7, of: sarah)
             #expect(try store.endedFleetResetWindows(window: 60).isEmpty)
             // 61 s later: over for both; only Sarah had a sum set aside.
@@ -84,17 +91,17 @@ struct FleetQueueTests {
             #expect(try store.endedFleetResetWindows(window: 60).map { $0.0.name.rawValue } == ["sarah"])
             try store.expireFleetResets(of: sarah, window: 60)
             #expect(try store.endedFleetResetWindows(window: 60).isEmpty)
-            #expect(!(try store.setsAsideFleetSum(of: sarah, window: 60)))
+            #expect(!(try store.setsAsideFleetSum(fleetID: try fleetID(store, sarah), window: 60)))
             // The clock set back an hour: the expired resets stay expired.
             try age(store, sarah, by: -3600)
             try age(store, tom, by: -3600)
-            #expect(!(try store.setsAsideFleetSum(of: sarah, window: 60)))
-            #expect(!(try store.setsAsideFleetSum(of: tom, window: 60)))
+            #expect(!(try store.setsAsideFleetSum(fleetID: try fleetID(store, sarah), window: 60)))
+            #expect(!(try store.setsAsideFleetSum(fleetID: try fleetID(store, tom), window: 60)))
             #expect(try queued(store, sarah) && queued(store, tom))
             // A reset dated in the future does not set anything aside either.
             try failThenSucceed(store, sarah)
             try store.connection.query("UPDATE fleet_queued_resets SET queued_at = queued_at + 600 WHERE expired = 0")
-            #expect(!(try store.setsAsideFleetSum(of: sarah, window: 60)))
+            #expect(!(try store.setsAsideFleetSum(fleetID: try fleetID(store, sarah), window: 60)))
         }
     }
 
@@ -106,7 +113,7 @@ struct FleetQueueTests {
             try member(store)
             let sarah = try store.addTestPerson("sarah")
             try failThenSucceed(store, sarah)
-            #expect(try store.setsAsideFleetSum(of: sarah, window: 60))
+            #expect(try store.setsAsideFleetSum(fleetID: try fleetID(store, sarah), window: 60))
             try age(store, sarah, by: 50)
             try failThenSucceed(store, sarah)
             try age(store, sarah, by: 20)  // the first is 70 s old, the second 20 s
