@@ -27,6 +27,8 @@ def refused(daemon) -> str:
     assert daemon.wait_exit() == EX_CONFIG, daemon.log_text()[len(before):]
     lines = [l for l in daemon.log_text()[len(before):].splitlines() if l.startswith("kioskauthd: ")]
     assert len(lines) == 1, daemon.log_text()[len(before):]
+    # The socket is bound while the store is opened; a refused start must not leave it behind.
+    assert not os.path.exists(daemon.socket), "the refused start left its socket behind"
     return lines[0]
 
 

@@ -33,48 +33,45 @@ public struct DaemonCommandLine: Equatable, Sendable {
     /// The log levels `--log-level` accepts: swift-log's, by name.
     public static var logLevels: [String] { Logger.Level.allCases.map(\.rawValue) }
 
-    /// One option: its name, where its value goes (none for `--help` and `--version`, which
-    /// `parse` answers itself), and its line in `--help`.
-    private struct Option {
-        enum Target {
-            case value(WritableKeyPath<DaemonCommandLine, String?>, metavariable: String)
-            case flag(WritableKeyPath<DaemonCommandLine, Bool>?)
+    /// Every option, once, in `--help`'s order: its name, the metavariable of its value (nil for
+    /// a flag) and its line in `--help`. The parser reads only the names and metavariables; the
+    /// help lines are built only for `--help` (a parse on the way to READY=1 formats nothing).
+    private static let options: [(name: String, metavariable: String?)] = [
+        ("config", "file"), ("state-directory", "directory"), ("runtime-directory", "directory"),
+        ("socket", "path"), ("development-key-file", nil), ("accept-store-rollback", nil), ("log-level", "level"),
+        ("version", nil), ("help", nil),
+    ]
+
+    private static func helpLine(_ name: String) -> String {
+        switch name {
+        case "config": "Configuration file; drop-ins are read from FILE.d/*.conf."
+        case "state-directory": "State directory (default: $STATE_DIRECTORY, else /var/lib/kioskauth)."
+        case "runtime-directory": "Runtime directory (default: $RUNTIME_DIRECTORY, else /run/kioskauth)."
+        case "socket": "Socket path to bind when not socket-activated (default: RUNTIME_DIRECTORY/io.kioskauth)."
+        case "development-key-file":
+            "Development only: keep the store key in a file in the state directory, created if needed."
+        case "accept-store-rollback":
+            "Start even though the store is missing, emptied or behind its audit head anchor (rolled "
+                + "back, or acknowledged writes lost); writes a fresh anchor and audits "
+                + "store.rollback.accepted with what was lost."
+        case "log-level": "Least severe messages to log: \(logLevels.joined(separator: ", ")) (default: info)."
+        case "version": "Print the version and exit."
+        default: "Show this help and exit (also -h)."
         }
-        var name: String
-        var target: Target
-        var help: String
     }
 
-    /// Every option, once: the parser, the usage errors and `--help` read this table. (Computed:
-    /// key paths are not Sendable, so it cannot be a stored static.)
-    private static var options: [Option] {
-        [
-            Option(
-                name: "config", target: .value(\.config, metavariable: "file"),
-                help: "Configuration file; drop-ins are read from FILE.d/*.conf."),
-            Option(
-                name: "state-directory", target: .value(\.stateDirectory, metavariable: "directory"),
-                help: "State directory (default: $STATE_DIRECTORY, else /var/lib/kioskauth)."),
-            Option(
-                name: "runtime-directory", target: .value(\.runtimeDirectory, metavariable: "directory"),
-                help: "Runtime directory (default: $RUNTIME_DIRECTORY, else /run/kioskauth)."),
-            Option(
-                name: "socket", target: .value(\.socket, metavariable: "path"),
-                help: "Socket path to bind when not socket-activated (default: RUNTIME_DIRECTORY/io.kioskauth)."),
-            Option(
-                name: "development-key-file", target: .flag(\.developmentKeyFile),
-                help: "Development only: keep the store key in a file in the state directory, created if needed."),
-            Option(
-                name: "accept-store-rollback", target: .flag(\.acceptStoreRollback),
-                help: "Start even though the store is missing, emptied or behind its audit head anchor (rolled "
-                    + "back, or acknowledged writes lost); writes a fresh anchor and audits "
-                    + "store.rollback.accepted with what was lost."),
-            Option(
-                name: "log-level", target: .value(\.logLevel, metavariable: "level"),
-                help: "Least severe messages to log: \(logLevels.joined(separator: ", ")) (default: info)."),
-            Option(name: "version", target: .flag(nil), help: "Print the version and exit."),
-            Option(name: "help", target: .flag(nil), help: "Show this help and exit (also -h)."),
-        ]
+    /// Stores the value (nil for a flag) of the option `name`, which `options` lists.
+    private mutating func set(_ name: String, _ value: String?) {
+        switch name {
+        case "config": config = value
+        case "state-directory": stateDirectory = value
+        case "runtime-directory": runtimeDirectory = value
+        case "socket": socket = value
+        case "development-key-file": developmentKeyFile = true
+        case "accept-store-rollback": acceptStoreRollback = true
+        case "log-level": logLevel = value
+        default: break  // --version and --help are answered before they get here
+        }
     }
 
     /// Parses the arguments after the program name. `--help` and `--version` win wherever they
@@ -82,7 +79,6 @@ public struct DaemonCommandLine: Equatable, Sendable {
     public static func parse(_ arguments: [String]) throws(UsageError) -> Request {
         var parsed = DaemonCommandLine()
         var given: Set<String> = []
-        let table = options  // built once: `options` is computed
         var index = arguments.startIndex
         while index < arguments.endIndex {
             let argument = arguments[index]
@@ -108,32 +104,31 @@ public struct DaemonCommandLine: Equatable, Sendable {
             } else {
                 name = String(Substring(body))
             }
-            guard let option = table.first(where: { $0.name == name }) else {
+            guard let option = options.first(where: { $0.name == name }) else {
                 throw UsageError(message: "unknown option '--\(name)'")
             }
             guard given.insert(name).inserted else {
                 throw UsageError(message: "option '--\(name)' given more than once")
             }
-            switch option.target {
-            case .flag(let key):
+            guard let metavariable = option.metavariable else {
                 if inline != nil { throw UsageError(message: "option '--\(name)' takes no value") }
-                if let key { parsed[keyPath: key] = true }
-            case .value(let key, let metavariable):
-                if inline == nil {
-                    // A separate value never starts with '-' (`--socket=-odd` can say it).
-                    guard index < arguments.endIndex, !arguments[index].hasPrefix("-") else {
-                        throw UsageError(message: "missing value for '--\(name) <\(metavariable)>'")
-                    }
-                    inline = arguments[index]
-                    index += 1
-                }
-                guard let value = inline, !value.isEmpty else {
-                    throw UsageError(message: "empty value for '--\(name)'")
-                }
-                parsed[keyPath: key] = value
+                parsed.set(name, nil)
+                continue
             }
+            if inline == nil {
+                // A separate value never starts with '-' (`--socket=-odd` can say it).
+                guard index < arguments.endIndex, !arguments[index].hasPrefix("-") else {
+                    throw UsageError(message: "missing value for '--\(name) <\(metavariable)>'")
+                }
+                inline = arguments[index]
+                index += 1
+            }
+            guard let value = inline, !value.isEmpty else {
+                throw UsageError(message: "empty value for '--\(name)'")
+            }
+            parsed.set(name, value)
         }
-        if let level = parsed.logLevel, !logLevels.contains(level) {
+        if let level = parsed.logLevel, Logger.Level(rawValue: level) == nil {
             throw UsageError(message: "unknown log level \(level) (one of: \(logLevels.joined(separator: ", ")))")
         }
         return .run(parsed)
@@ -155,8 +150,8 @@ public struct DaemonCommandLine: Equatable, Sendable {
             """
         for option in options {
             var form = "--\(option.name)"
-            if case .value(_, let metavariable) = option.target { form += " <\(metavariable)>" }
-            text += "  \(form)\n      \(option.help)\n"
+            if let metavariable = option.metavariable { form += " <\(metavariable)>" }
+            text += "  \(form)\n      \(helpLine(option.name))\n"
         }
         return text
     }

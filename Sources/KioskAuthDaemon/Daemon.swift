@@ -79,9 +79,32 @@ public enum Daemon {
                 "TEST CLOCK ACTIVE: readings are shifted by KIOSKAUTH_TEST_CLOCK_FILE (debug build, tests only)")
         }
         let notifier = SystemdNotifier()
-        // libfprint comes up on its own thread (GLib, USB and udev enumeration) while this one
-        // opens and checks the store; READY=1 still waits for both.
+        // libfprint comes up on its own thread (GLib, USB and udev enumeration), and the event
+        // loop's thread binds the socket, while this one opens and checks the store; READY=1
+        // still waits for all three, and no call is served before it.
         let readerStart = startReader(configuration: loaded.configuration, logger: logger)
+        let listenFD = SystemdNotifier.listenedSocket()
+        SystemdNotifier.unsetListenEnvironment()
+        let eventLoops = MultiThreadedEventLoopGroup(numberOfThreads: 1)
+        let listening = Task {
+            if listenFD == nil { try createDirectory(paths.runtimeDirectory, mode: 0o755) }
+            return try await VarlinkListener.bind(
+                target: listenFD.map { .inherited(fd: $0) } ?? .path(paths.socket), group: eventLoops, logger: logger)
+        }
+        // Start-up ends here without serving: whatever was started is stopped again.
+        func abandon() async {
+            if let listener = try? await listening.value { await listener.abandon() }
+            try? await eventLoops.shutdownGracefully()
+            if let reader = await readerStart?.value { await reader.shutdown() }
+        }
+        #if DEBUG
+            // Test-only: start-up holds here with the socket bound, so a test can connect before
+            // READY=1 and see its call served once the daemon is ready.
+            if ProcessInfo.processInfo.environment["KIOSKAUTH_TEST_START_DELAY"] != nil {
+                _ = try? await listening.value
+                await testHookDelay("KIOSKAUTH_TEST_START_DELAY", logger: logger, "start-up continues")
+            }
+        #endif
         let store: Store
         let source: StoreKeySource
         do {
@@ -89,14 +112,20 @@ public enum Daemon {
                 paths: paths, configuration: loaded.configuration, developmentKeyFile: developmentKeyFile,
                 acceptStoreRollback: acceptStoreRollback, logger: logger)
         } catch {
-            if let reader = await readerStart?.value { await reader.shutdown() }
+            await abandon()
             throw error
         }
         timeline.mark("store")
         defer { store.close() }
+        let listener: VarlinkListener
+        do { listener = try await listening.value } catch {
+            await abandon()
+            throw StartupError(message: "cannot listen on \(listenFD.map { "fd \($0)" } ?? paths.socket): \(error)")
+        }
+        timeline.mark("socket")
         try await serve(
             paths: paths, loaded: loaded, store: store, keySource: source, clock: clock, notifier: notifier,
-            reader: await readerStart?.value, timeline: timeline)
+            reader: await readerStart?.value, listener: listener, eventLoops: eventLoops, timeline: timeline)
     }
 
     /// Starts the fingerprint reader service in the background when fingerprints are enabled;
@@ -224,7 +253,8 @@ public enum Daemon {
     /// the socket until SIGTERM/SIGINT, and shuts down.
     static func serve(
         paths: DaemonPaths, loaded: LoadedConfiguration, store: Store, keySource source: StoreKeySource,
-        clock: DaemonClock, notifier: SystemdNotifier, reader: FingerprintReader?, timeline: StartupTimeline
+        clock: DaemonClock, notifier: SystemdNotifier, reader: FingerprintReader?, listener: VarlinkListener,
+        eventLoops: MultiThreadedEventLoopGroup, timeline: StartupTimeline
     ) async throws {
         var timeline = timeline
         timeline.mark("reader")
@@ -233,18 +263,10 @@ public enum Daemon {
         let readyLogger = logger
         let identityProviderConfiguration = loaded.identityProvider
         let auditEndpoint = loaded.auditEndpoint
-        let listenFD = SystemdNotifier.listenedSocket()
-        SystemdNotifier.unsetListenEnvironment()
-        if listenFD == nil {
-            try createDirectory(paths.runtimeDirectory, mode: 0o755)
-        }
-
-        let eventLoops = MultiThreadedEventLoopGroup(numberOfThreads: 1)
         let hashingPool = HashingPool(
             workers: configuration.store.passcodeHashWorkers > 0
                 ? configuration.store.passcodeHashWorkers : HashingPool.defaultWorkers,
             queueLimit: configuration.store.passcodeHashQueue)
-        timeline.mark("event-loop")
         let groups = AccessGroups.resolve(
             admin: configuration.access.adminGroup, authenticator: configuration.access.authenticatorGroup)
         timeline.mark("groups")
@@ -254,6 +276,8 @@ public enum Daemon {
             do {
                 provider = try IdentityProviderClient(configuration: identityProviderConfiguration, logger: logger)
             } catch {
+                await listener.abandon()
+                try? await eventLoops.shutdownGracefully()
                 throw StartupError(
                     message: "configuration: [IdentityProvider]: \(error)", exitCode: StartupError.configurationExitCode
                 )
@@ -272,7 +296,7 @@ public enum Daemon {
         let onlineServices = OnlineServices(clock: clock, provider: provider, auditDelivery: auditMonitor)
         let authority = Authority(
             store: store, configuration: configuration, groups: groups, hashingPool: hashingPool,
-            isSocketActivated: listenFD != nil,
+            isSocketActivated: { if case .inherited = listener.target { true } else { false } }(),
             usesDevelopmentKey: { if case .developmentKeyFile = source { true } else { false } }(),
             reader: reader, logger: logger, services: onlineServices,
             credentialsDirectory: paths.credentialsDirectory, now: { clock.now() })
@@ -290,8 +314,7 @@ public enum Daemon {
 
         let (serving, servingContinuation) = AsyncStream<Void>.makeStream()
         let server = VarlinkServer(
-            target: listenFD.map { .inherited(fd: $0) } ?? .path(paths.socket), authority: authority,
-            configuration: configuration.socket, eventLoopGroup: eventLoops, logger: logger
+            listener: listener, authority: authority, configuration: configuration.socket, logger: logger
         ) {
             notifier.notify("READY=1\nSTATUS=Serving")
             var startup = startup
@@ -384,6 +407,7 @@ public enum Daemon {
             await authority.flushRefusalSummaries()
             await authority.audit(nil, action: .daemonStop, result: .failure, detail: "\(error)")
             hashingPool.shutdown()
+            await listener.abandon()  // the services may have stopped before the socket was served
             try? await eventLoops.shutdownGracefully()
             // A refusal found while running (the scheduled chain check) keeps its exit status.
             if let refusal = error as? StartupError { throw refusal }

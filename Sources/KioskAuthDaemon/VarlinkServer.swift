@@ -91,15 +91,102 @@ final class ConnectionRegistry: Sendable {
     var openConnections: Int { state.withLock { $0.total } }
 }
 
+/// The socket, bound and listening before the authority exists, so that start-up binds it (on the
+/// event loop's thread) while the store is opened and checked, and served once a `VarlinkServer`
+/// is attached. Until then nothing is accepted (the server channel does not read): a client
+/// that connects waits in the kernel's backlog, as with socket activation, and holds no file
+/// descriptor of ours, so connecting during start-up cannot exhaust the daemon's descriptors
+/// before the connection limits apply. Start-up that fails after the bind calls `abandon`,
+/// which closes the socket (the kernel resets what waits in the backlog) and unlinks a path it
+/// bound.
+public final class VarlinkListener: Sendable {
+    let target: ListenTarget
+    let channel: NIOAsyncChannel<VarlinkServer.Connection, Never>
+    private let attached: EventLoopPromise<VarlinkServer>
+
+    private init(
+        target: ListenTarget, channel: NIOAsyncChannel<VarlinkServer.Connection, Never>,
+        attached: EventLoopPromise<VarlinkServer>
+    ) {
+        self.target = target
+        self.channel = channel
+        self.attached = attached
+    }
+
+    /// The server was not started: no connection was ever set up.
+    struct NotServed: Error {}
+
+    /// Binds `target` on `group` and listens.
+    public static func bind(
+        target: ListenTarget, group: MultiThreadedEventLoopGroup, logger: Logger
+    ) async throws
+        -> VarlinkListener
+    {
+        let attached = group.next().makePromise(of: VarlinkServer.self)
+        let bootstrap = ServerBootstrap(group: group)
+            .serverChannelOption(.backlog, value: 128)
+            .serverChannelOption(.autoRead, value: false)  // accepting starts at `attach`
+            .childChannelOption(.allowRemoteHalfClosure, value: false)
+            .childChannelOption(
+                .writeBufferWaterMark,
+                value: .init(
+                    low: DaemonConfiguration.Socket.outputHighWaterMark / 2,
+                    high: DaemonConfiguration.Socket.outputHighWaterMark))
+        // Runs only once accepting started, so after `attach`; failed (the child is closed) when
+        // the socket is abandoned.
+        let initializer: @Sendable (any Channel) -> EventLoopFuture<VarlinkServer.Connection> = { channel in
+            attached.futureResult.hop(to: channel.eventLoop).flatMap { server in server.setUp(channel) }
+        }
+        let channel: NIOAsyncChannel<VarlinkServer.Connection, Never>
+        do {
+            switch target {
+            case .inherited(let fd):
+                channel = try await bootstrap.bind(fd, childChannelInitializer: initializer)
+                logger.info("listening on the socket passed by the service manager")
+            case .path(let path):
+                let previousMask = umask(0o111)
+                defer { umask(previousMask) }
+                channel = try await bootstrap.bind(
+                    unixDomainSocketPath: path, cleanupExistingSocketFile: true, childChannelInitializer: initializer)
+                chmod(path, 0o666)
+                logger.info("listening", metadata: ["socket": "\(path)"])
+            }
+        } catch {
+            attached.fail(NotServed())
+            throw error
+        }
+        return VarlinkListener(target: target, channel: channel, attached: attached)
+    }
+
+    /// Hands the socket to `server` and starts accepting, the connections waiting first.
+    func attach(_ server: VarlinkServer) {
+        served.withLock { $0 = true }
+        attached.succeed(server)
+        channel.channel.setOption(.autoRead, value: true).whenFailure { _ in }
+    }
+
+    /// Whether a server was attached; its `run` closes the socket and unlinks the path.
+    private let served = Mutex(false)
+
+    /// The socket was never served (start-up failed after the bind, or the services stopped
+    /// before the server ran): closes it and the connections accepted so far, and unlinks the
+    /// path bound (an inherited socket stays the service manager's). Does nothing once served.
+    public func abandon() async {
+        guard !served.withLock({ $0 }) else { return }
+        attached.fail(NotServed())
+        try? await channel.channel.close()
+        if case .path(let path) = target { unlink(path) }
+    }
+}
+
 /// The varlink socket server: a `Service` that accepts until graceful shutdown, then lets calls
 /// in progress finish and closes.
 public final class VarlinkServer: Service, Sendable {
-    private let target: ListenTarget
+    private let listener: VarlinkListener
     private let dispatcher: Dispatcher
     private let authority: Authority
     private let configuration: DaemonConfiguration.Socket
     private let logger: Logger
-    private let group: MultiThreadedEventLoopGroup
     private let registry: ConnectionRegistry
     /// Calls per second per unprivileged uid.
     private let rateLimit: Mutex<RequestRateLimit>
@@ -112,15 +199,14 @@ public final class VarlinkServer: Service, Sendable {
     public static let drainTimeout: Duration = .seconds(10)
 
     public init(
-        target: ListenTarget, authority: Authority, configuration: DaemonConfiguration.Socket,
-        eventLoopGroup: MultiThreadedEventLoopGroup, logger: Logger, onListening: @escaping @Sendable () -> Void
+        listener: VarlinkListener, authority: Authority, configuration: DaemonConfiguration.Socket, logger: Logger,
+        onListening: @escaping @Sendable () -> Void
     ) {
-        self.target = target
+        self.listener = listener
         self.authority = authority
         self.dispatcher = Dispatcher(authority: authority)
         self.metrics = authority.services.metrics
         self.configuration = configuration
-        self.group = eventLoopGroup
         self.logger = logger
         self.onListening = onListening
         self.registry = ConnectionRegistry(
@@ -154,64 +240,42 @@ public final class VarlinkServer: Service, Sendable {
         }
     }
 
-    public func run() async throws {
+    /// Sets up an accepted connection: its caller, its admission and its handlers.
+    func setUp(_ channel: any Channel) -> EventLoopFuture<Connection> {
         let maximumSize = min(configuration.maxMessageSize, VarlinkLimits.maximumMessageSize)
-        let idleSeconds = Int(configuration.idleTimeout)
-        let idleReply = Self.encode(APIError.idleTimeout(idleSeconds))
+        let idleReply = Self.encode(APIError.idleTimeout(Int(configuration.idleTimeout)))
         let idleTimeout = TimeAmount.milliseconds(Int64(configuration.idleTimeout * 1000))
         // A reply nobody reads counts as idle: the connection closes once its output has been
         // stuck over the high-water mark for the write timeout or the idle timeout.
         let writeTimeout = TimeAmount.milliseconds(
             Int64(min(configuration.writeTimeout, configuration.idleTimeout) * 1000))
-        let registry = self.registry
-        let authority = self.authority
-
-        let bootstrap = ServerBootstrap(group: group)
-            .serverChannelOption(.backlog, value: 128)
-            .childChannelOption(.allowRemoteHalfClosure, value: false)
-            .childChannelOption(
-                .writeBufferWaterMark,
-                value: .init(
-                    low: DaemonConfiguration.Socket.outputHighWaterMark / 2,
-                    high: DaemonConfiguration.Socket.outputHighWaterMark))
-
-        let initializer: @Sendable (any Channel) -> EventLoopFuture<Connection> = { channel in
-            Self.peerCredentials(of: channel).flatMapThrowing { caller in
-                let admission: ConnectionRegistry.Admission =
-                    caller.map {
-                        registry.admit(uid: $0.uid, privileged: authority.isPrivileged($0), channel: channel)
-                    } ?? .rejected(limit: 0)
+        return Self.peerCredentials(of: channel).flatMapThrowing { caller in
+            let admission: ConnectionRegistry.Admission =
+                caller.map {
+                    self.registry.admit(uid: $0.uid, privileged: self.authority.isPrivileged($0), channel: channel)
+                } ?? .rejected(limit: 0)
+            try channel.pipeline.syncOperations.addHandler(
+                ByteToMessageHandler(NULFrameDecoder(maximumSize: maximumSize)))
+            try channel.pipeline.syncOperations.addHandler(
+                IdleGuard(timeout: idleTimeout, writeTimeout: writeTimeout, timeoutReply: ByteBuffer(bytes: idleReply)))
+            var identified = caller
+            if case .admitted(let id) = admission, let caller {
+                identified?.connectionID = id
+                let admitted = identified ?? caller
                 try channel.pipeline.syncOperations.addHandler(
-                    ByteToMessageHandler(NULFrameDecoder(maximumSize: maximumSize)))
-                try channel.pipeline.syncOperations.addHandler(
-                    IdleGuard(
-                        timeout: idleTimeout, writeTimeout: writeTimeout, timeoutReply: ByteBuffer(bytes: idleReply)))
-                var identified = caller
-                if case .admitted(let id) = admission, let caller {
-                    identified?.connectionID = id
-                    let admitted = identified ?? caller
-                    try channel.pipeline.syncOperations.addHandler(
-                        ImmediateCalls { frame in self.immediateAnswer(frame, caller: admitted) })
-                }
-                let asyncChannel = try NIOAsyncChannel<ByteBuffer, ByteBuffer>(wrappingChannelSynchronously: channel)
-                return Connection(channel: asyncChannel, caller: identified, admission: admission)
+                    ImmediateCalls { frame in self.immediateAnswer(frame, caller: admitted) })
             }
+            let asyncChannel = try NIOAsyncChannel<ByteBuffer, ByteBuffer>(wrappingChannelSynchronously: channel)
+            return Connection(channel: asyncChannel, caller: identified, admission: admission)
         }
+    }
 
-        let server: NIOAsyncChannel<Connection, Never>
-        switch target {
-        case .inherited(let fd):
-            server = try await bootstrap.bind(fd, childChannelInitializer: initializer)
-            logger.info("listening on the socket passed by the service manager")
-        case .path(let path):
-            let previousMask = umask(0o111)
-            defer { umask(previousMask) }
-            server = try await bootstrap.bind(
-                unixDomainSocketPath: path, cleanupExistingSocketFile: true, childChannelInitializer: initializer)
-            chmod(path, 0o666)
-            logger.info("listening", metadata: ["socket": "\(path)"])
-        }
+    public func run() async throws {
+        let registry = self.registry
+        let server = listener.channel
+        // READY=1 first: a call accepted while start-up ran is served only after it.
         onListening()
+        listener.attach(self)
 
         try await withGracefulShutdownHandler {
             try await withThrowingTaskGroup(of: Void.self) { outer in
@@ -237,7 +301,7 @@ public final class VarlinkServer: Service, Sendable {
             server.channel.close(promise: nil)
             registry.drain()
         }
-        if case .path(let path) = target {
+        if case .path(let path) = listener.target {
             unlink(path)
         }
     }

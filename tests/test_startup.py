@@ -1,0 +1,103 @@
+"""Start-up binds the socket early: the event loop's thread binds it while the store is opened
+and checked (issue #15, cold start), and calls are served only once the daemon is ready.
+
+A debug-build hook (KIOSKAUTH_TEST_START_DELAY) holds start-up with the socket bound and the
+store not yet opened, so these tests can connect inside that window every time:
+
+* a call made then is answered once the daemon is ready, after READY=1, not before;
+* a start that is then refused (here: the store key does not open the store) closes the calls
+  waiting, exits 78 and leaves no socket file behind.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import time
+from pathlib import Path
+
+from kioskauth_testing import FAST_HASH_CONFIG, Daemon
+
+HOLD = 1.5  # seconds start-up holds with the socket bound
+
+
+def wait_for_path(path: str, timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not os.path.exists(path):
+        assert time.monotonic() < deadline, f"{path} never appeared"
+        time.sleep(0.005)
+
+
+def read_reply(client: socket.socket) -> bytes:
+    data = b""
+    while not data.endswith(b"\0"):
+        chunk = client.recv(65536)
+        if not chunk:
+            break
+        data += chunk
+    return data
+
+
+def held_daemon(**kwargs) -> Daemon:
+    daemon = Daemon(config=FAST_HASH_CONFIG, env={"KIOSKAUTH_TEST_START_DELAY": str(HOLD)}, **kwargs)
+    return daemon
+
+
+def test_a_call_made_before_ready_is_answered_once_the_daemon_is_ready():
+    daemon = held_daemon()
+    try:
+        daemon.start(expect_ready=False)
+        wait_for_path(daemon.socket)
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as client:
+            client.settimeout(30)
+            client.connect(daemon.socket)
+            sent = time.monotonic()
+            client.sendall(b'{"method":"io.kioskauth.GetStatus"}\0')
+            # Start-up is held: nothing is ready, and nothing is answered.
+            assert not daemon.notify.wait_for("READY=1", 0.2), "READY=1 before start-up went on"
+            reply = read_reply(client)
+            answered = time.monotonic()
+        assert reply.endswith(b"\0"), reply
+        status = json.loads(reply[:-1])
+        assert "error" not in status and "parameters" in status, status
+        # READY=1 was sent before the call was handed to the server, so it is already there.
+        assert daemon.notify.wait_for("READY=1", 0.01), daemon.log_text()
+        # Answered once start-up went on, not by a daemon still starting.
+        assert answered - sent >= HOLD - 0.3, (answered - sent, daemon.log_text())
+        # And the daemon serves as usual afterwards.
+        assert "error" not in daemon.call("io.kioskauth.GetStatus"), daemon.log_text()
+        assert daemon.stop() == 0
+        assert not os.path.exists(daemon.socket)
+    finally:
+        daemon.close()
+
+
+def test_a_start_refused_after_the_bind_closes_waiting_calls_and_leaves_no_socket():
+    key = os.urandom(32)
+    first = Daemon(config=FAST_HASH_CONFIG, credential_key=key).start()
+    try:
+        assert "error" not in first.call("io.kioskauth.AddPerson", {"name": "sarah"})
+        assert first.stop() == 0
+        # The same state, started with another key: the store does not open.
+        key_file = Path(first.credentials) / "kioskauth.store-key"
+        key_file.chmod(0o600)
+        key_file.write_bytes(os.urandom(32))
+        first.extra_env["KIOSKAUTH_TEST_START_DELAY"] = str(HOLD)
+        first.start(expect_ready=False)
+        wait_for_path(first.socket)
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as client:
+            client.settimeout(30)
+            client.connect(first.socket)
+            client.sendall(b'{"method":"io.kioskauth.GetStatus"}\0')
+            # No answer: the connection is closed (an end of file or a reset), never left hanging.
+            try:
+                assert read_reply(client) == b""
+            except ConnectionResetError:
+                pass
+        assert first.wait_exit() == 78, first.log_text()
+        assert not first.notify.wait_for("READY=1", 0.01)
+        assert not os.path.exists(first.socket), "the refused start left its socket behind"
+        assert "does not open this store" in first.log_text()
+    finally:
+        first.close()
