@@ -101,3 +101,66 @@ def test_a_start_refused_after_the_bind_closes_waiting_calls_and_leaves_no_socke
         assert "does not open this store" in first.log_text()
     finally:
         first.close()
+
+
+def test_a_second_daemon_leaves_the_socket_of_the_one_serving_it_alone():
+    first = Daemon(config=FAST_HASH_CONFIG).start()
+    second = Daemon(config=FAST_HASH_CONFIG)
+    try:
+        before = os.stat(first.socket)
+        # Same socket path, a store of its own (so the store opens and only the socket is at stake).
+        second.runtime = first.runtime
+        second.start(expect_ready=False)
+        assert second.wait_exit() != 0, second.log_text()
+        assert "is served by another process" in second.log_text(), second.log_text()
+        assert not second.notify.wait_for("READY=1", 0.01)
+        # The first daemon keeps its socket file, and answers on it.
+        after = os.stat(first.socket)
+        assert (after.st_dev, after.st_ino) == (before.st_dev, before.st_ino)
+        assert "error" not in first.call("io.kioskauth.GetStatus"), first.log_text()
+        # A stale socket file (nobody accepts on it) is still replaced.
+        assert first.stop() == 0
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as stale:
+            stale.bind(first.socket)  # bound, never listening: a crashed daemon's leftover
+        first.start()
+        assert "error" not in first.call("io.kioskauth.GetStatus"), first.log_text()
+    finally:
+        second.close()
+        first.close()
+
+
+def test_the_store_files_are_private_in_an_open_state_directory():
+    # The socket is bound on another thread while the store creates its files: nothing may
+    # change the process's umask meanwhile (the bind used to set 0111 around itself).
+    daemon = Daemon(config=FAST_HASH_CONFIG)
+    daemon.state.mkdir(parents=True, exist_ok=True)
+    daemon.state.chmod(0o755)
+    try:
+        daemon.start()
+        assert "error" not in daemon.call("io.kioskauth.AddPerson", {"name": "sarah"})
+        for name in os.listdir(daemon.state):
+            if name.startswith("kioskauth.sqlite"):
+                mode = os.stat(daemon.state / name).st_mode & 0o777
+                assert mode & 0o077 == 0, f"{name} is {oct(mode)}"
+        assert os.stat(daemon.socket).st_mode & 0o777 == 0o666
+    finally:
+        daemon.close()
+
+
+def test_a_daemon_that_stops_removes_its_own_socket_file_only():
+    first = Daemon(config=FAST_HASH_CONFIG).start()
+    second = Daemon(config=FAST_HASH_CONFIG)
+    try:
+        # Someone removed the first daemon's socket file, and a second daemon bound the path.
+        os.unlink(first.socket)
+        second.runtime = first.runtime
+        second.start()
+        assert first.stop() == 0
+        # The first one's exit leaves the second one's socket alone.
+        assert os.path.exists(second.socket)
+        assert "error" not in second.call("io.kioskauth.GetStatus"), second.log_text()
+        assert second.stop() == 0
+        assert not os.path.exists(second.socket)
+    finally:
+        second.close()
+        first.close()

@@ -82,9 +82,11 @@ public enum Daemon {
         // libfprint comes up on its own thread (GLib, USB and udev enumeration), and the event
         // loop's thread binds the socket, while this one opens and checks the store; READY=1
         // still waits for all three, and no call is served before it.
-        let readerStart = startReader(configuration: loaded.configuration, logger: logger)
+        // LISTEN_* is read and cleared before any other thread starts (libfprint reads the
+        // environment on its own).
         let listenFD = SystemdNotifier.listenedSocket()
         SystemdNotifier.unsetListenEnvironment()
+        let readerStart = startReader(configuration: loaded.configuration, logger: logger)
         let eventLoops = MultiThreadedEventLoopGroup(numberOfThreads: 1)
         let listening = Task {
             if listenFD == nil { try createDirectory(paths.runtimeDirectory, mode: 0o755) }
@@ -120,6 +122,7 @@ public enum Daemon {
         let listener: VarlinkListener
         do { listener = try await listening.value } catch {
             await abandon()
+            if let served = error as? VarlinkListener.AlreadyServed { throw StartupError(message: "\(served)") }
             throw StartupError(message: "cannot listen on \(listenFD.map { "fd \($0)" } ?? paths.socket): \(error)")
         }
         timeline.mark("socket")

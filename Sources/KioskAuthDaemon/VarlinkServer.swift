@@ -124,7 +124,6 @@ public final class VarlinkListener: Sendable {
     {
         let attached = group.next().makePromise(of: VarlinkServer.self)
         let bootstrap = ServerBootstrap(group: group)
-            .serverChannelOption(.backlog, value: 128)
             .serverChannelOption(.autoRead, value: false)  // accepting starts at `attach`
             .childChannelOption(.allowRemoteHalfClosure, value: false)
             .childChannelOption(
@@ -138,24 +137,137 @@ public final class VarlinkListener: Sendable {
             attached.futureResult.hop(to: channel.eventLoop).flatMap { server in server.setUp(channel) }
         }
         let channel: NIOAsyncChannel<VarlinkServer.Connection, Never>
+        var bound: FileIdentity?
         do {
             switch target {
             case .inherited(let fd):
                 channel = try await bootstrap.bind(fd, childChannelInitializer: initializer)
                 logger.info("listening on the socket passed by the service manager")
             case .path(let path):
-                let previousMask = umask(0o111)
-                defer { umask(previousMask) }
-                channel = try await bootstrap.bind(
-                    unixDomainSocketPath: path, cleanupExistingSocketFile: true, childChannelInitializer: initializer)
-                chmod(path, 0o666)
+                // Bound here, not by NIO: NIO unlinks the path of a Unix socket it bound when the
+                // socket closes, whatever file is there by then (another daemon's, say).
+                let (fd, identity) = try Self.listeningSocket(at: path)
+                do {
+                    channel = try await bootstrap.bind(fd, childChannelInitializer: initializer)
+                } catch {
+                    close(fd)
+                    if Self.identity(of: path) == identity { unlink(path) }
+                    throw error
+                }
+                bound = identity
                 logger.info("listening", metadata: ["socket": "\(path)"])
             }
         } catch {
             attached.fail(NotServed())
             throw error
         }
-        return VarlinkListener(target: target, channel: channel, attached: attached)
+        let listener = VarlinkListener(target: target, channel: channel, attached: attached)
+        listener.bound.withLock { $0 = bound }
+        return listener
+    }
+
+    /// A listening Unix socket at `path`, and its file's identity. A socket file another
+    /// process still accepts on is refused (`AlreadyServed`), not replaced; a stale one (nobody
+    /// accepts on it, as a crashed daemon leaves it) is removed first. The process's umask is
+    /// left alone (the store's files are created on another thread meanwhile): the socket starts
+    /// as private as the umask (077) makes it and is opened to everyone once bound, since every
+    /// method authorises its caller.
+    static func listeningSocket(at path: String) throws -> (Int32, FileIdentity?) {
+        var status = stat()
+        if lstat(path, &status) == 0 {
+            guard status.st_mode & S_IFMT == S_IFSOCK else { throw ListenError("\(path) exists and is not a socket") }
+            if isServed(path) { throw AlreadyServed(path: path) }
+            unlink(path)
+        }
+        let fd = socket(AF_UNIX, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0)
+        guard fd >= 0 else { throw ListenError("socket: \(String(cString: strerror(errno)))") }
+        let result = withSocketAddress(path) { address, length in Glibc.bind(fd, address, length) }
+        guard result == 0 else {
+            let reason = String(cString: strerror(errno))
+            close(fd)
+            throw ListenError("bind \(path): \(reason)")
+        }
+        let identity = chmod(path, 0o666) == 0 ? identity(of: path) : nil
+        guard identity != nil, listen(fd, 128) == 0 else {
+            let reason = String(cString: strerror(errno))
+            close(fd)
+            unlink(path)
+            throw ListenError("listen \(path): \(reason)")
+        }
+        return (fd, identity)
+    }
+
+    struct ListenError: Error, CustomStringConvertible {
+        var description: String
+        init(_ description: String) { self.description = description }
+    }
+
+    /// Calls `body` with `path` as a `sockaddr_un` (nil result: the path is too long).
+    private static func withSocketAddress(
+        _ path: String, _ body: (UnsafePointer<sockaddr>, socklen_t) -> Int32
+    ) -> Int32 {
+        var address = sockaddr_un()
+        address.sun_family = sa_family_t(AF_UNIX)
+        let bytes = Array(path.utf8)
+        guard bytes.count < MemoryLayout.size(ofValue: address.sun_path) else {
+            errno = ENAMETOOLONG
+            return -1
+        }
+        withUnsafeMutableBytes(of: &address.sun_path) { raw in
+            raw.copyBytes(from: bytes)
+            raw[bytes.count] = 0
+        }
+        return withUnsafePointer(to: &address) {
+            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { body($0, socklen_t(MemoryLayout<sockaddr_un>.size)) }
+        }
+    }
+
+    /// Another process accepts on the socket file at `path`.
+    public struct AlreadyServed: Error, CustomStringConvertible {
+        public var path: String
+        public var description: String { "\(path) is served by another process (is kioskauthd already running?)" }
+    }
+
+    /// Whether a process accepts connections on the Unix socket at `path`: a connect succeeds,
+    /// or fails only because its backlog is full.
+    static func isServed(_ path: String) -> Bool {
+        let fd = socket(
+            AF_UNIX, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue) | Int32(SOCK_NONBLOCK.rawValue), 0)
+        guard fd >= 0 else { return false }
+        defer { close(fd) }
+        let result = withSocketAddress(path) { address, length in connect(fd, address, length) }
+        return result == 0 || errno == EAGAIN
+    }
+
+    /// What tells our socket file from one bound later at the same path: its device, inode and
+    /// change time (an inode number freed by an unlink is often given to the next file made).
+    struct FileIdentity: Equatable {
+        var device: UInt64
+        var inode: UInt64
+        var changed: Int64
+        var changedNanoseconds: Int64
+    }
+
+    static func identity(of path: String) -> FileIdentity? {
+        var status = stat()
+        guard lstat(path, &status) == 0 else { return nil }
+        return FileIdentity(
+            device: UInt64(status.st_dev), inode: UInt64(status.st_ino), changed: Int64(status.st_ctim.tv_sec),
+            changedNanoseconds: Int64(status.st_ctim.tv_nsec))
+    }
+
+    /// The socket file this listener bound (as it was once opened to everyone), while it is there.
+    private let bound = Mutex<FileIdentity?>(nil)
+
+    /// Removes the socket file this listener bound, and only that one: never an inherited
+    /// socket, nor a file another process bound at the same path since. Idempotent.
+    func removePath() {
+        guard case .path(let path) = target else { return }
+        bound.withLock { bound in
+            guard let ours = bound, let now = Self.identity(of: path), now == ours else { return }
+            unlink(path)
+            bound = nil
+        }
     }
 
     /// Hands the socket to `server` and starts accepting, the connections waiting first.
@@ -175,7 +287,7 @@ public final class VarlinkListener: Sendable {
         guard !served.withLock({ $0 }) else { return }
         attached.fail(NotServed())
         try? await channel.channel.close()
-        if case .path(let path) = target { unlink(path) }
+        removePath()
     }
 }
 
@@ -271,6 +383,7 @@ public final class VarlinkServer: Service, Sendable {
     }
 
     public func run() async throws {
+        defer { listener.removePath() }
         let registry = self.registry
         let server = listener.channel
         // READY=1 first: a call accepted while start-up ran is served only after it.
@@ -300,9 +413,6 @@ public final class VarlinkServer: Service, Sendable {
             self.logger.info("shutting down: no new connections; finishing calls in progress")
             server.channel.close(promise: nil)
             registry.drain()
-        }
-        if case .path(let path) = listener.target {
-            unlink(path)
         }
     }
 

@@ -87,6 +87,15 @@ struct CommandLineTests {
         #expect((try? run(["--socket=\u{301}x"]))?.socket == "\u{301}x")
     }
 
+    /// An option added to the table without its own help line would show `--help`'s: every
+    /// option's line is its own.
+    @Test func theHelp_givesEveryOptionALineOfItsOwn() {
+        let lines = DaemonCommandLine.help.split(separator: "\n").filter { $0.hasPrefix("      ") }
+        #expect(lines.count == 9)
+        #expect(Set(lines).count == lines.count, "two options share a help line: \(lines)")
+        #expect(DaemonCommandLine.help.contains("trace, debug, info, notice, warning, error, critical"))
+    }
+
     @Test func theHelp_namesEveryOption() {
         for option in [
             "--config", "--state-directory", "--runtime-directory", "--socket", "--development-key-file",
