@@ -1,7 +1,10 @@
+#define _GNU_SOURCE /* O_PATH */
+
 #include "kioskauth_datagram.h"
 #include "kioskauth_system.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <malloc.h>
 #include <stddef.h>
 #include <string.h>
@@ -35,4 +38,8 @@ void kioskauth_bound_allocator(int arenas, int threshold) {
 
 void kioskauth_release_free_memory(void) {
     malloc_trim(0);
+}
+
+int kioskauth_open_node(const char *path) {
+    return open(path, O_PATH | O_NOFOLLOW | O_CLOEXEC);
 }

@@ -187,14 +187,41 @@ public final class VarlinkListener: Sendable {
             close(fd)
             throw ListenError("bind \(path): \(reason)")
         }
-        let identity = chmod(path, 0o666) == 0 ? identity(of: path) : nil
-        guard identity != nil, listen(fd, 128) == 0 else {
+        guard let identity = openToEveryone(path), listen(fd, 128) == 0 else {
             let reason = String(cString: strerror(errno))
             close(fd)
             unlink(path)
             throw ListenError("listen \(path): \(reason)")
         }
         return (fd, identity)
+    }
+
+    /// Makes the socket file at `path` mode 0666 and returns its identity, without following a
+    /// symbolic link put there since the bind (in a directory others may write to, a plain
+    /// `chmod(path)` could be turned onto any file): the file is opened `O_PATH | O_NOFOLLOW`,
+    /// must be a socket, and is changed through its descriptor.
+    private static func openToEveryone(_ path: String) -> FileIdentity? {
+        let node = kioskauth_open_node(path)
+        guard node >= 0 else { return nil }
+        defer { close(node) }
+        var status = stat()
+        guard fstat(node, &status) == 0, status.st_mode & S_IFMT == S_IFSOCK else {
+            errno = ENOTSOCK
+            return nil
+        }
+        // chmod through the descriptor's /proc link reaches exactly this inode (fchmod on an
+        // O_PATH descriptor is refused, and fchmodat cannot refuse links on this kernel's glibc).
+        // Without /proc, the path is changed once more checked to name this very inode.
+        if chmod("/proc/self/fd/\(node)", 0o666) != 0 {
+            var current = stat()
+            guard errno == ENOENT, lstat(path, &current) == 0, current.st_dev == status.st_dev,
+                current.st_ino == status.st_ino, current.st_mode & S_IFMT == S_IFSOCK, chmod(path, 0o666) == 0
+            else { return nil }
+        }
+        guard fstat(node, &status) == 0 else { return nil }
+        return FileIdentity(
+            device: UInt64(status.st_dev), inode: UInt64(status.st_ino), changed: Int64(status.st_ctim.tv_sec),
+            changedNanoseconds: Int64(status.st_ctim.tv_nsec))
     }
 
     struct ListenError: Error, CustomStringConvertible {

@@ -36,4 +36,9 @@ void kioskauth_bound_allocator(int arenas, int threshold);
 /// Returns free memory in every arena to the kernel (`malloc_trim(0)`).
 void kioskauth_release_free_memory(void);
 
+/// Opens the file at `path` itself, never what a symbolic link there points to, without reading
+/// or writing it (`O_PATH | O_NOFOLLOW | O_CLOEXEC`, which glibc hides behind _GNU_SOURCE): a
+/// descriptor to check and change that very inode. Returns -1 with errno set on failure.
+int kioskauth_open_node(const char *path);
+
 #endif
