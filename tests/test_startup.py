@@ -131,7 +131,8 @@ def test_a_second_daemon_leaves_the_socket_of_the_one_serving_it_alone():
 
 def test_the_store_files_are_private_in_an_open_state_directory():
     # The socket is bound on another thread while the store creates its files: nothing may
-    # change the process's umask meanwhile (the bind used to set 0111 around itself).
+    # change the process's umask meanwhile (the bind used to set 0111 around itself). This
+    # checks the modes the daemon must end with; it cannot force that old race to happen.
     daemon = Daemon(config=FAST_HASH_CONFIG)
     daemon.state.mkdir(parents=True, exist_ok=True)
     daemon.state.chmod(0o755)

@@ -1,4 +1,6 @@
+#ifndef _GNU_SOURCE
 #define _GNU_SOURCE /* O_PATH */
+#endif
 
 #include "kioskauth_datagram.h"
 #include "kioskauth_system.h"

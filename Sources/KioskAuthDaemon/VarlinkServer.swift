@@ -150,8 +150,9 @@ public final class VarlinkListener: Sendable {
                 do {
                     channel = try await bootstrap.bind(fd, childChannelInitializer: initializer)
                 } catch {
-                    close(fd)
-                    if Self.identity(of: path) == identity { unlink(path) }
+                    // NIO owns the descriptor once its channel exists and closes it on failure;
+                    // closing it here too could close a descriptor opened since by another thread.
+                    if Self.identity(of: path)?.sameFile(as: identity) == true { unlink(path) }
                     throw error
                 }
                 bound = identity
@@ -166,62 +167,82 @@ public final class VarlinkListener: Sendable {
         return listener
     }
 
-    /// A listening Unix socket at `path`, and its file's identity. A socket file another
-    /// process still accepts on is refused (`AlreadyServed`), not replaced; a stale one (nobody
-    /// accepts on it, as a crashed daemon leaves it) is removed first. The process's umask is
-    /// left alone (the store's files are created on another thread meanwhile): the socket starts
-    /// as private as the umask (077) makes it and is opened to everyone once bound, since every
-    /// method authorises its caller.
-    static func listeningSocket(at path: String) throws -> (Int32, FileIdentity?) {
+    /// A listening Unix socket at `path`, and its file's identity.
+    ///
+    /// The directory must be one only its owner (the daemon's user or root) can change entries
+    /// in, or sticky. A socket file another process still accepts on is refused (`AlreadyServed`),
+    /// not replaced; a stale one (connecting is refused, as a crashed daemon leaves it) is
+    /// removed first; anything else at the path is refused. The socket listens as soon as it is
+    /// bound, so a daemon starting at the same moment finds it served. The process's umask is
+    /// left alone (the store's files are created on another thread meanwhile): the socket file
+    /// starts as private as the umask (077) makes it and is then opened to everyone, since every
+    /// method authorises its caller (`openToEveryone`).
+    static func listeningSocket(at path: String) throws -> (Int32, FileIdentity) {
+        try checkDirectory(of: path)
         var status = stat()
         if lstat(path, &status) == 0 {
             guard status.st_mode & S_IFMT == S_IFSOCK else { throw ListenError("\(path) exists and is not a socket") }
-            if isServed(path) { throw AlreadyServed(path: path) }
-            unlink(path)
+            switch probe(path) {
+            case .served: throw AlreadyServed(path: path)
+            case .stale: unlink(path)
+            case .unknown(let error):
+                throw ListenError("\(path) exists and cannot be told stale: \(String(cString: strerror(error)))")
+            }
         }
         let fd = socket(AF_UNIX, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0)
         guard fd >= 0 else { throw ListenError("socket: \(String(cString: strerror(errno)))") }
-        let result = withSocketAddress(path) { address, length in Glibc.bind(fd, address, length) }
-        guard result == 0 else {
+        guard withSocketAddress(path, { address, length in Glibc.bind(fd, address, length) }) == 0 else {
             let reason = String(cString: strerror(errno))
             close(fd)
             throw ListenError("bind \(path): \(reason)")
         }
-        guard let identity = openToEveryone(path), listen(fd, 128) == 0 else {
+        let made = identity(of: path)
+        guard listen(fd, 128) == 0, let opened = openToEveryone(path), opened.sameFile(as: made) else {
             let reason = String(cString: strerror(errno))
             close(fd)
-            unlink(path)
+            if let made, identity(of: path)?.sameFile(as: made) == true { unlink(path) }
             throw ListenError("listen \(path): \(reason)")
         }
-        return (fd, identity)
+        return (fd, opened)
     }
 
-    /// Makes the socket file at `path` mode 0666 and returns its identity, without following a
-    /// symbolic link put there since the bind (in a directory others may write to, a plain
-    /// `chmod(path)` could be turned onto any file): the file is opened `O_PATH | O_NOFOLLOW`,
-    /// must be a socket, and is changed through its descriptor.
-    private static func openToEveryone(_ path: String) -> FileIdentity? {
+    /// Refuses a directory whose entries others could replace: one not owned by this user or
+    /// root, or writable by its group or by everyone without the sticky bit.
+    static func checkDirectory(of path: String) throws {
+        let directory = path.split(separator: "/", omittingEmptySubsequences: false).dropLast().joined(separator: "/")
+        var status = stat()
+        guard stat(directory.isEmpty ? "." : directory, &status) == 0 else {
+            throw ListenError("\(directory): \(String(cString: strerror(errno)))")
+        }
+        let writableByOthers = status.st_mode & (S_IWGRP | S_IWOTH) != 0 && status.st_mode & S_ISVTX == 0
+        guard status.st_uid == geteuid() || status.st_uid == 0, !writableByOthers else {
+            throw ListenError(
+                "\(directory) is not a safe directory for the socket (it must belong to this user or root, "
+                    + "and others must not be able to replace its entries)")
+        }
+    }
+
+    /// Makes the socket file at `path` mode 0666 and returns its identity, or nil (errno set)
+    /// when what is there is not a socket file this process made: the file is opened
+    /// `O_PATH | O_NOFOLLOW` (a symbolic link is opened as itself, and refused), must be a
+    /// socket owned by this user with one link (a hard link to someone else's socket is
+    /// refused), and is changed through the descriptor's /proc link, which reaches exactly this
+    /// inode. (fchmod on an O_PATH descriptor is refused, and glibc's fchmodat cannot refuse
+    /// links on this system; without /proc the socket is not opened to everyone, and start-up
+    /// says so.)
+    static func openToEveryone(_ path: String) -> FileIdentity? {
         let node = kioskauth_open_node(path)
         guard node >= 0 else { return nil }
         defer { close(node) }
         var status = stat()
-        guard fstat(node, &status) == 0, status.st_mode & S_IFMT == S_IFSOCK else {
-            errno = ENOTSOCK
+        guard fstat(node, &status) == 0, status.st_mode & S_IFMT == S_IFSOCK, status.st_nlink == 1,
+            status.st_uid == geteuid()
+        else {
+            errno = EPERM
             return nil
         }
-        // chmod through the descriptor's /proc link reaches exactly this inode (fchmod on an
-        // O_PATH descriptor is refused, and fchmodat cannot refuse links on this kernel's glibc).
-        // Without /proc, the path is changed once more checked to name this very inode.
-        if chmod("/proc/self/fd/\(node)", 0o666) != 0 {
-            var current = stat()
-            guard errno == ENOENT, lstat(path, &current) == 0, current.st_dev == status.st_dev,
-                current.st_ino == status.st_ino, current.st_mode & S_IFMT == S_IFSOCK, chmod(path, 0o666) == 0
-            else { return nil }
-        }
-        guard fstat(node, &status) == 0 else { return nil }
-        return FileIdentity(
-            device: UInt64(status.st_dev), inode: UInt64(status.st_ino), changed: Int64(status.st_ctim.tv_sec),
-            changedNanoseconds: Int64(status.st_ctim.tv_nsec))
+        guard chmod("/proc/self/fd/\(node)", 0o666) == 0, fstat(node, &status) == 0 else { return nil }
+        return FileIdentity(status)
     }
 
     struct ListenError: Error, CustomStringConvertible {
@@ -255,15 +276,27 @@ public final class VarlinkListener: Sendable {
         public var description: String { "\(path) is served by another process (is kioskauthd already running?)" }
     }
 
-    /// Whether a process accepts connections on the Unix socket at `path`: a connect succeeds,
-    /// or fails only because its backlog is full.
-    static func isServed(_ path: String) -> Bool {
+    /// What connecting to the socket file at `path` says about it.
+    enum Probe: Equatable {
+        /// A process accepts on it (the connect succeeded, or its backlog is full).
+        case served
+        /// Nobody listens: a leftover (ECONNREFUSED).
+        case stale
+        /// Anything else (another kind of socket, no permission): not ours to remove.
+        case unknown(Int32)
+    }
+
+    static func probe(_ path: String) -> Probe {
         let fd = socket(
             AF_UNIX, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue) | Int32(SOCK_NONBLOCK.rawValue), 0)
-        guard fd >= 0 else { return false }
+        guard fd >= 0 else { return .unknown(errno) }
         defer { close(fd) }
-        let result = withSocketAddress(path) { address, length in connect(fd, address, length) }
-        return result == 0 || errno == EAGAIN
+        if withSocketAddress(path, { address, length in connect(fd, address, length) }) == 0 { return .served }
+        switch errno {
+        case EAGAIN: return .served
+        case ECONNREFUSED: return .stale
+        case let error: return .unknown(error)
+        }
     }
 
     /// What tells our socket file from one bound later at the same path: its device, inode and
@@ -273,14 +306,24 @@ public final class VarlinkListener: Sendable {
         var inode: UInt64
         var changed: Int64
         var changedNanoseconds: Int64
+
+        init(_ status: stat) {
+            device = UInt64(status.st_dev)
+            inode = UInt64(status.st_ino)
+            changed = Int64(status.st_ctim.tv_sec)
+            changedNanoseconds = Int64(status.st_ctim.tv_nsec)
+        }
+
+        /// The same file, whatever happened to its mode since.
+        func sameFile(as other: FileIdentity?) -> Bool {
+            other.map { device == $0.device && inode == $0.inode } ?? false
+        }
     }
 
     static func identity(of path: String) -> FileIdentity? {
         var status = stat()
         guard lstat(path, &status) == 0 else { return nil }
-        return FileIdentity(
-            device: UInt64(status.st_dev), inode: UInt64(status.st_ino), changed: Int64(status.st_ctim.tv_sec),
-            changedNanoseconds: Int64(status.st_ctim.tv_nsec))
+        return FileIdentity(status)
     }
 
     /// The socket file this listener bound (as it was once opened to everyone), while it is there.
@@ -313,8 +356,8 @@ public final class VarlinkListener: Sendable {
     public func abandon() async {
         guard !served.withLock({ $0 }) else { return }
         attached.fail(NotServed())
+        removePath()  // while the socket is still ours and open, so nobody can have replaced it
         try? await channel.channel.close()
-        removePath()
     }
 }
 
@@ -438,6 +481,8 @@ public final class VarlinkServer: Service, Sendable {
             }
         } onGracefulShutdown: {
             self.logger.info("shutting down: no new connections; finishing calls in progress")
+            // The file first, while the socket still listens and so cannot have been replaced.
+            self.listener.removePath()
             server.channel.close(promise: nil)
             registry.drain()
         }

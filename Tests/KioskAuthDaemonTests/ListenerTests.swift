@@ -1,0 +1,107 @@
+import Foundation
+import Testing
+
+@testable import KioskAuthDaemon
+
+#if canImport(Glibc)
+    import Glibc
+#endif
+
+/// How the daemon makes its socket file (`VarlinkListener`): what it refuses to touch, and that
+/// it never changes a file it did not make (docs/design.md, start-up).
+@Suite("socket file")
+struct ListenerTests {
+    /// A fresh directory, mode 0755, removed at the end.
+    private func withDirectory(_ body: (String) throws -> Void) throws {
+        let path = FileManager.default.temporaryDirectory.appendingPathComponent("listener-\(UUID().uuidString)").path
+        try FileManager.default.createDirectory(atPath: path, withIntermediateDirectories: false)
+        chmod(path, 0o755)
+        defer { try? FileManager.default.removeItem(atPath: path) }
+        try body(path)
+    }
+
+    /// A socket file at `path` (mode from the umask, as any program's), listening or not; the
+    /// descriptor stays open until the caller closes it.
+    private func socketFile(at path: String, listening: Bool) -> Int32 {
+        let fd = socket(AF_UNIX, Int32(SOCK_STREAM.rawValue), 0)
+        var address = sockaddr_un()
+        address.sun_family = sa_family_t(AF_UNIX)
+        withUnsafeMutableBytes(of: &address.sun_path) { raw in
+            let bytes = Array(path.utf8)
+            raw.copyBytes(from: bytes)
+            raw[bytes.count] = 0
+        }
+        let bound = withUnsafePointer(to: &address) {
+            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) {
+                bind(fd, $0, socklen_t(MemoryLayout<sockaddr_un>.size))
+            }
+        }
+        #expect(bound == 0)
+        chmod(path, 0o600)
+        if listening { #expect(listen(fd, 4) == 0) }
+        return fd
+    }
+
+    private func mode(_ path: String) -> mode_t {
+        var status = stat()
+        #expect(lstat(path, &status) == 0)
+        return status.st_mode & 0o7777
+    }
+
+    @Test func itsOwnSocket_isOpenedToEveryone_andListens() throws {
+        try withDirectory { directory in
+            let path = directory + "/io.kioskauth"
+            let (fd, identity) = try VarlinkListener.listeningSocket(at: path)
+            defer { close(fd) }
+            #expect(mode(path) == 0o666)
+            #expect(VarlinkListener.identity(of: path) == identity)
+            #expect(VarlinkListener.probe(path) == .served)
+        }
+    }
+
+    @Test func aSymbolicLinkOrAHardLink_isNeverChanged() throws {
+        try withDirectory { directory in
+            let target = directory + "/someone-elses.sock"
+            let fd = socketFile(at: target, listening: true)
+            defer { close(fd) }
+            let link = directory + "/symlink"
+            #expect(symlink(target, link) == 0)
+            #expect(VarlinkListener.openToEveryone(link) == nil)
+            let hard = directory + "/hardlink"
+            #expect(Glibc.link(target, hard) == 0)
+            #expect(VarlinkListener.openToEveryone(hard) == nil)
+            #expect(mode(target) == 0o600)
+        }
+    }
+
+    @Test func aServedSocket_isRefused_aStaleOne_replaced_anythingElse_refused() throws {
+        try withDirectory { directory in
+            let path = directory + "/io.kioskauth"
+            let served = socketFile(at: path, listening: true)
+            #expect(throws: VarlinkListener.AlreadyServed.self) { try VarlinkListener.listeningSocket(at: path) }
+            #expect(mode(path) == 0o600)  // left as it was
+            close(served)
+            // Its listener gone, the file is a leftover: replaced.
+            #expect(VarlinkListener.probe(path) == .stale)
+            let (fd, _) = try VarlinkListener.listeningSocket(at: path)
+            close(fd)
+            unlink(path)
+            // A file that is not a socket is nobody's leftover.
+            #expect(FileManager.default.createFile(atPath: path, contents: Data("x".utf8)))
+            #expect(throws: VarlinkListener.ListenError.self) { try VarlinkListener.listeningSocket(at: path) }
+            #expect(FileManager.default.contents(atPath: path) == Data("x".utf8))
+        }
+    }
+
+    @Test func aDirectoryOthersCanChange_isRefused_unlessSticky() throws {
+        try withDirectory { directory in
+            let path = directory + "/io.kioskauth"
+            chmod(directory, 0o777)
+            #expect(throws: VarlinkListener.ListenError.self) { try VarlinkListener.listeningSocket(at: path) }
+            #expect(access(path, F_OK) != 0)
+            chmod(directory, 0o1777)
+            let (fd, _) = try VarlinkListener.listeningSocket(at: path)
+            close(fd)
+        }
+    }
+}
