@@ -197,11 +197,19 @@ public final class VarlinkListener: Sendable {
             throw ListenError("bind \(path): \(reason)")
         }
         let made = identity(of: path)
-        guard listen(fd, 128) == 0, let opened = openToEveryone(path), opened.sameFile(as: made) else {
+        func fail(_ what: String) -> ListenError {
             let reason = String(cString: strerror(errno))
             close(fd)
             if let made, identity(of: path)?.sameFile(as: made) == true { unlink(path) }
-            throw ListenError("listen \(path): \(reason)")
+            return ListenError("\(what): \(reason)")
+        }
+        guard listen(fd, 128) == 0 else { throw fail("listen \(path)") }
+        guard let opened = openToEveryone(path) else {
+            throw fail("cannot make \(path) mode 0666 without following a link (is /proc mounted?)")
+        }
+        guard opened.sameFile(as: made) else {
+            errno = EPERM
+            throw fail("\(path) was replaced while it was bound")
         }
         return (fd, opened)
     }
