@@ -11,6 +11,7 @@ store not yet opened, so these tests can connect inside that window every time:
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import socket
@@ -39,13 +40,8 @@ def read_reply(client: socket.socket) -> bytes:
     return data
 
 
-def held_daemon(**kwargs) -> Daemon:
-    daemon = Daemon(config=FAST_HASH_CONFIG, env={"KIOSKAUTH_TEST_START_DELAY": str(HOLD)}, **kwargs)
-    return daemon
-
-
 def test_a_call_made_before_ready_is_answered_once_the_daemon_is_ready():
-    daemon = held_daemon()
+    daemon = Daemon(config=FAST_HASH_CONFIG, env={"KIOSKAUTH_TEST_START_DELAY": str(HOLD)})
     try:
         daemon.start(expect_ready=False)
         wait_for_path(daemon.socket)
@@ -103,13 +99,23 @@ def test_a_start_refused_after_the_bind_closes_waiting_calls_and_leaves_no_socke
         first.close()
 
 
-def test_a_second_daemon_leaves_the_socket_of_the_one_serving_it_alone():
+@contextlib.contextmanager
+def two_daemons_on_one_path():
+    """A running daemon, and a second one (not started) with the same runtime directory, so the
+    same socket path, but a store of its own: only the socket is at stake between them."""
     first = Daemon(config=FAST_HASH_CONFIG).start()
     second = Daemon(config=FAST_HASH_CONFIG)
+    second.runtime = first.runtime
     try:
+        yield first, second
+    finally:
+        second.close()
+        first.close()
+
+
+def test_a_second_daemon_leaves_the_socket_of_the_one_serving_it_alone():
+    with two_daemons_on_one_path() as (first, second):
         before = os.stat(first.socket)
-        # Same socket path, a store of its own (so the store opens and only the socket is at stake).
-        second.runtime = first.runtime
         second.start(expect_ready=False)
         assert second.wait_exit() != 0, second.log_text()
         assert "is served by another process" in second.log_text(), second.log_text()
@@ -124,9 +130,6 @@ def test_a_second_daemon_leaves_the_socket_of_the_one_serving_it_alone():
             stale.bind(first.socket)  # bound, never listening: a crashed daemon's leftover
         first.start()
         assert "error" not in first.call("io.kioskauth.GetStatus"), first.log_text()
-    finally:
-        second.close()
-        first.close()
 
 
 def test_the_store_files_are_private_in_an_open_state_directory():
@@ -149,12 +152,9 @@ def test_the_store_files_are_private_in_an_open_state_directory():
 
 
 def test_a_daemon_that_stops_removes_its_own_socket_file_only():
-    first = Daemon(config=FAST_HASH_CONFIG).start()
-    second = Daemon(config=FAST_HASH_CONFIG)
-    try:
+    with two_daemons_on_one_path() as (first, second):
         # Someone removed the first daemon's socket file, and a second daemon bound the path.
         os.unlink(first.socket)
-        second.runtime = first.runtime
         second.start()
         assert first.stop() == 0
         # The first one's exit leaves the second one's socket alone.
@@ -162,6 +162,4 @@ def test_a_daemon_that_stops_removes_its_own_socket_file_only():
         assert "error" not in second.call("io.kioskauth.GetStatus"), second.log_text()
         assert second.stop() == 0
         assert not os.path.exists(second.socket)
-    finally:
-        second.close()
-        first.close()
+

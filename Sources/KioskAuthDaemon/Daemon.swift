@@ -299,7 +299,7 @@ public enum Daemon {
         let onlineServices = OnlineServices(clock: clock, provider: provider, auditDelivery: auditMonitor)
         let authority = Authority(
             store: store, configuration: configuration, groups: groups, hashingPool: hashingPool,
-            isSocketActivated: { if case .inherited = listener.target { true } else { false } }(),
+            isSocketActivated: listener.isInherited,
             usesDevelopmentKey: { if case .developmentKeyFile = source { true } else { false } }(),
             reader: reader, logger: logger, services: onlineServices,
             credentialsDirectory: paths.credentialsDirectory, now: { clock.now() })

@@ -106,11 +106,17 @@ public final class VarlinkListener: Sendable {
 
     private init(
         target: ListenTarget, channel: NIOAsyncChannel<VarlinkServer.Connection, Never>,
-        attached: EventLoopPromise<VarlinkServer>
+        attached: EventLoopPromise<VarlinkServer>, bound: FileIdentity?
     ) {
         self.target = target
         self.channel = channel
         self.attached = attached
+        self.bound = Mutex(bound)
+    }
+
+    /// Whether the socket was passed by the service manager.
+    var isInherited: Bool {
+        if case .inherited = target { true } else { false }
     }
 
     /// The server was not started: no connection was ever set up.
@@ -162,9 +168,7 @@ public final class VarlinkListener: Sendable {
             attached.fail(NotServed())
             throw error
         }
-        let listener = VarlinkListener(target: target, channel: channel, attached: attached)
-        listener.bound.withLock { $0 = bound }
-        return listener
+        return VarlinkListener(target: target, channel: channel, attached: attached, bound: bound)
     }
 
     /// A listening Unix socket at `path`, and its file's identity.
@@ -191,7 +195,7 @@ public final class VarlinkListener: Sendable {
         }
         let fd = socket(AF_UNIX, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0)
         guard fd >= 0 else { throw ListenError("socket: \(String(cString: strerror(errno)))") }
-        guard withSocketAddress(path, { address, length in Glibc.bind(fd, address, length) }) == 0 else {
+        guard UnixSocketAddress.with(path, { Glibc.bind(fd, $0, $1) }) == 0 else {
             let reason = String(cString: strerror(errno))
             close(fd)
             throw ListenError("bind \(path): \(reason)")
@@ -258,26 +262,6 @@ public final class VarlinkListener: Sendable {
         init(_ description: String) { self.description = description }
     }
 
-    /// Calls `body` with `path` as a `sockaddr_un` (nil result: the path is too long).
-    private static func withSocketAddress(
-        _ path: String, _ body: (UnsafePointer<sockaddr>, socklen_t) -> Int32
-    ) -> Int32 {
-        var address = sockaddr_un()
-        address.sun_family = sa_family_t(AF_UNIX)
-        let bytes = Array(path.utf8)
-        guard bytes.count < MemoryLayout.size(ofValue: address.sun_path) else {
-            errno = ENAMETOOLONG
-            return -1
-        }
-        withUnsafeMutableBytes(of: &address.sun_path) { raw in
-            raw.copyBytes(from: bytes)
-            raw[bytes.count] = 0
-        }
-        return withUnsafePointer(to: &address) {
-            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { body($0, socklen_t(MemoryLayout<sockaddr_un>.size)) }
-        }
-    }
-
     /// Another process accepts on the socket file at `path`.
     public struct AlreadyServed: Error, CustomStringConvertible {
         public var path: String
@@ -299,7 +283,7 @@ public final class VarlinkListener: Sendable {
             AF_UNIX, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue) | Int32(SOCK_NONBLOCK.rawValue), 0)
         guard fd >= 0 else { return .unknown(errno) }
         defer { close(fd) }
-        if withSocketAddress(path, { address, length in connect(fd, address, length) }) == 0 { return .served }
+        if UnixSocketAddress.with(path, { connect(fd, $0, $1) }) == 0 { return .served }
         switch errno {
         case EAGAIN: return .served
         case ECONNREFUSED: return .stale
@@ -335,7 +319,7 @@ public final class VarlinkListener: Sendable {
     }
 
     /// The socket file this listener bound (as it was once opened to everyone), while it is there.
-    private let bound = Mutex<FileIdentity?>(nil)
+    private let bound: Mutex<FileIdentity?>
 
     /// Removes the socket file this listener bound, and only that one: never an inherited
     /// socket, nor a file another process bound at the same path since. Idempotent.
@@ -388,10 +372,27 @@ public final class VarlinkServer: Service, Sendable {
     /// How long calls in progress may run after shutdown begins before they are cancelled.
     public static let drainTimeout: Duration = .seconds(10)
 
+    /// What every connection's handlers get, worked out once from the configuration.
+    private struct ConnectionLimits {
+        var maximumSize: Int
+        var idleTimeout: TimeAmount
+        var writeTimeout: TimeAmount
+        /// The `IdleTimeout` error, encoded.
+        var idleReply: [UInt8]
+    }
+    private let connectionLimits: ConnectionLimits
+
     public init(
         listener: VarlinkListener, authority: Authority, configuration: DaemonConfiguration.Socket, logger: Logger,
         onListening: @escaping @Sendable () -> Void
     ) {
+        self.connectionLimits = ConnectionLimits(
+            maximumSize: min(configuration.maxMessageSize, VarlinkLimits.maximumMessageSize),
+            idleTimeout: .milliseconds(Int64(configuration.idleTimeout * 1000)),
+            // A reply nobody reads counts as idle: the connection closes once its output has
+            // been stuck over the high-water mark for the write timeout or the idle timeout.
+            writeTimeout: .milliseconds(Int64(min(configuration.writeTimeout, configuration.idleTimeout) * 1000)),
+            idleReply: Self.encode(APIError.idleTimeout(Int(configuration.idleTimeout))))
         self.listener = listener
         self.authority = authority
         self.dispatcher = Dispatcher(authority: authority)
@@ -432,22 +433,18 @@ public final class VarlinkServer: Service, Sendable {
 
     /// Sets up an accepted connection: its caller, its admission and its handlers.
     func setUp(_ channel: any Channel) -> EventLoopFuture<Connection> {
-        let maximumSize = min(configuration.maxMessageSize, VarlinkLimits.maximumMessageSize)
-        let idleReply = Self.encode(APIError.idleTimeout(Int(configuration.idleTimeout)))
-        let idleTimeout = TimeAmount.milliseconds(Int64(configuration.idleTimeout * 1000))
-        // A reply nobody reads counts as idle: the connection closes once its output has been
-        // stuck over the high-water mark for the write timeout or the idle timeout.
-        let writeTimeout = TimeAmount.milliseconds(
-            Int64(min(configuration.writeTimeout, configuration.idleTimeout) * 1000))
+        let limits = connectionLimits
         return Self.peerCredentials(of: channel).flatMapThrowing { caller in
             let admission: ConnectionRegistry.Admission =
                 caller.map {
                     self.registry.admit(uid: $0.uid, privileged: self.authority.isPrivileged($0), channel: channel)
                 } ?? .rejected(limit: 0)
             try channel.pipeline.syncOperations.addHandler(
-                ByteToMessageHandler(NULFrameDecoder(maximumSize: maximumSize)))
+                ByteToMessageHandler(NULFrameDecoder(maximumSize: limits.maximumSize)))
             try channel.pipeline.syncOperations.addHandler(
-                IdleGuard(timeout: idleTimeout, writeTimeout: writeTimeout, timeoutReply: ByteBuffer(bytes: idleReply)))
+                IdleGuard(
+                    timeout: limits.idleTimeout, writeTimeout: limits.writeTimeout,
+                    timeoutReply: ByteBuffer(bytes: limits.idleReply)))
             var identified = caller
             if case .admitted(let id) = admission, let caller {
                 identified?.connectionID = id

@@ -48,21 +48,10 @@ public final class VarlinkClient {
             throw VarlinkClientError(
                 name: VarlinkClientError.unreachable, parameters: .string(String(cString: strerror(errno))))
         }
-        var address = sockaddr_un()
-        address.sun_family = sa_family_t(AF_UNIX)
-        let pathBytes = Array(path.utf8)
-        guard pathBytes.count < MemoryLayout.size(ofValue: address.sun_path) else {
+        guard let result = UnixSocketAddress.with(path, { connect(fd, $0, $1) }) else {
             close(fd)
             throw VarlinkClientError(
                 name: VarlinkClientError.unreachable, parameters: .string("socket path too long: \(path)"))
-        }
-        withUnsafeMutableBytes(of: &address.sun_path) { raw in
-            raw.copyBytes(from: pathBytes)
-        }
-        let result = withUnsafePointer(to: &address) {
-            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) {
-                connect(fd, $0, socklen_t(MemoryLayout<sockaddr_un>.size))
-            }
         }
         guard result == 0 else {
             let reason = String(cString: strerror(errno))

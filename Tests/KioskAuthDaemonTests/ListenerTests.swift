@@ -1,4 +1,5 @@
 import Foundation
+import KioskAuthProtocol
 import Testing
 
 @testable import KioskAuthDaemon
@@ -24,19 +25,7 @@ struct ListenerTests {
     /// descriptor stays open until the caller closes it.
     private func socketFile(at path: String, listening: Bool) -> Int32 {
         let fd = socket(AF_UNIX, Int32(SOCK_STREAM.rawValue), 0)
-        var address = sockaddr_un()
-        address.sun_family = sa_family_t(AF_UNIX)
-        withUnsafeMutableBytes(of: &address.sun_path) { raw in
-            let bytes = Array(path.utf8)
-            raw.copyBytes(from: bytes)
-            raw[bytes.count] = 0
-        }
-        let bound = withUnsafePointer(to: &address) {
-            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) {
-                bind(fd, $0, socklen_t(MemoryLayout<sockaddr_un>.size))
-            }
-        }
-        #expect(bound == 0)
+        #expect(UnixSocketAddress.with(path, { bind(fd, $0, $1) }) == 0)
         chmod(path, 0o600)
         if listening { #expect(listen(fd, 4) == 0) }
         return fd
