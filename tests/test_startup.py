@@ -163,3 +163,20 @@ def test_a_daemon_that_stops_removes_its_own_socket_file_only():
         assert second.stop() == 0
         assert not os.path.exists(second.socket)
 
+
+def test_a_runtime_directory_others_can_change_is_refused():
+    # Whoever can replace entries in the socket's directory could swap the socket for a link:
+    # a directory another (unprivileged) user owns, or one its group may write to without the
+    # sticky bit, is refused before anything is bound in it.
+    for owner, mode in ((65534, 0o755), (0, 0o775)):
+        daemon = Daemon(config=FAST_HASH_CONFIG)
+        try:
+            daemon.runtime.mkdir(parents=True, exist_ok=True)
+            os.chown(daemon.runtime, owner, 0)
+            daemon.runtime.chmod(mode)
+            daemon.start(expect_ready=False)
+            assert daemon.wait_exit() != 0, daemon.log_text()
+            assert "is not a safe directory for the socket" in daemon.log_text(), daemon.log_text()
+            assert not os.path.exists(daemon.socket)
+        finally:
+            daemon.close()
