@@ -228,6 +228,9 @@ public enum Daemon {
         } catch {
             throw startupError(error, database: paths.database)
         }
+        // Nothing is served before READY=1, so nothing written on the way there waits for an
+        // fsync of its own (Store.holdSyncsUntilServing; `serve` ends it before READY=1).
+        store.holdSyncsUntilServing()
         #if DEBUG
             // Test-only: audit appends of these actions fail (debug builds; see Store.failingAuditActions).
             if let actions = ProcessInfo.processInfo.environment["KIOSKAUTH_TEST_FAILING_AUDIT"], !actions.isEmpty {
@@ -312,6 +315,7 @@ public enum Daemon {
         timeline.mark("audit")
         await authority.reconcileSensor()
         await authority.startOnline()
+        store.serving()
         timeline.mark("online")
         let startup = timeline
 

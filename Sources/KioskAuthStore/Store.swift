@@ -581,10 +581,39 @@ public final class Store: @unchecked Sendable {
     /// transaction (on the thread holding the lock), it runs as a savepoint of that one: its
     /// writes commit or roll back with the outermost transaction, and a failure in it undoes
     /// only its own writes.
+    ///
+    /// While the daemon starts (`holdSyncsUntilServing`), the commit is made as
+    /// `deferredSyncTransaction` makes one.
     @discardableResult
     func transaction<T>(_ body: (SQLiteConnection) throws -> T) throws(StoreError) -> T {
-        try runTransaction(synchronous: true, body)
+        if try locked({ syncsHeldUntilServing && transactionDepth == 0 }), walSync.available() {
+            return try runTransaction(synchronous: false, body)
+        }
+        return try runTransaction(synchronous: true, body)
     }
+
+    /// From now until `serving()`, no commit waits for `fsync`: each is written to the WAL and
+    /// synced by `WALSync` right after, off the caller's path, its audit head anchored once that
+    /// sync is done.
+    ///
+    /// For the writes a daemon makes on its way to serving (its start in the audit trail, the
+    /// offline window and the steady clock observed at start, reconciling the reader), which
+    /// otherwise each waited for a sync of their own before READY=1. Losing them in a power cut
+    /// is the same as a power cut just before the start: nothing has been served on the strength
+    /// of them, and WAL frames become durable in order, so the first durable commit after
+    /// serving (any authentication's) makes every one of them durable first. A store closed
+    /// before serving syncs them at `close()`.
+    public func holdSyncsUntilServing() {
+        lock.withLock { syncsHeldUntilServing = true }
+    }
+
+    /// Ends `holdSyncsUntilServing`: commits are durable again before they return.
+    public func serving() {
+        lock.withLock { syncsHeldUntilServing = false }
+    }
+
+    /// Guarded by the store's lock.
+    private var syncsHeldUntilServing = false
 
     private func runTransaction<T>(synchronous: Bool, _ body: (SQLiteConnection) throws -> T) throws(StoreError) -> T {
         let (result, head, checkpoint) = try locked { () throws -> (T, AuditHeadMark?, Bool) in
