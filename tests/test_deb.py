@@ -157,6 +157,12 @@ def test_packages_dependOnlyOnDebianLibraries(packages):
         sizes = {tag: int(size) for tag, size in re.findall(r"\((RELA|RELR)SZ\)\s+(\d+)", dynamic)}
         assert 0 < sizes.get("RELR", 0) and sizes.get("RELA", 0) < 256 * 1024, (program, sizes)
         assert "GLIBC_ABI_DT_RELR" in run(["readelf", "-V", scratch / program]).stdout
+        # Constants are read-only: Swift's few writable sections named .rodata are linked apart
+        # (debian/kioskauth-rodata.ld); linked with the rest they made all of .rodata writable.
+        segments = load_segments(scratch / program)
+        holding = [flags for flags, sections in segments if ".rodata" in sections]
+        assert holding == ["R"], (program, segments)
+        assert all(".rodata" not in sections for flags, sections in segments if "W" in flags), segments
         # Stripped, but a crash trace still names the functions: MiniDebugInfo, the function
         # symbols xz-compressed in .gnu_debugdata (what gdb and systemd-coredump read).
         main = f"{Path(program).name}_main"
@@ -170,6 +176,19 @@ def test_packages_dependOnlyOnDebianLibraries(packages):
         assert any("KioskAuthProtocol" in line for line in functions)
         if program.endswith("kioskauthd"):
             assert_hot_text_first(scratch / program, functions)
+
+
+def load_segments(binary: Path) -> list[tuple[str, list[str]]]:
+    """The loadable segments of `binary`: their flags ("R", "RE", "RW") and the sections in each."""
+    out = run(["readelf", "-l", "-W", binary]).stdout
+    table, mapping = out.split("Program Headers:", 1)[1].split("Section to Segment mapping:", 1)
+    # Type Offset VirtAddr PhysAddr FileSiz MemSiz Flg Align; "R E" is two words.
+    headers = [line.split() for line in table.splitlines()
+               if re.match(r"^\s+[A-Z][A-Z_]*\s+0x", line)]
+    sections = dict((int(m.group(1)), m.group(2).split())
+                    for m in re.finditer(r"^\s+(\d+)\s+(.*)$", mapping, re.M))
+    return [("".join(fields[6:-1]), sections.get(index, []))
+            for index, fields in enumerate(headers) if fields[0] == "LOAD"]
 
 
 def assert_hot_text_first(binary: Path, functions: list[str]) -> None:
