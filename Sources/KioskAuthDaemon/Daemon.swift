@@ -307,6 +307,10 @@ public enum Daemon {
             reader: reader, logger: logger, services: onlineServices,
             credentialsDirectory: paths.credentialsDirectory, now: { clock.now() })
         timeline.mark("authority")
+        // The method table (generic metadata for every method's input and reply types, about
+        // half a millisecond) is built on another thread while the authority records the start
+        // and restores its state.
+        let dispatching = Task { Dispatcher(authority: authority) }
         // Not worth an fsync on the way to READY=1: a power cut in the next moments loses at most
         // this record, and the chain stays valid (it is synced, then anchored, in the background).
         await authority.audit(
@@ -321,7 +325,8 @@ public enum Daemon {
 
         let (serving, servingContinuation) = AsyncStream<Void>.makeStream()
         let server = VarlinkServer(
-            listener: listener, authority: authority, configuration: configuration.socket, logger: logger
+            listener: listener, authority: authority, dispatcher: await dispatching.value,
+            configuration: configuration.socket, logger: logger
         ) {
             notifier.notify("READY=1\nSTATUS=Serving")
             var startup = startup

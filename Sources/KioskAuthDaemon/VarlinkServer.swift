@@ -382,9 +382,11 @@ public final class VarlinkServer: Service, Sendable {
     }
     private let connectionLimits: ConnectionLimits
 
-    public init(
-        listener: VarlinkListener, authority: Authority, configuration: DaemonConfiguration.Socket, logger: Logger,
-        onListening: @escaping @Sendable () -> Void
+    /// `dispatcher` routes to `authority`; start-up builds it while the authority restores its
+    /// state.
+    init(
+        listener: VarlinkListener, authority: Authority, dispatcher: Dispatcher,
+        configuration: DaemonConfiguration.Socket, logger: Logger, onListening: @escaping @Sendable () -> Void
     ) {
         self.connectionLimits = ConnectionLimits(
             maximumSize: min(configuration.maxMessageSize, VarlinkLimits.maximumMessageSize),
@@ -395,7 +397,7 @@ public final class VarlinkServer: Service, Sendable {
             idleReply: Self.encode(APIError.idleTimeout(Int(configuration.idleTimeout))))
         self.listener = listener
         self.authority = authority
-        self.dispatcher = Dispatcher(authority: authority)
+        self.dispatcher = dispatcher
         self.metrics = authority.services.metrics
         self.configuration = configuration
         self.logger = logger
