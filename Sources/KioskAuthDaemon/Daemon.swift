@@ -551,8 +551,9 @@ struct AuditVerificationService: Service {
     static func verify(_ store: Store) async -> Result<AuditChainVerification, StoreError> {
         await withCheckedContinuation { continuation in
             startThread(name: "audit-verify") {
-                continuation.resume(
-                    returning: Result { () throws(StoreError) in try store.verifyAudit(trustedHead: nil) })
+                let result = Result { () throws(StoreError) in try store.verifyAudit(trustedHead: nil) }
+                MemoryBounds.releaseFreeMemory()  // what the pass over the trail freed
+                continuation.resume(returning: result)
             }
         }
     }
@@ -579,7 +580,9 @@ struct StoreSweepService: Service {
             (continuation: CheckedContinuation<Result<Int, StoreError>, Never>) in
             // Synchronous work that must not hold a thread of the cooperative pool.
             startThread(name: "store-sweep") {
-                continuation.resume(returning: Result { () throws(StoreError) in try store.verifyRows() })
+                let result = Result { () throws(StoreError) in try store.verifyRows() }
+                MemoryBounds.releaseFreeMemory()  // what the pass over every row freed
+                continuation.resume(returning: result)
             }
         }
         switch result {

@@ -23,6 +23,11 @@ enum MemoryBounds {
         kioskauth_bound_allocator(arenas, threshold)
     }
 
+    /// Hands the allocator's free memory back to the kernel now (`malloc_trim`).
+    static func releaseFreeMemory() {
+        kioskauth_release_free_memory()
+    }
+
     /// Hands the memory a burst of calls freed back to the kernel: half a second after a
     /// connection closes, one `malloc_trim` for every connection that closed meanwhile. Under a
     /// steady stream of connections that is two trims a second (well under a millisecond each
@@ -39,7 +44,7 @@ enum MemoryBounds {
             guard first else { return }
             eventLoop.scheduleTask(in: Self.delay) {
                 self.scheduled.withLock { $0 = false }
-                kioskauth_release_free_memory()
+                releaseFreeMemory()
             }
         }
     }

@@ -232,6 +232,7 @@ extension Store {
     public func verifyAudit(
         trustedHead: AuditHeadMark?, chunkSize: Int = 2048
     ) throws(StoreError) -> AuditChainVerification {
+        defer { releaseCacheMemory() }  // it read the whole trail through the page cache
         let genesis = self.genesis
         let anchorReading = anchor.read()
         var anchored: AuditHeadMark?
@@ -507,6 +508,19 @@ extension Store {
                 checked += 1
             }
         }
+        releaseCacheMemory()
         return checked
     }
+
+    /// Gives back the memory of the pages a pass over every row left in SQLite's page cache (up
+    /// to 2 MiB, SQLite's default, held for the life of the connection); the pages calls use are
+    /// read again as they are used, from the kernel's page cache. Called after the sweep and
+    /// after verifying the whole audit chain. The allocator keeps the freed memory until it is
+    /// trimmed (`MemoryBounds`).
+    public func releaseCacheMemory() {
+        try? locked { connection.releaseMemory() }
+    }
+
+    /// The heap memory SQLite's page cache holds now (for tests).
+    var pageCacheBytes: Int { (try? locked { connection.pageCacheBytes }) ?? 0 }
 }

@@ -93,6 +93,20 @@ final class SQLiteConnection {
 
     deinit { close() }
 
+    /// Frees the page cache's unused pages (`sqlite3_db_release_memory`).
+    func releaseMemory() {
+        if let handle { _ = sqlite3_db_release_memory(handle) }
+    }
+
+    /// The heap memory the page cache holds (`SQLITE_DBSTATUS_CACHE_USED`).
+    var pageCacheBytes: Int {
+        var current: Int32 = 0
+        var highest: Int32 = 0
+        guard let handle, sqlite3_db_status(handle, SQLITE_DBSTATUS_CACHE_USED, &current, &highest, 0) == SQLITE_OK
+        else { return 0 }
+        return Int(current)
+    }
+
     /// Closes the connection; later calls fail.
     func close() {
         for statement in statements.values { sqlite3_finalize(statement) }
