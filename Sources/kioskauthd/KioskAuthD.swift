@@ -1,3 +1,4 @@
+import Dispatch
 import FoundationEssentials
 import KioskAuthDaemon
 import KioskAuthProtocol
@@ -10,7 +11,11 @@ import Logging
 /// kioskauthd: the fingerprint and passcode authentication daemon for shared terminals.
 @main
 enum KioskAuthD {
-    static func main() async {
+    /// Not `async`: an async `main` hands the main thread to `dispatch_main`, which ends it with
+    /// `pthread_exit`, and that unwinds the main thread's stack through the unwind tables: a
+    /// megabyte of `.eh_frame_hdr` and `.eh_frame` became resident for it, in every daemon, at
+    /// every start. The main thread waits for the daemon here instead.
+    static func main() {
         let options: DaemonCommandLine
         do {
             switch try DaemonCommandLine.parse(Array(CommandLine.arguments.dropFirst())) {
@@ -26,7 +31,12 @@ enum KioskAuthD {
         } catch {
             fail(DaemonCommandLine.usageMessage(error), status: 64)  // EX_USAGE
         }
-        await run(options)
+        let finished = DispatchSemaphore(value: 0)
+        Task.detached {
+            await run(options)
+            finished.signal()
+        }
+        finished.wait()
     }
 
     static func run(_ options: DaemonCommandLine) async {
