@@ -109,6 +109,16 @@ def assert_audit_mirrored(fleet, terminal, must_include: set[int] = frozenset())
     return len(sequences)
 
 
+def nora_history(fleet, terminal) -> dict:
+    """What `terminal` recorded about nora (its audit entries) and the directory's changes of her
+    lockout row, oldest first: for a failure's message."""
+    events = [f"{e.get('sequence')} {e.get('action')} {e.get('result')} {e.get('detail', '')}"
+              for e in terminal.audit() if e.get("person") == "nora"]
+    feed = fleet.postgres.fleet(
+        "SELECT change_id, body::text FROM changes WHERE entity = 'person_lockout' ORDER BY change_id")
+    return {"audit": events[-30:], "lockout changes": feed[-20:], "status": terminal.status()}
+
+
 def fleet_failures(fleet, name) -> int:
     value = fleet.postgres.scalar(
         "SELECT l.fleet_failures FROM person_lockout l JOIN people p USING (person_id) "
@@ -534,7 +544,10 @@ def test_a_sum_pulled_while_a_reset_made_here_is_still_queued_does_not_count_the
     assert fleet_failures(fleet, "nora") == 0
     for terminal in (a, b):
         person = terminal.person("nora")["parameters"]["person"]
-        assert person["passcodeFailures"] == 0, (terminal.name, person)
+        # (Seen once in CI, not reproduced since: B left at 1. What each terminal applied and
+        # queued for nora, and the directory's row changes, say how.)
+        assert person["passcodeFailures"] == 0, json.dumps(
+            {"terminal": terminal.name, "person": person, **nora_history(fleet, terminal)}, indent=1)
         assert "error" not in terminal.verify_passcode("nora", PASSCODE)
 
 
