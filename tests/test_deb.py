@@ -183,10 +183,9 @@ def load_segments(binary: Path) -> list[tuple[str, list[str]]]:
     out = run(["readelf", "-l", "-W", binary]).stdout
     table, mapping = out.split("Program Headers:", 1)[1].split("Section to Segment mapping:", 1)
     # Type Offset VirtAddr PhysAddr FileSiz MemSiz Flg Align; "R E" is two words.
-    headers = [line.split() for line in table.splitlines()
-               if re.match(r"^\s+[A-Z][A-Z_]*\s+0x", line)]
+    headers = [line.split() for line in table.splitlines() if re.match(r"^[ \t]+\S+[ \t]+0x", line)]
     sections = dict((int(m.group(1)), m.group(2).split())
-                    for m in re.finditer(r"^\s+(\d+)\s+(.*)$", mapping, re.M))
+                    for m in re.finditer(r"^[ \t]+(\d+)[ \t]*(.*)$", mapping, re.M))
     return [("".join(fields[6:-1]), sections.get(index, []))
             for index, fields in enumerate(headers) if fields[0] == "LOAD"]
 

@@ -195,9 +195,16 @@ def traced_start(tmp_path: Path, daemon: Daemon) -> list[str]:
     daemon.prefix = ["strace", "-f", "-qq", "-e", "signal=none", "-o", str(out),
                      "-e", "trace=openat,fdatasync,fsync,sendto,sendmsg"]
     daemon.start()
-    lines = joined(out.read_text(errors="replace").splitlines())
-    ready = next(i for i, line in enumerate(lines) if "READY=1" in line)
-    return lines[:ready]
+    # READY=1 can arrive before strace has written the line of the call that sent it (strace
+    # writes a call's line when it returns): read again until that line is complete.
+    deadline = time.monotonic() + 20
+    while True:
+        lines = joined(out.read_text(errors="replace").splitlines())
+        ready = next((i for i, line in enumerate(lines) if "READY=1" in line and re.search(r"= \d+$", line)), None)
+        if ready is not None:
+            return lines[:ready]
+        assert time.monotonic() < deadline, "strace never wrote the call that sent READY=1"
+        time.sleep(0.05)
 
 
 def joined(lines: list[str]) -> list[str]:

@@ -317,9 +317,12 @@ public enum Daemon {
             nil, action: .daemonStart, result: .success, detail: "schema \(Store.schemaVersion)", durable: false)
         await authority.recordLegacyBindings()
         timeline.mark("audit")
-        await authority.reconcileSensor()
         await authority.startOnline()
+        // Commits are durable again from here (Store.holdSyncsUntilServing): reconciling a reader
+        // that keeps prints itself may delete some from it, which cannot be undone, so its record
+        // must not wait for the background sync.
         store.serving()
+        await authority.reconcileSensor()
         timeline.mark("online")
         let startup = timeline
 

@@ -601,8 +601,13 @@ public final class Store: @unchecked Sendable {
     /// otherwise each waited for a sync of their own before READY=1. Losing them in a power cut
     /// is the same as a power cut just before the start: nothing has been served on the strength
     /// of them, and WAL frames become durable in order, so the first durable commit after
-    /// serving (any authentication's) makes every one of them durable first. A store closed
-    /// before serving syncs them at `close()`.
+    /// serving (a failed attempt's, or any write that tightens something) makes every one of
+    /// them durable first, and the background sync does within milliseconds anyway. A store
+    /// closed before serving syncs them at `close()`. Journal lines that name the audit head
+    /// (`audit_seq`, `audit_head`) can run ahead of the disk in that moment, as they already
+    /// could for the deferred commits of successful authentications. Whatever follows an
+    /// irreversible act (deleting prints from a reader's own storage) is written after
+    /// `serving()`.
     public func holdSyncsUntilServing() {
         lock.withLock { syncsHeldUntilServing = true }
     }
