@@ -462,6 +462,7 @@ extension Store {
     /// it unchecked.
     @discardableResult
     public func verifyRows() throws(StoreError) -> Int {
+        defer { releaseCacheMemory() }  // it read every row through the page cache
         var checked = 0
         for table in Self.sweptTables {
             try locked { try quickCheck([table]) }
@@ -508,7 +509,6 @@ extension Store {
                 checked += 1
             }
         }
-        releaseCacheMemory()
         return checked
     }
 

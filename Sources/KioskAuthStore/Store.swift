@@ -586,10 +586,14 @@ public final class Store: @unchecked Sendable {
     /// `deferredSyncTransaction` makes one.
     @discardableResult
     func transaction<T>(_ body: (SQLiteConnection) throws -> T) throws(StoreError) -> T {
-        if try locked({ syncsHeldUntilServing && transactionDepth == 0 }), walSync.available() {
-            return try runTransaction(synchronous: false, body)
-        }
-        return try runTransaction(synchronous: true, body)
+        let held = try locked { syncsHeldUntilServing }
+        return try runTransaction(synchronous: !(held ? try canDeferSync() : false), body)
+    }
+
+    /// Whether a commit may skip its `fsync` wait: the WAL file can be synced from here
+    /// (`WALSync`), and the commit is not nested in another transaction (it joins that one).
+    private func canDeferSync() throws(StoreError) -> Bool {
+        try locked { transactionDepth == 0 } && walSync.available()
     }
 
     /// From now until `serving()`, no commit waits for `fsync`: each is written to the WAL and
@@ -699,9 +703,7 @@ public final class Store: @unchecked Sendable {
     /// back to a durable commit when the WAL file cannot be synced from here; inside another
     /// transaction it joins that one (durable).
     func deferredSyncTransaction<T>(_ body: (SQLiteConnection) throws -> T) throws(StoreError) -> T {
-        let nested = try locked { transactionDepth > 0 }
-        guard walSync.available(), !nested else { return try transaction(body) }
-        return try runTransaction(synchronous: false, body)
+        try runTransaction(synchronous: !(try canDeferSync()), body)
     }
 
     /// Commits made without waiting for `fsync` (for tests). Guarded by the store's lock.
