@@ -17,7 +17,6 @@ the binary needs (ldd); the same two for kioskauthctl.
 from __future__ import annotations
 
 import argparse
-import bisect
 import json
 import os
 import re
@@ -33,6 +32,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 os.environ.setdefault("KIOSKAUTH_BIN_DIR", str(ROOT / ".build" / "release"))
 sys.path.insert(0, str(ROOT / "tests"))
+from elf_residency import binary_sections  # noqa: E402
 from kioskauth_testing import FAST_HASH_CONFIG, KIOSKAUTHCTL, KIOSKAUTHD, Daemon  # noqa: E402
 
 # (group, pattern on the mapping's file name); the first match wins.
@@ -87,57 +87,6 @@ def breakdown(pid: int, binary: str) -> dict[str, int]:
         elif fields[0] == "Rss:" and current:
             sizes[current] += int(fields[1])
     return dict(sizes)
-
-
-def elf_sections(binary: str) -> list[tuple[int, int, str]]:
-    """The binary's allocated sections: (address, size, name), by address."""
-    listing = subprocess.run(["readelf", "-S", "-W", binary], capture_output=True, text=True).stdout
-    sections = []
-    for match in re.finditer(r"^\s*\[\s*\d+\]\s+(\S+)\s+\S+\s+([0-9a-f]{16})\s+[0-9a-f]+\s+([0-9a-f]+)", listing, re.M):
-        name, address, size = match.group(1), int(match.group(2), 16), int(match.group(3), 16)
-        if address and size:
-            sections.append((address, size, name))
-    return sorted(sections)
-
-
-def binary_sections(pid: int, binary: str) -> dict[str, tuple[int, int]] | None:
-    """KiB of the binary resident by ELF section, (all, of which private copies): which pages of
-    its mappings are present, from /proc/PID/pagemap (None when it cannot be read). A page is
-    counted under the section at its start; private copies are pages written since mapping
-    (relocated data, .data). Text pages are resident because they ran or because the kernel
-    mapped them around a page fault that did (fault-around, 64 KiB)."""
-    mappings = []
-    for line in Path(f"/proc/{pid}/maps").read_text().splitlines():
-        fields = line.split()
-        if len(fields) >= 6 and Path(fields[5]).name == Path(binary).name:
-            low, high = (int(x, 16) for x in fields[0].split("-"))
-            mappings.append((low, high, int(fields[2], 16)))
-    if not mappings:
-        return None
-    base = min(low - offset for low, _, offset in mappings)
-    sections = elf_sections(binary)
-    starts = [address for address, _, _ in sections]
-    counts: Counter[str] = Counter()
-    private: Counter[str] = Counter()
-    try:
-        with open(f"/proc/{pid}/pagemap", "rb") as pagemap:
-            for low, high, _ in mappings:
-                pagemap.seek(low // 4096 * 8)
-                entries = pagemap.read((high - low) // 4096 * 8)
-                for index in range(len(entries) // 8):
-                    entry = int.from_bytes(entries[index * 8:index * 8 + 8], "little")
-                    if not entry >> 63 & 1:
-                        continue
-                    address = low + index * 4096 - base
-                    position = bisect.bisect_right(starts, address) - 1
-                    inside = position >= 0 and address < sections[position][0] + sections[position][1]
-                    name = sections[position][2] if inside else "(between sections)"
-                    counts[name] += 4
-                    if not entry >> 61 & 1:  # not file-backed: a private copy
-                        private[name] += 4
-    except OSError:
-        return None
-    return {name: (size, private[name]) for name, size in counts.most_common()}
 
 
 def status(pid: int) -> dict[str, int]:

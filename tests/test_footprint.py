@@ -9,6 +9,7 @@ import subprocess
 import time
 from pathlib import Path
 
+from elf_residency import binary_sections
 from idp_testing import wait_until
 from kioskauth_testing import KIOSKAUTHCTL, KIOSKAUTHD
 from test_audit_delivery import delivery, make_delivery_daemon
@@ -137,33 +138,6 @@ def socket_port_nobody_listens_on() -> int:
         return s.getsockname()[1]
 
 
-def resident_bytes_of_sections(pid: int, binary: Path, names: set[str]) -> int:
-    """How much of `binary`'s ELF sections `names` the running process `pid` has resident
-    (/proc/PID/pagemap: the present bit of each page of the binary's mappings)."""
-    sections = []
-    for line in subprocess.run(["readelf", "-S", "-W", str(binary)], capture_output=True, text=True,
-                               check=True).stdout.splitlines():
-        m = re.search(r"\]\s+(\S+)\s+\S+\s+([0-9a-f]{16})\s+[0-9a-f]+\s+([0-9a-f]+)", line)
-        if m and m.group(1) in names:
-            sections.append((int(m.group(2), 16), int(m.group(3), 16)))
-    assert len(sections) == len(names), (names, sections)
-    mappings = []
-    for line in Path(f"/proc/{pid}/maps").read_text().splitlines():
-        fields = line.split()
-        if len(fields) >= 6 and fields[5] == str(binary.resolve()):
-            low, high = (int(x, 16) for x in fields[0].split("-"))
-            mappings.append((low, high, int(fields[2], 16)))
-    base = min(low - offset for low, _, offset in mappings)
-    resident = 0
-    with open(f"/proc/{pid}/pagemap", "rb") as pagemap:
-        for start, size in sections:
-            first, last = (base + start) // 4096, (base + start + size - 1) // 4096
-            pagemap.seek(first * 8)
-            entries = pagemap.read((last - first + 1) * 8)
-            resident += 4096 * sum(entries[i + 7] >> 7 for i in range(0, len(entries), 8))
-    return resident
-
-
 def test_the_daemon_keeps_its_unwind_tables_out_of_memory(daemon):
     """Nothing in a serving daemon unwinds its stack, so its unwind tables (.eh_frame_hdr and
     .eh_frame: 6.5 MB in the package's kioskauthd) stay on disk. An async `main` put a megabyte of
@@ -171,5 +145,7 @@ def test_the_daemon_keeps_its_unwind_tables_out_of_memory(daemon):
     `pthread_exit`, and that unwinds the thread's stack through them."""
     pid = daemon.proc.pid
     assert "error" not in daemon.call("io.kioskauth.GetStatus")
-    unwind = resident_bytes_of_sections(pid, KIOSKAUTHD, {".eh_frame_hdr", ".eh_frame"})
-    assert unwind < 128 * 1024, f"{unwind // 1024} KiB of the unwind tables resident"
+    resident = binary_sections(pid, str(KIOSKAUTHD))
+    assert resident is not None, "/proc/PID/pagemap cannot be read"
+    unwind = sum(resident.get(name, (0, 0))[0] for name in (".eh_frame_hdr", ".eh_frame"))
+    assert unwind < 128, f"{unwind} KiB of the unwind tables resident"
