@@ -267,20 +267,3 @@ def test_nothing_written_on_the_way_to_ready_waits_for_an_fsync_of_its_own(tmp_p
     finally:
         daemon.close()
 
-
-def test_a_daemon_killed_right_after_ready_starts_again_with_its_trail_intact():
-    """The writes made on the way to READY=1 are synced in the background: a SIGKILL at READY=1
-    may lose them, but never leaves the store, its audit chain or its anchor inconsistent."""
-    daemon = Daemon(config=FAST_HASH_CONFIG)
-    try:
-        daemon.start()
-        assert daemon.ctl("user", "add", "sarah").returncode == 0
-        daemon.stop()
-        for _ in range(5):
-            daemon.start()
-            daemon.kill()
-        daemon.start()
-        assert daemon.ctl("audit", "verify").returncode == 0
-        assert "sarah" in daemon.ctl("user", "list").stdout
-    finally:
-        daemon.close()
