@@ -544,8 +544,8 @@ def test_a_sum_pulled_while_a_reset_made_here_is_still_queued_does_not_count_the
     assert fleet_failures(fleet, "nora") == 0
     for terminal in (a, b):
         person = terminal.person("nora")["parameters"]["person"]
-        # (Seen once in CI, not reproduced since: B left at 1. What each terminal applied and
-        # queued for nora, and the directory's row changes, say how.)
+        # (Failed once in CI with B at 1: docs/fleet.md §5, "a correct passcode pushes a failure
+        # first". What each terminal applied for nora, and the directory's row changes, say how.)
         assert person["passcodeFailures"] == 0, json.dumps(
             {"terminal": terminal.name, "person": person, **nora_history(fleet, terminal)}, indent=1)
         assert "error" not in terminal.verify_passcode("nora", PASSCODE)
