@@ -32,6 +32,27 @@ PasscodeHashMemoryKiB=1024
 PasscodeHashIterations=1
 """
 
+# Argon2id slow enough (about 2 s a hash here) that a test can kill the daemon mid-check.
+SLOW_HASH_CONFIG = """
+[Store]
+PasscodeHashMemoryKiB=65536
+PasscodeHashIterations=40
+"""
+
+
+def kill_mid_check(d, name: str, passcode: str) -> None:
+    """Sends a passcode check for `name` and kills the daemon (SIGKILL) while its hash is being
+    checked: once the attempt is counted, before the answer."""
+    before = d.call("io.kioskauth.GetPerson", {"name": name})["parameters"]["person"]["passcodeFailures"]
+    with connect(d.socket) as s:
+        send_message(s, {"method": "io.kioskauth.VerifyPasscode", "parameters": {"name": name, "passcode": passcode}})
+        deadline = time.monotonic() + 30
+        while d.call("io.kioskauth.GetPerson", {"name": name})["parameters"]["person"]["passcodeFailures"] == before:
+            assert time.monotonic() < deadline, "the attempt was never counted"
+            time.sleep(0.02)
+        d.kill()
+        assert read_message(s) is None, "the check ended before the kill: the test proves nothing"
+
 
 class NotifyListener:
     """A datagram NOTIFY_SOCKET, as systemd provides, collecting what the daemon sends."""

@@ -9,7 +9,7 @@ import time
 import pytest
 import varlink
 
-from kioskauth_testing import FAST_HASH_CONFIG, KIOSKAUTHCTL, REPO, Daemon
+from kioskauth_testing import FAST_HASH_CONFIG, KIOSKAUTHCTL, REPO, SLOW_HASH_CONFIG, Daemon, kill_mid_check
 
 
 def add(daemon, name="sarah", *extra):
@@ -108,6 +108,29 @@ def test_lockout_schedule_survives_a_daemon_restart(daemon):
 
     assert daemon.ctl("lockout", "reset", "sarah").returncode == 0
     assert verify(daemon, "sarah", "482913").returncode == 0
+
+
+def test_a_check_cut_short_by_a_kill_stays_a_failure_and_the_next_start_audits_it(make_daemon):
+    """An attempt is counted as a failure before its hash is checked, so killing the daemon
+    mid-check gives no free try; the next start records the interrupted check in the audit trail
+    (and, in a fleet, reports it to the directory: tests/test_fleet_e2e.py)."""
+    d = make_daemon(config=SLOW_HASH_CONFIG).start()
+    add(d, "sarah")
+    assert set_passcode(d, "sarah", "482913").returncode == 0
+    kill_mid_check(d, "sarah", "482913")
+    d.start()
+    person = d.call("io.kioskauth.GetPerson", {"name": "sarah"})["parameters"]["person"]
+    assert person["passcodeFailures"] == 1, person
+    events = json.loads(d.ctl("audit", "--json", "--limit", "50").stdout)["events"]
+    interrupted = [e for e in events if e["action"] == "passcode.verify" and e.get("person") == "sarah"]
+    assert [(e["result"], e.get("detail")) for e in interrupted] == [
+        ("failure", "1 attempt interrupted before the check ended, counted as failed; failures=1")], interrupted
+    d.restart()  # recorded once, not at every start
+    events = json.loads(d.ctl("audit", "--json", "--limit", "50").stdout)["events"]
+    assert len([e for e in events if e["action"] == "passcode.verify"]) == 1
+    assert verify(d, "sarah", "482913").returncode == 0
+    assert d.call("io.kioskauth.GetPerson", {"name": "sarah"})["parameters"]["person"]["passcodeFailures"] == 0
+    assert d.ctl("audit", "verify").returncode == 0
 
 
 def test_tenth_failure_hard_locks_until_admin_reset(make_daemon):

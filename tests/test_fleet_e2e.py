@@ -17,7 +17,7 @@ import pytest
 
 from fleet_support import (CONDITION_TIMEOUT, Client, Fleet, error_name, fleet_test_marks, have_nist_prints, ok,
                            wait_until)
-from kioskauth_testing import send_message
+from kioskauth_testing import SLOW_HASH_CONFIG, kill_mid_check, send_message
 
 
 pytestmark = fleet_test_marks()
@@ -544,11 +544,71 @@ def test_a_sum_pulled_while_a_reset_made_here_is_still_queued_does_not_count_the
     assert fleet_failures(fleet, "nora") == 0
     for terminal in (a, b):
         person = terminal.person("nora")["parameters"]["person"]
-        # (Failed once in CI with B at 1: docs/fleet.md §5, "a correct passcode pushes a failure
-        # first". What each terminal applied for nora, and the directory's row changes, say how.)
+        # (Failed once in CI with B at 1, when a right passcode still pushed the failure it was
+        # counted as before its reset. What each terminal applied for nora, and the directory's
+        # row changes, say how if it ever fails again.)
         assert person["passcodeFailures"] == 0, json.dumps(
             {"terminal": terminal.name, "person": person, **nora_history(fleet, terminal)}, indent=1)
         assert "error" not in terminal.verify_passcode("nora", PASSCODE)
+
+
+def lockout_feed(fleet, name) -> list[int]:
+    """The fleet-wide failure sums the directory published for `name`, oldest first: one entry
+    per change of the row, so a failure pushed and then taken back shows."""
+    person_id = fleet.postgres.scalar(f"SELECT person_id FROM people WHERE name = '{name}'")
+    return [int(row[0]) for row in fleet.postgres.fleet(
+        "SELECT body ->> 'fleet_failures' FROM changes WHERE entity = 'person_lockout' "
+        f"AND entity_key = '{person_id}' ORDER BY change_id")]
+
+
+def test_a_right_passcode_reports_no_failure_and_a_check_cut_short_is_reported_once(make_fleet):
+    """docs/fleet.md §9.6. An attempt is counted as a failure before its hash is checked, and is
+    reported to the directory only once the check ends: a right passcode reports nothing (or the
+    reset of earlier failures), a wrong one one failure. It used to push the failure it was
+    counted as, then a reset, so the fleet saw 0 → 1 → 0 for every right passcode. A check cut
+    short by SIGKILL stays a failure here and reaches the directory when the terminal restarts."""
+    fleet = make_fleet(["virtual_device"] * 2, fleet_config=QUICK_RECONNECT, config=NO_DELAYS)
+    a, b = fleet.terminals
+    add_with_passcode(a, "nora")
+    wait_drained(a)
+    wait_knows(b, "nora", hasPasscode=True, state="active")
+    for _ in range(3):
+        ok(a.verify_passcode("nora", PASSCODE))
+    ok(b.verify_passcode("nora", PASSCODE))
+    assert error_name(a.verify_passcode("nora", WRONG)) == "WrongPasscode"
+    ok(a.verify_passcode("nora", PASSCODE))
+    ok(a.verify_passcode("nora", PASSCODE))
+    wait_drained(a)
+    wait_drained(b)
+    # One failure, then its reset; nothing for the five right passcodes.
+    assert lockout_feed(fleet, "nora") == [1, 0], nora_history(fleet, a)
+
+    # A check cut short: counted at A, reported when A starts again, and counted at B.
+    assert error_name(b.verify_passcode("nora", WRONG)) == "WrongPasscode"
+    wait_drained(b)
+    a.kill()
+    with open(a.config_path, "a") as config:  # new passcodes are hashed at these costs
+        config.write(SLOW_HASH_CONFIG)
+    a.start()
+    a.set_passcode("nora", PASSCODE)
+    wait_drained(a)
+    wait_knows(b, "nora", hasPasscode=True, state="active")
+    assert fleet_failures(fleet, "nora") == 0  # a new passcode resets the count
+    assert error_name(b.verify_passcode("nora", WRONG)) == "WrongPasscode"
+    wait_drained(b)
+    ok(a.sync())
+    assert a.person("nora")["parameters"]["person"]["passcodeFailures"] == 1
+    kill_mid_check(a, "nora", PASSCODE)
+    assert fleet_failures(fleet, "nora") == 1, "the check under way was reported before it ended"
+    a.start()
+    wait_drained(a)
+    assert fleet_failures(fleet, "nora") == 2, nora_history(fleet, a)
+    fleet.sync_all()
+    for terminal in (a, b):
+        person = terminal.person("nora")["parameters"]["person"]
+        assert person["passcodeFailures"] == 2, (terminal.name, person)
+    interrupted = [e for e in a.audit() if e["action"] == "passcode.verify" and "interrupted" in e.get("detail", "")]
+    assert len(interrupted) == 1, interrupted
 
 
 # 7. Templates follow the reader; and a stolen dump holds none ---------------------------------

@@ -164,7 +164,8 @@ final class AuditTrail {
     @discardableResult
     func recordAuthentication(
         _ caller: Caller, person: StoredPerson, failures: CredentialFailureState, unlocked: Bool,
-        action: AuditAction, result: AuditResult, method: String, service: String?, detail: String? = nil
+        action: AuditAction, result: AuditResult, method: String, service: String?, detail: String? = nil,
+        finishingPasscodeCheck: Bool = false
     ) throws(APIError) -> StoredPerson {
         let record = AuditRecord(
             action: action.rawValue, result: result.rawValue, person: person.name.rawValue, method: method,
@@ -172,7 +173,8 @@ final class AuditTrail {
         let at = now()
         let entry = try withStore(caller, action: action, person: person.name.rawValue) { () throws(StoreError) in
             try store.recordAuthentication(
-                of: person, failures: failures, unlockedAt: unlocked ? at : nil, audit: record, now: at)
+                of: person, failures: failures, unlockedAt: unlocked ? at : nil, audit: record, now: at,
+                finishingPasscodeCheck: finishingPasscodeCheck)
         }
         journal(entry)
         var updated = person

@@ -99,6 +99,9 @@ public final class Authority {
     /// Records the accounts of bindings made before the store kept them.
     func recordLegacyBindings() { credentials.recordLegacyBindings() }
 
+    /// Records the passcode checks a stop interrupted (`CredentialAuthority.recordInterruptedPasscodeChecks`).
+    func recordInterruptedPasscodeChecks() { credentials.recordInterruptedPasscodeChecks() }
+
     /// Reconciles the storage readers with the store (see `CredentialAuthority.reconcileSensor`).
     func reconcileSensor() async { await credentials.reconcileSensor() }
 

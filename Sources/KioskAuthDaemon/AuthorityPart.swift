@@ -79,11 +79,12 @@ extension AuthorityPart {
     @discardableResult
     func recordAuthentication(
         _ caller: Caller, person: StoredPerson, failures: CredentialFailureState, unlocked: Bool,
-        action: AuditAction, result: AuditResult, method: String, service: String?, detail: String? = nil
+        action: AuditAction, result: AuditResult, method: String, service: String?, detail: String? = nil,
+        finishingPasscodeCheck: Bool = false
     ) throws(APIError) -> StoredPerson {
         try context.trail.recordAuthentication(
             caller, person: person, failures: failures, unlocked: unlocked, action: action, result: result,
-            method: method, service: service, detail: detail)
+            method: method, service: service, detail: detail, finishingPasscodeCheck: finishingPasscodeCheck)
     }
 
     /// "; logind: …" for the audit trail, when the module said what logind knows.

@@ -356,12 +356,18 @@ final class CredentialAuthority: AuthorityPart {
         let permit = try reserveHash(caller)
         // Count the attempt as failed, durably, before checking it: a daemon killed mid-check
         // (or a flood of concurrent attempts) never yields a free try. Success undoes it below.
+        // The check stays listed as unfinished until it ends, and only then is a failure
+        // reported to the fleet: a right passcode reports none (docs/fleet.md §9.6).
         let before = person.failures
         var pessimistic = before
         let outcome = credentialGuard.recordPasscode(matched: false, in: &pessimistic, now: started)
         try withStore(caller, action: .passcodeVerify, person: name.rawValue) { () throws(StoreError) in
-            try store.saveFailures(pessimistic, for: person, now: started)
+            try store.saveFailuresOfUnfinishedCheck(pessimistic, for: person, now: started)
         }
+        // Whatever ends the call before the check's outcome is recorded (a hashing or store
+        // error), the attempt stays the failure it was counted as, and is reported as one.
+        var checkEnded = false
+        defer { if !checkEnded { endPasscodeCheckAsFailed(person) } }
         let passcode = input.passcode
         let matched = try await hash(caller, permit: permit) { () throws(StoreError) in try verifier.matches(passcode) }
         if matched {
@@ -373,8 +379,10 @@ final class CredentialAuthority: AuthorityPart {
                 subject = try recheckSubject(
                     caller, person, context: input.context, action: .passcodeVerify, method: "passcode")
             } catch {
-                if let current = try? store.person(named: name), current.id == person.id {
-                    try? store.saveFailures(cleared, for: current, now: started)
+                if let current = try? store.person(named: name), current.id == person.id,
+                    (try? store.saveFailures(cleared, for: current, now: started, finishingPasscodeCheck: true)) != nil
+                {
+                    checkEnded = true
                 }
                 throw error
             }
@@ -382,16 +390,29 @@ final class CredentialAuthority: AuthorityPart {
                 caller, person: subject, failures: cleared, unlocked: true, action: .passcodeVerify,
                 result: .success,
                 method: "passcode", service: service,
-                detail: input.context?.logind.map { "logind: \($0.prefix(80))" })
+                detail: input.context?.logind.map { "logind: \($0.prefix(80))" }, finishingPasscodeCheck: true)
+            checkEnded = true
             let ticket = issueTicket(for: subject, caller: caller)
             let offer = await offerFleetEnrolment(caller, current, service: service)
             return Message.PasscodeVerified(
                 person: record(current), ticket: ticket,
                 ticketExpiresIn: Int(configuration.access.ticketLifetime), offerFingerprint: offer ? true : nil)
         }
-        audit(
-            caller, action: .passcodeVerify, result: .failure, person: name.rawValue, method: "passcode",
-            service: service, detail: "failures=\(pessimistic.passcodeFailures)")
+        // The failure's record and its report to the fleet in one commit. Should that fail, the
+        // check stays unfinished, and the next start records it as an interrupted one.
+        checkEnded = true
+        do {
+            try audited { tx throws(StoreError) in
+                try store.finishPasscodeCheck(of: person)
+                try tx.audit(
+                    caller, action: .passcodeVerify, result: .failure, person: name.rawValue, method: "passcode",
+                    service: service, detail: "failures=\(pessimistic.passcodeFailures)")
+            }
+        } catch {
+            logger.critical(
+                "cannot record a failed passcode check",
+                metadata: ["person": "\(name.rawValue)", "error": "\(error.message)"])
+        }
         countLockout(from: before, to: pessimistic)
         var parameters: [String: JSONValue] = ["failures": .number(Double(pessimistic.passcodeFailures))]
         switch outcome {
@@ -403,6 +424,44 @@ final class CredentialAuthority: AuthorityPart {
         default: break
         }
         throw APIError.own("WrongPasscode", parameters)
+    }
+
+    /// Ends a passcode check whose outcome was not recorded as failed: the attempt stays counted
+    /// as a failure, and is reported to the fleet as one. A store error leaves the check
+    /// unfinished, for the next start to record (`recordInterruptedPasscodeChecks`).
+    private func endPasscodeCheckAsFailed(_ person: StoredPerson) {
+        do { try store.finishPasscodeCheck(of: person) } catch {
+            logger.error(
+                "cannot end a passcode check", metadata: ["person": "\(person.name)", "error": "\(error.message)"])
+        }
+    }
+
+    /// Records the passcode checks that were under way when the daemon last stopped (killed, or
+    /// a power cut): each attempt was counted as a failure before its hash was checked, and
+    /// stays one. Audited, and reported to the fleet now. Run before serving.
+    func recordInterruptedPasscodeChecks() {
+        let unfinished: [(person: StoredPerson, attempts: Int)]
+        do { unfinished = try store.unfinishedPasscodeChecks() } catch {
+            logger.error("cannot read unfinished passcode checks", metadata: ["error": "\(error.message)"])
+            return
+        }
+        for (person, attempts) in unfinished {
+            do {
+                try audited { tx throws(StoreError) in
+                    try store.finishInterruptedPasscodeChecks(of: person)
+                    try tx.audit(
+                        nil, action: .passcodeVerify, result: .failure, person: person.name.rawValue,
+                        method: "passcode",
+                        detail:
+                            "\(attempts) attempt\(attempts == 1 ? "" : "s") interrupted before the check ended, counted as failed; failures=\(person.failures.passcodeFailures)"
+                    )
+                }
+            } catch {
+                logger.error(
+                    "cannot record an interrupted passcode check",
+                    metadata: ["person": "\(person.name)", "error": "\(error.message)"])
+            }
+        }
     }
 
     static func locked(until: Date?, now: Date, shownAs wall: Date? = nil) -> APIError {

@@ -308,7 +308,9 @@ extension CredentialAuthority {
     private func countFleetFailures(
         of person: StoredPerson, pulled: Int, setAside: Bool, note: String
     ) throws(StoreError) -> Bool {
-        let unpushed = try store.unpushedFleetFailures(of: person)
+        // Attempts whose check is under way count here too: they were counted as failures
+        // before their hash was checked, and are reported only once it has been.
+        let unpushed = try store.unpushedFleetFailures(of: person) + store.unfinishedPasscodeAttempts(of: person)
         let sum = setAside ? 0 : pulled
         let budget = FleetPasscodeBudget(
             hardLockAfter: configuration.passcode.hardLockAfter,

@@ -316,6 +316,7 @@ public enum Daemon {
         await authority.audit(
             nil, action: .daemonStart, result: .success, detail: "schema \(Store.schemaVersion)", durable: false)
         await authority.recordLegacyBindings()
+        await authority.recordInterruptedPasscodeChecks()
         timeline.mark("audit")
         await authority.startOnline()
         // Commits are durable again from here (Store.holdSyncsUntilServing): reconciling a reader

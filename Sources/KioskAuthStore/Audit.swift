@@ -149,13 +149,16 @@ extension Store {
     /// attempt from the counters. A success (`unlockedAt` set) does not wait for `fsync`; the
     /// WAL is synced in the background straight after. Losing it in a power cut within those
     /// moments is harmless: the counters keep their earlier, higher values, the last-unlock time
-    /// is older, and the audit chain simply ends one entry earlier (it stays valid).
+    /// is older, and the audit chain simply ends one entry earlier (it stays valid), and a
+    /// passcode check it finishes (`finishingPasscodeCheck`) is found unfinished at the next
+    /// start, which keeps it counted as the failure the counters still hold.
     public func recordAuthentication(
         of person: StoredPerson, failures: CredentialFailureState, unlockedAt: Date?, audit record: AuditRecord,
-        now: Date
+        now: Date, finishingPasscodeCheck: Bool = false
     ) throws(StoreError) -> AuditEntry {
         let write = { (db: SQLiteConnection) throws -> AuditEntry in
             try self.checkPersonRow(person.id, in: db)
+            if finishingPasscodeCheck { try self.finishPasscodeCheck(person.id, in: db) }
             try db.query(
                 "UPDATE people SET passcode_failures = ?, passcode_locked_until = ?, passcode_hard_locked = ?, fingerprint_failures = ?, last_unlock_at = COALESCE(?, last_unlock_at), updated_at = ? WHERE id = ?",
                 [

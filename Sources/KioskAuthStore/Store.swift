@@ -41,7 +41,7 @@ public struct StoredPerson: Sendable, Equatable {
 /// connection, serialised by a lock; calls are short.
 public final class Store: @unchecked Sendable {
     /// The schema version this code writes.
-    public static let schemaVersion = 8
+    public static let schemaVersion = 9
     /// File name of the database in the state directory.
     public static let databaseFileName = "kioskauth.sqlite"
 
@@ -436,6 +436,17 @@ public final class Store: @unchecked Sendable {
           PRIMARY KEY (fleet_id, batch_id)
         ) WITHOUT ROWID;
         CREATE INDEX IF NOT EXISTS fleet_queued_resets_batch ON fleet_queued_resets (batch_id);
+        """,
+        // 9: passcode checks under way. An attempt is counted as a failure before its hash is
+        // checked (`saveFailuresOfUnfinishedCheck`) and is listed here until the check ends; one
+        // still listed at the next start was interrupted (a kill, a power cut) and stays a
+        // failure. Until its check ends the attempt is not reported to the fleet directory
+        // (docs/fleet.md §9.6). Idempotent.
+        """
+        CREATE TABLE IF NOT EXISTS unfinished_passcode_checks (
+          person_id INTEGER PRIMARY KEY REFERENCES people(id) ON DELETE CASCADE,
+          attempts INTEGER NOT NULL CHECK (attempts > 0)
+        ) WITHOUT ROWID;
         """,
     ]
 
@@ -942,10 +953,14 @@ public final class Store: @unchecked Sendable {
         return templates
     }
 
-    /// Persists a person's failure counters; durable when this returns.
-    public func saveFailures(_ failures: CredentialFailureState, for person: StoredPerson, now: Date) throws(StoreError)
-    {
+    /// Persists a person's failure counters; durable when this returns. `finishingPasscodeCheck`:
+    /// the counters are a passcode check's outcome, and one of the person's unfinished checks
+    /// (`saveFailuresOfUnfinishedCheck`) ends with them.
+    public func saveFailures(
+        _ failures: CredentialFailureState, for person: StoredPerson, now: Date, finishingPasscodeCheck: Bool = false
+    ) throws(StoreError) {
         try transaction { db in
+            if finishingPasscodeCheck { try finishPasscodeCheck(person.id, in: db) }
             try updatingPerson(person.id, in: db) {
                 try db.query(
                     "UPDATE people SET passcode_failures = ?, passcode_locked_until = ?, passcode_hard_locked = ?, fingerprint_failures = ?, updated_at = ? WHERE id = ?",
@@ -957,6 +972,74 @@ public final class Store: @unchecked Sendable {
                     ])
                 guard db.changes == 1 else { throw StoreError(.noSuchPerson(person.name.rawValue)) }
             }
+        }
+    }
+
+    // MARK: Passcode checks under way
+
+    /// Persists the failure counters of a passcode attempt whose hash is about to be checked,
+    /// counted as failed (durable when this returns), and lists the check as unfinished: a
+    /// daemon killed before the check ends never yields a free try. Until the check ends
+    /// (`finishPasscodeCheck`, or a success's `recordAuthentication(…finishingPasscodeCheck:)`)
+    /// the attempt is not reported to the fleet directory, so a right passcode reports no
+    /// failure there.
+    public func saveFailuresOfUnfinishedCheck(
+        _ failures: CredentialFailureState, for person: StoredPerson, now: Date
+    ) throws(StoreError) {
+        try transaction { db in
+            try db.query(
+                "INSERT INTO unfinished_passcode_checks (person_id, attempts) VALUES (?, 1) ON CONFLICT (person_id) DO UPDATE SET attempts = attempts + 1",
+                [.integer(person.id)])
+            try saveFailures(failures, for: person, now: now)
+        }
+    }
+
+    /// Ends one unfinished passcode check of `person` whose attempt stays counted as a failure:
+    /// the fleet directory is told of it now. Nothing when none is listed.
+    public func finishPasscodeCheck(of person: StoredPerson) throws(StoreError) {
+        try transaction { db in try finishPasscodeCheck(person.id, in: db) }
+    }
+
+    func finishPasscodeCheck(_ id: Int64, in db: SQLiteConnection) throws {
+        try db.query(
+            "UPDATE unfinished_passcode_checks SET attempts = attempts - 1 WHERE person_id = ? AND attempts > 1",
+            [.integer(id)])
+        if db.changes == 0 {
+            try db.query("DELETE FROM unfinished_passcode_checks WHERE person_id = ?", [.integer(id)])
+            guard db.changes > 0 else { return }
+        }
+        noteFleetPersonChange(id)
+    }
+
+    /// The passcode checks that were under way when the daemon last stopped (or that are under
+    /// way now: call before serving), by person: each attempt counts as a failure.
+    public func unfinishedPasscodeChecks() throws(StoreError) -> [(person: StoredPerson, attempts: Int)] {
+        let rows = try locked {
+            try connection.query("SELECT person_id, attempts FROM unfinished_passcode_checks ORDER BY person_id")
+        }
+        var found: [(person: StoredPerson, attempts: Int)] = []
+        for row in rows {
+            guard let id = row["person_id"].int, let person = try person(id: Int64(id)) else { continue }
+            found.append((person, row["attempts"].int ?? 1))
+        }
+        return found
+    }
+
+    /// Ends every unfinished passcode check of `person` as failed (see `unfinishedPasscodeChecks`).
+    public func finishInterruptedPasscodeChecks(of person: StoredPerson) throws(StoreError) {
+        try transaction { db in
+            try db.query("DELETE FROM unfinished_passcode_checks WHERE person_id = ?", [.integer(person.id)])
+            if db.changes > 0 { noteFleetPersonChange(person.id) }
+        }
+    }
+
+    /// The passcode attempts of `person` whose check has not ended (counted as failures here,
+    /// not yet reported to the fleet directory).
+    public func unfinishedPasscodeAttempts(of person: StoredPerson) throws(StoreError) -> Int {
+        try locked {
+            try connection.query(
+                "SELECT attempts FROM unfinished_passcode_checks WHERE person_id = ?", [.integer(person.id)]
+            ).first?["attempts"].int ?? 0
         }
     }
 

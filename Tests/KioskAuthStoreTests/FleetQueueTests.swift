@@ -238,6 +238,104 @@ struct FleetQueueTests {
         }
     }
 
+    /// A passcode check as the daemon makes it: the attempt counted as a failure before its hash
+    /// is checked (`saveFailuresOfUnfinishedCheck`), then its outcome.
+    private func check(
+        _ store: Store, _ name: String, matched: Bool, finish: Bool = true
+    ) throws {
+        let person = try #require(try store.person(named: LoginName(name)))
+        var counted = person.failures
+        counted.passcodeFailures += 1
+        try store.saveFailuresOfUnfinishedCheck(counted, for: person, now: testNow)
+        guard finish else { return }
+        if matched {
+            _ = try store.recordAuthentication(
+                of: try #require(try store.person(named: LoginName(name))), failures: CredentialFailureState(),
+                unlockedAt: testNow, audit: AuditRecord(action: "passcode.verify", result: "success"), now: testNow,
+                finishingPasscodeCheck: true)
+        } else {
+            try store.finishPasscodeCheck(of: person)
+        }
+    }
+
+    /// docs/fleet.md §9.6: a right passcode reports no failure to the directory. Counted as a
+    /// failure while its hash is checked, it is reported only once the check ended: a wrong one
+    /// as one failure, a right one as nothing (no failure before it) or a reset.
+    @Test func aRightPasscode_reportsNoFailure_andAWrongOneIsReportedWhenItsCheckEnds() throws {
+        let fixture = try StoreFixture()
+        try fixture.withStore { store in
+            try member(store)
+            let sarah = try store.addTestPerson("sarah")
+            _ = try store.fleetOutbox(limit: 10).map { try store.acknowledgeFleetBatch($0) }
+            try check(store, "sarah", matched: true)
+            try check(store, "sarah", matched: true)
+            #expect(kinds(try store.fleetOutbox(limit: 10)) == [])
+            // While the check runs, the attempt is counted here and not reported.
+            try check(store, "sarah", matched: false, finish: false)
+            #expect(try store.person(named: LoginName("sarah"))?.failures.passcodeFailures == 1)
+            #expect(try store.unfinishedPasscodeAttempts(of: sarah) == 1)
+            #expect(kinds(try store.fleetOutbox(limit: 10)) == [])
+            try store.finishPasscodeCheck(of: sarah)
+            #expect(try store.unfinishedPasscodeAttempts(of: sarah) == 0)
+            #expect(kinds(try store.fleetOutbox(limit: 10)) == [["failures:1"]])
+            #expect(try store.unpushedFleetFailures(of: sarah) == 1)
+            try check(store, "sarah", matched: false)
+            try check(store, "sarah", matched: true)
+            #expect(kinds(try store.fleetOutbox(limit: 10)) == [["failures:1"], ["failures:1"], ["reset"]])
+            #expect(try store.unpushedFleetFailures(of: sarah) == 0)
+        }
+    }
+
+    /// A check under way when the daemon stopped (killed, a power cut) is found at the next
+    /// open, still counted, and reported once it is ended as failed; two at once count two.
+    @Test func anInterruptedCheck_isFoundAtTheNextOpen_andReportedAsAFailure() throws {
+        let fixture = try StoreFixture()
+        try fixture.withStore { store in
+            try member(store)
+            _ = try store.addTestPerson("sarah")
+            _ = try store.addTestPerson("tom")
+            _ = try store.fleetOutbox(limit: 10).map { try store.acknowledgeFleetBatch($0) }
+            try check(store, "sarah", matched: false, finish: false)
+            try check(store, "sarah", matched: false, finish: false)
+            try check(store, "tom", matched: true)
+        }
+        try fixture.withStore { store in
+            let unfinished = try store.unfinishedPasscodeChecks()
+            #expect(unfinished.map { "\($0.person.name.rawValue):\($0.attempts)" } == ["sarah:2"])
+            #expect(kinds(try store.fleetOutbox(limit: 10)) == [])
+            let sarah = try #require(unfinished.first?.person)
+            #expect(sarah.failures.passcodeFailures == 2)
+            try store.finishInterruptedPasscodeChecks(of: sarah)
+            #expect(try store.unfinishedPasscodeChecks().isEmpty)
+            #expect(kinds(try store.fleetOutbox(limit: 10)) == [["failures:2"]])
+        }
+    }
+
+    /// A fleet sum pulled while a check runs keeps the attempt counted here (the daemon counts
+    /// the sum, the unpushed failures and the unfinished checks), and the attempt is still
+    /// reported when its check ends as failed.
+    @Test func aSumPulledWhileACheckRuns_keepsItCounted_andItIsReportedWhenItFails() throws {
+        let fixture = try StoreFixture()
+        try fixture.withStore { store in
+            try member(store)
+            _ = try store.addTestPerson("sarah")
+            _ = try store.fleetOutbox(limit: 10).map { try store.acknowledgeFleetBatch($0) }
+            try check(store, "sarah", matched: false, finish: false)
+            var sarah = try #require(try store.person(named: LoginName("sarah")))
+            // Another terminal's 2 failures arrive: 2 pulled + 1 under way here.
+            try store.applyingFleetChanges { () throws(StoreError) in
+                var failures = sarah.failures
+                failures.passcodeFailures = 2 + (try store.unfinishedPasscodeAttempts(of: sarah))
+                try store.saveFailures(failures, for: sarah, now: testNow)
+            }
+            #expect(kinds(try store.fleetOutbox(limit: 10)) == [])
+            sarah = try #require(try store.person(named: LoginName("sarah")))
+            #expect(sarah.failures.passcodeFailures == 3)
+            try store.finishPasscodeCheck(of: sarah)
+            #expect(kinds(try store.fleetOutbox(limit: 10)) == [["failures:1"]])
+        }
+    }
+
     /// A failure, the right passcode, another failure: three batches. The reset forgave the
     /// first failure here at once, so its acknowledgement must not take the second one off the
     /// unpushed count (that would count one failure too few until the next pull).
