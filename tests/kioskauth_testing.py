@@ -32,7 +32,7 @@ PasscodeHashMemoryKiB=1024
 PasscodeHashIterations=1
 """
 
-# Argon2id slow enough (about 2 s a hash here) that a test can kill the daemon mid-check.
+# Argon2id slow enough (about 1.5 s a hash here) that a test can kill the daemon mid-check.
 SLOW_HASH_CONFIG = """
 [Store]
 PasscodeHashMemoryKiB=65536

@@ -64,7 +64,7 @@ public struct PasscodeVerifier: Codable, Sendable, Equatable {
         let rc = secret.withUnsafeBytes { secretBytes in
             salt.withUnsafeBytes { saltBytes in
                 output.withUnsafeMutableBytes { out in
-                    argon2id_hash_raw(
+                    kioskauth_argon2id_hash_raw(
                         UInt32(parameters.iterations), UInt32(parameters.memoryKiB), UInt32(parameters.parallelism),
                         secretBytes.baseAddress, secretBytes.count, saltBytes.baseAddress, saltBytes.count,
                         out.baseAddress, out.count)
