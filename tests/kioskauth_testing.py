@@ -40,16 +40,36 @@ PasscodeHashIterations=40
 """
 
 
+def start_check(d, name: str, passcode: str) -> socket.socket:
+    """Sends a passcode check for `name` and returns its connection once the attempt is counted
+    (the hash is being checked); read the answer from it, or kill the daemon."""
+    before = d.call("io.kioskauth.GetPerson", {"name": name})["parameters"]["person"]["passcodeFailures"]
+    s = connect(d.socket)
+    send_message(s, {"method": "io.kioskauth.VerifyPasscode", "parameters": {"name": name, "passcode": passcode}})
+    deadline = time.monotonic() + 30
+    while d.call("io.kioskauth.GetPerson", {"name": name})["parameters"]["person"]["passcodeFailures"] == before:
+        assert time.monotonic() < deadline, "the attempt was never counted"
+        time.sleep(0.02)
+    return s
+
+
+def still_checking(s: socket.socket) -> bool:
+    """Whether the check sent on `s` (start_check) has not been answered yet."""
+    timeout = s.gettimeout()
+    s.setblocking(False)
+    try:
+        s.recv(1, socket.MSG_PEEK)
+        return False  # an answer (or the end of the connection) is waiting
+    except BlockingIOError:
+        return True
+    finally:
+        s.settimeout(timeout)
+
+
 def kill_mid_check(d, name: str, passcode: str) -> None:
     """Sends a passcode check for `name` and kills the daemon (SIGKILL) while its hash is being
     checked: once the attempt is counted, before the answer."""
-    before = d.call("io.kioskauth.GetPerson", {"name": name})["parameters"]["person"]["passcodeFailures"]
-    with connect(d.socket) as s:
-        send_message(s, {"method": "io.kioskauth.VerifyPasscode", "parameters": {"name": name, "passcode": passcode}})
-        deadline = time.monotonic() + 30
-        while d.call("io.kioskauth.GetPerson", {"name": name})["parameters"]["person"]["passcodeFailures"] == before:
-            assert time.monotonic() < deadline, "the attempt was never counted"
-            time.sleep(0.02)
+    with start_check(d, name, passcode) as s:
         d.kill()
         assert read_message(s) is None, "the check ended before the kill: the test proves nothing"
 

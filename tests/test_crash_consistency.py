@@ -82,6 +82,25 @@ def test_a_lockout_reset_that_cannot_be_audited_resets_nothing(make_daemon):
     assert people(d)["sarah"]["passcodeFailures"] == 1
 
 
+def unfinished_checks(d) -> int:
+    with sqlite3.connect(d.state / "kioskauth.sqlite") as conn:
+        return conn.execute("SELECT coalesce(sum(attempts), 0) FROM unfinished_passcode_checks").fetchone()[0]
+
+
+def test_a_failed_passcode_check_whose_entry_cannot_be_audited_still_ends_and_stays_counted(make_daemon):
+    """The wrong passcode's audit entry cannot be written: the attempt stays counted, and its
+    check ends all the same (left listed, it would hide the person's later failures from a fleet
+    directory until the next start)."""
+    d = failing(make_daemon, "passcode.verify")
+    add(d, "sarah")
+    assert set_passcode(d, "sarah", "482913").returncode == 0
+    assert d.call("io.kioskauth.VerifyPasscode", {"name": "sarah", "passcode": "000000"})["error"] == \
+        "io.kioskauth.WrongPasscode"
+    assert people(d)["sarah"]["passcodeFailures"] == 1
+    assert unfinished_checks(d) == 0
+    assert d.ctl("audit", "verify").returncode == 0
+
+
 def test_kill_9_during_mixed_writes_loses_nothing_acknowledged_and_the_audit_matches(make_daemon):
     d = make_daemon()
     started = time.monotonic()

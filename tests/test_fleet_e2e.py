@@ -17,7 +17,7 @@ import pytest
 
 from fleet_support import (CONDITION_TIMEOUT, Client, Fleet, error_name, fleet_test_marks, have_nist_prints, ok,
                            wait_until)
-from kioskauth_testing import SLOW_HASH_CONFIG, kill_mid_check, send_message
+from kioskauth_testing import SLOW_HASH_CONFIG, kill_mid_check, read_message, send_message, start_check, still_checking
 
 
 pytestmark = fleet_test_marks()
@@ -583,30 +583,42 @@ def test_a_right_passcode_reports_no_failure_and_a_check_cut_short_is_reported_o
     # One failure, then its reset; nothing for the five right passcodes.
     assert lockout_feed(fleet, "nora") == [1, 0], nora_history(fleet, a)
 
-    # A check cut short: counted at A, reported when A starts again, and counted at B.
-    assert error_name(b.verify_passcode("nora", WRONG)) == "WrongPasscode"
-    wait_drained(b)
+    # From here A hashes nora's passcode slowly enough (about 4 s) to act while a check runs.
     a.kill()
     with open(a.config_path, "a") as config:  # new passcodes are hashed at these costs
-        config.write(SLOW_HASH_CONFIG)
+        config.write(SLOW_HASH_CONFIG.replace("PasscodeHashIterations=40", "PasscodeHashIterations=100"))
     a.start()
     a.set_passcode("nora", PASSCODE)
     wait_drained(a)
-    wait_knows(b, "nora", hasPasscode=True, state="active")
-    assert fleet_failures(fleet, "nora") == 0  # a new passcode resets the count
+
+    # B's failure reaches the directory only while A checks a wrong passcode. A's pull then
+    # counts B's failure and its own attempt (the pull must not drop the attempt, which is not
+    # in the sum yet), and A reports the attempt once its check ends.
+    b.proxy.stall()
     assert error_name(b.verify_passcode("nora", WRONG)) == "WrongPasscode"
-    wait_drained(b)
-    ok(a.sync())
-    assert a.person("nora")["parameters"]["person"]["passcodeFailures"] == 1
+    with start_check(a, "nora", WRONG) as check:
+        b.proxy.restore()
+        wait_drained(b)
+        assert fleet_failures(fleet, "nora") == 1
+        ok(a.sync())
+        counted = a.person("nora")["parameters"]["person"]["passcodeFailures"]
+        assert still_checking(check), "the check ended before the pull: the test proves nothing"
+        assert counted == 2, nora_history(fleet, a)
+        assert fleet_failures(fleet, "nora") == 1, "the check under way was reported before it ended"
+        assert error_name(read_message(check)) == "WrongPasscode"
+    wait_drained(a)
+    assert fleet_failures(fleet, "nora") == 2
+
+    # A check cut short by SIGKILL: counted at A, reported when A starts again, counted at B.
     kill_mid_check(a, "nora", PASSCODE)
-    assert fleet_failures(fleet, "nora") == 1, "the check under way was reported before it ended"
+    assert fleet_failures(fleet, "nora") == 2, "the check under way was reported before it ended"
     a.start()
     wait_drained(a)
-    assert fleet_failures(fleet, "nora") == 2, nora_history(fleet, a)
+    assert fleet_failures(fleet, "nora") == 3, nora_history(fleet, a)
     fleet.sync_all()
     for terminal in (a, b):
         person = terminal.person("nora")["parameters"]["person"]
-        assert person["passcodeFailures"] == 2, (terminal.name, person)
+        assert person["passcodeFailures"] == 3, (terminal.name, person)
     interrupted = [e for e in a.audit() if e["action"] == "passcode.verify" and "interrupted" in e.get("detail", "")]
     assert len(interrupted) == 1, interrupted
 

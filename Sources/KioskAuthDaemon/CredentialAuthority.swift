@@ -367,7 +367,12 @@ final class CredentialAuthority: AuthorityPart {
         // Whatever ends the call before the check's outcome is recorded (a hashing or store
         // error), the attempt stays the failure it was counted as, and is reported as one.
         var checkEnded = false
-        defer { if !checkEnded { endPasscodeCheckAsFailed(person) } }
+        defer {
+            if !checkEnded {
+                endPasscodeCheckAsFailed(
+                    caller, person, service: service, detail: "the check did not end (an error); counted as failed")
+            }
+        }
         let passcode = input.passcode
         let matched = try await hash(caller, permit: permit) { () throws(StoreError) in try verifier.matches(passcode) }
         if matched {
@@ -398,21 +403,9 @@ final class CredentialAuthority: AuthorityPart {
                 person: record(current), ticket: ticket,
                 ticketExpiresIn: Int(configuration.access.ticketLifetime), offerFingerprint: offer ? true : nil)
         }
-        // The failure's record and its report to the fleet in one commit. Should that fail, the
-        // check stays unfinished, and the next start records it as an interrupted one.
+        // The failure's record and its report to the fleet in one commit.
         checkEnded = true
-        do {
-            try audited { tx throws(StoreError) in
-                try store.finishPasscodeCheck(of: person)
-                try tx.audit(
-                    caller, action: .passcodeVerify, result: .failure, person: name.rawValue, method: "passcode",
-                    service: service, detail: "failures=\(pessimistic.passcodeFailures)")
-            }
-        } catch {
-            logger.critical(
-                "cannot record a failed passcode check",
-                metadata: ["person": "\(name.rawValue)", "error": "\(error.message)"])
-        }
+        endPasscodeCheckAsFailed(caller, person, service: service, detail: "failures=\(pessimistic.passcodeFailures)")
         countLockout(from: before, to: pessimistic)
         var parameters: [String: JSONValue] = ["failures": .number(Double(pessimistic.passcodeFailures))]
         switch outcome {
@@ -426,10 +419,27 @@ final class CredentialAuthority: AuthorityPart {
         throw APIError.own("WrongPasscode", parameters)
     }
 
-    /// Ends a passcode check whose outcome was not recorded as failed: the attempt stays counted
-    /// as a failure, and is reported to the fleet as one. A store error leaves the check
-    /// unfinished, for the next start to record (`recordInterruptedPasscodeChecks`).
-    private func endPasscodeCheckAsFailed(_ person: StoredPerson) {
+    /// Ends a passcode check as failed: the attempt stays the failure it was counted as, and is
+    /// audited and reported to the fleet in one commit. Should the audit entry not be written,
+    /// the check is still ended (the fleet must learn of the failure; left listed, it would hide
+    /// later failures from the directory until the next start). Should that fail too, the check
+    /// stays listed for the next start to record (`recordInterruptedPasscodeChecks`).
+    private func endPasscodeCheckAsFailed(
+        _ caller: Caller, _ person: StoredPerson, service: String?, detail: String
+    ) {
+        do {
+            try audited { tx throws(StoreError) in
+                try store.finishPasscodeCheck(of: person)
+                try tx.audit(
+                    caller, action: .passcodeVerify, result: .failure, person: person.name.rawValue,
+                    method: "passcode", service: service, detail: detail)
+            }
+            return
+        } catch {
+            logger.critical(
+                "cannot record a failed passcode check",
+                metadata: ["person": "\(person.name)", "error": "\(error.message)"])
+        }
         do { try store.finishPasscodeCheck(of: person) } catch {
             logger.error(
                 "cannot end a passcode check", metadata: ["person": "\(person.name)", "error": "\(error.message)"])
