@@ -9,7 +9,8 @@ import time
 import pytest
 import varlink
 
-from kioskauth_testing import FAST_HASH_CONFIG, KIOSKAUTHCTL, REPO, SLOW_HASH_CONFIG, Daemon, kill_mid_check
+from kioskauth_testing import (FAST_HASH_CONFIG, KIOSKAUTHCTL, REPO, SLOW_HASH_CONFIG, Daemon, kill_mid_check,
+                               read_message, start_check, still_checking)
 
 
 def add(daemon, name="sarah", *extra):
@@ -131,6 +132,35 @@ def test_a_check_cut_short_by_a_kill_stays_a_failure_and_the_next_start_audits_i
     assert verify(d, "sarah", "482913").returncode == 0
     assert d.call("io.kioskauth.GetPerson", {"name": "sarah"})["parameters"]["person"]["passcodeFailures"] == 0
     assert d.ctl("audit", "verify").returncode == 0
+
+
+def thp_mode() -> str | None:
+    """The kernel's transparent huge page mode ("always", "madvise", "never"), if it has them."""
+    try:
+        return re.search(r"\[(\w+)\]", open("/sys/kernel/mm/transparent_hugepage/enabled").read()).group(1)
+    except (OSError, AttributeError):
+        return None
+
+
+@pytest.mark.skipif(thp_mode() != "madvise", reason="needs transparent huge pages in madvise mode")
+@pytest.mark.parametrize("huge", [True, False])
+def test_argon2id_memory_is_on_huge_pages_unless_configured_off(make_daemon, huge):
+    """[Store] PasscodeHashHugePages: a passcode check's Argon2id memory (64 MiB) is on
+    transparent huge pages while it runs, or, set to no, none of the daemon's memory is."""
+    d = make_daemon(config=SLOW_HASH_CONFIG + f"PasscodeHashHugePages={'yes' if huge else 'no'}\n").start()
+    add(d, "sarah")
+    assert set_passcode(d, "sarah", "482913").returncode == 0
+    with start_check(d, "sarah", "111112") as check:
+        peak = 0
+        while still_checking(check):
+            rollup = open(f"/proc/{d.proc.pid}/smaps_rollup").read()
+            peak = max(peak, int(re.search(r"AnonHugePages:\s+(\d+)", rollup).group(1)))
+            time.sleep(0.02)
+        assert read_message(check)["error"] == "io.kioskauth.WrongPasscode"
+    if huge:
+        assert peak >= 32 * 1024, f"{peak} KiB on huge pages"
+    else:
+        assert peak == 0, f"{peak} KiB on huge pages"
 
 
 def test_tenth_failure_hard_locks_until_admin_reset(make_daemon):

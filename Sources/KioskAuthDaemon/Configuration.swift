@@ -66,6 +66,8 @@ public struct DaemonConfiguration: Sendable {
         public var passcodeHashIterations = 3
         /// Argon2id lanes for new passcodes.
         public var passcodeHashParallelism = 1
+        /// Whether Argon2id's working memory asks for transparent huge pages.
+        public var passcodeHashHugePages = true
         /// Seconds between full verifications of the audit chain while running (0: never). The
         /// check before serving covers only the entries after the sealed checkpoint (the anchored
         /// head); this one, like `audit verify`, recomputes the whole chain.
@@ -272,6 +274,7 @@ public struct DaemonConfiguration: Sendable {
         case ("Store", "PasscodeHashMemoryKiB"): store.passcodeHashMemoryKiB = try int(value, 8...(4 * 1024 * 1024))
         case ("Store", "PasscodeHashIterations"): store.passcodeHashIterations = try int(value, 1...100)
         case ("Store", "PasscodeHashParallelism"): store.passcodeHashParallelism = try int(value, 1...16)
+        case ("Store", "PasscodeHashHugePages"): store.passcodeHashHugePages = try bool(value)
         case ("Store", "AuditVerifyInterval"): store.auditVerifyInterval = try seconds(value)
         case ("Store", "PasscodeHashWorkers"): store.passcodeHashWorkers = try int(value, 0...64)
         case ("Store", "PasscodeHashQueue"): store.passcodeHashQueue = try int(value, 0...4096)

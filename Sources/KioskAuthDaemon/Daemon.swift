@@ -269,6 +269,7 @@ public enum Daemon {
         let readyLogger = logger
         let identityProviderConfiguration = loaded.identityProvider
         let auditEndpoint = loaded.auditEndpoint
+        PasscodeVerifier.usesHugePages = configuration.store.passcodeHashHugePages
         let hashingPool = HashingPool(
             workers: configuration.store.passcodeHashWorkers > 0
                 ? configuration.store.passcodeHashWorkers : HashingPool.defaultWorkers,

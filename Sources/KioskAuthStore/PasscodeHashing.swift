@@ -1,6 +1,7 @@
 import CArgon2
 import Crypto
 public import FoundationEssentials
+import Synchronization
 
 /// Argon2id parameters; recorded with every verifier so they can be raised later without
 /// invalidating passcodes already set.
@@ -31,6 +32,16 @@ public struct PasscodeVerifier: Codable, Sendable, Equatable {
 
     private static let hashLength = 32
     private static let saltLength = 16
+
+    /// Whether Argon2id's working memory asks for transparent huge pages (`[Store]
+    /// PasscodeHashHugePages`, on by default): about a fifth faster, but on a machine short of
+    /// memory and fragmented, the kernel may stall a hash to compact memory for them. Set once
+    /// at start; the hash is the same either way.
+    public static var usesHugePages: Bool {
+        get { hugePages.load(ordering: .relaxed) }
+        set { hugePages.store(newValue, ordering: .relaxed) }
+    }
+    private static let hugePages = Atomic<Bool>(true)
 
     /// Hashes `passcode` with a fresh salt. Slow on purpose: call it off the event loop.
     public static func make(passcode: String, parameters: PasscodeHashParameters) throws(StoreError) -> PasscodeVerifier
@@ -67,7 +78,7 @@ public struct PasscodeVerifier: Codable, Sendable, Equatable {
                     kioskauth_argon2id_hash_raw(
                         UInt32(parameters.iterations), UInt32(parameters.memoryKiB), UInt32(parameters.parallelism),
                         secretBytes.baseAddress, secretBytes.count, saltBytes.baseAddress, saltBytes.count,
-                        out.baseAddress, out.count)
+                        out.baseAddress, out.count, usesHugePages ? 1 : 0)
                 }
             }
         }

@@ -5,8 +5,9 @@ import Testing
 
 /// The daemon computes Argon2id with its working memory in a huge-page mapping of its own
 /// (`kioskauth_argon2id_hash_raw`); the hash must be exactly libargon2's `argon2id_hash_raw`, or
-/// every passcode set before would stop matching.
-@Suite("Passcode hashing")
+/// every passcode set before would stop matching. Serialized: one test turns huge pages off
+/// (a process-wide setting) while another checks they are on by default.
+@Suite("Passcode hashing", .serialized)
 struct PasscodeHashingTests {
     /// A verifier whose hash libargon2's reference `argon2id_hash_raw` computed (8 MiB, 2 passes).
     @Test func aHashFromTheReferenceFunction_matchesTheRightCodeOnly() throws {
@@ -18,12 +19,25 @@ struct PasscodeHashingTests {
         #expect(try !verifier.matches("482914"))
     }
 
-    /// At the default cost (64 MiB: huge pages when the kernel gives them) and with two lanes,
-    /// the same hash as `argon2id_hash_raw` for the same inputs.
+    /// At the default cost (64 MiB: huge pages when the kernel gives them), with two lanes, and
+    /// with sixteen over a memory size libargon2 rounds down to a multiple of the lanes, the same
+    /// hash as `argon2id_hash_raw` for the same inputs, with huge pages asked for or not.
     @Test(arguments: [
         PasscodeHashParameters.default, PasscodeHashParameters(memoryKiB: 4096, iterations: 1, parallelism: 2),
+        PasscodeHashParameters(memoryKiB: 1030, iterations: 2, parallelism: 16),
     ])
     func theDaemonsHash_isTheReferenceHash(parameters: PasscodeHashParameters) throws {
+        #expect(PasscodeVerifier.usesHugePages, "on by default")
+        try expectReferenceHash(parameters)
+    }
+
+    @Test func withoutHugePages_theHashIsTheSame() throws {
+        PasscodeVerifier.usesHugePages = false
+        defer { PasscodeVerifier.usesHugePages = true }
+        try expectReferenceHash(.default)
+    }
+
+    private func expectReferenceHash(_ parameters: PasscodeHashParameters) throws {
         let made = try PasscodeVerifier.make(passcode: "917362", parameters: parameters)
         var reference = [UInt8](repeating: 0, count: made.hash.count)
         let passcode = Array("917362".utf8)
