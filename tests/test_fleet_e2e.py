@@ -586,7 +586,7 @@ def test_a_right_passcode_reports_no_failure_and_a_check_cut_short_is_reported_o
     # From here A hashes nora's passcode slowly enough (about 4 s) to act while a check runs.
     a.kill()
     with open(a.config_path, "a") as config:  # new passcodes are hashed at these costs
-        config.write(SLOW_HASH_CONFIG.replace("PasscodeHashIterations=40", "PasscodeHashIterations=100"))
+        config.write(SLOW_HASH_CONFIG + "PasscodeHashIterations=100\n")  # the later setting wins
     a.start()
     a.set_passcode("nora", PASSCODE)
     wait_drained(a)

@@ -39,6 +39,15 @@ static inline int kioskauth_argon2id_hash_raw(uint32_t t_cost, uint32_t m_cost,
                                               uint32_t parallelism, const void *pwd, size_t pwdlen,
                                               const void *salt, size_t saltlen, void *hash,
                                               size_t hashlen, int huge_pages) {
+    if (pwdlen > ARGON2_MAX_PWD_LENGTH) {
+        return ARGON2_PWD_TOO_LONG;
+    }
+    if (saltlen > ARGON2_MAX_SALT_LENGTH) {
+        return ARGON2_SALT_TOO_LONG;
+    }
+    if (hashlen > ARGON2_MAX_OUTLEN) {
+        return ARGON2_OUTPUT_TOO_LONG;
+    }
     argon2_context context;
     memset(&context, 0, sizeof context);
     context.out = (uint8_t *)hash;
@@ -56,14 +65,5 @@ static inline int kioskauth_argon2id_hash_raw(uint32_t t_cost, uint32_t m_cost,
     context.free_cbk = kioskauth_argon2_free;
     context.flags = ARGON2_DEFAULT_FLAGS;
     context.version = ARGON2_VERSION_NUMBER;
-    if (pwdlen > ARGON2_MAX_PWD_LENGTH) {
-        return ARGON2_PWD_TOO_LONG;
-    }
-    if (saltlen > ARGON2_MAX_SALT_LENGTH) {
-        return ARGON2_SALT_TOO_LONG;
-    }
-    if (hashlen > ARGON2_MAX_OUTLEN) {
-        return ARGON2_OUTPUT_TOO_LONG;
-    }
     return argon2_ctx(&context, Argon2_id);
 }

@@ -419,17 +419,18 @@ final class CredentialAuthority: AuthorityPart {
         throw APIError.own("WrongPasscode", parameters)
     }
 
-    /// Ends a passcode check as failed: the attempt stays the failure it was counted as, and is
-    /// audited and reported to the fleet in one commit. Should the audit entry not be written,
-    /// the check is still ended (the fleet must learn of the failure; left listed, it would hide
-    /// later failures from the directory until the next start). Should that fail too, the check
-    /// stays listed for the next start to record (`recordInterruptedPasscodeChecks`).
+    /// Ends a passcode check (`all`: every one of the person's, those a stop interrupted) as
+    /// failed: the attempt stays the failure it was counted as, and is audited and reported to
+    /// the fleet in one commit. Should the audit entry not be written, the check is still ended
+    /// (the fleet must learn of the failure; left listed, it would hide later failures from the
+    /// directory until the next start). Should that fail too, the check stays listed for the
+    /// next start to record (`recordInterruptedPasscodeChecks`).
     private func endPasscodeCheckAsFailed(
-        _ caller: Caller, _ person: StoredPerson, service: String?, detail: String
+        _ caller: Caller?, _ person: StoredPerson, service: String?, detail: String, all: Bool = false
     ) {
         do {
             try audited { tx throws(StoreError) in
-                try store.finishPasscodeCheck(of: person)
+                try store.finishPasscodeCheck(of: person, all: all)
                 try tx.audit(
                     caller, action: .passcodeVerify, result: .failure, person: person.name.rawValue,
                     method: "passcode", service: service, detail: detail)
@@ -440,7 +441,7 @@ final class CredentialAuthority: AuthorityPart {
                 "cannot record a failed passcode check",
                 metadata: ["person": "\(person.name)", "error": "\(error.message)"])
         }
-        do { try store.finishPasscodeCheck(of: person) } catch {
+        do { try store.finishPasscodeCheck(of: person, all: all) } catch {
             logger.error(
                 "cannot end a passcode check", metadata: ["person": "\(person.name)", "error": "\(error.message)"])
         }
@@ -456,21 +457,11 @@ final class CredentialAuthority: AuthorityPart {
             return
         }
         for (person, attempts) in unfinished {
-            do {
-                try audited { tx throws(StoreError) in
-                    try store.finishInterruptedPasscodeChecks(of: person)
-                    try tx.audit(
-                        nil, action: .passcodeVerify, result: .failure, person: person.name.rawValue,
-                        method: "passcode",
-                        detail:
-                            "\(attempts) attempt\(attempts == 1 ? "" : "s") interrupted before the check ended, counted as failed; failures=\(person.failures.passcodeFailures)"
-                    )
-                }
-            } catch {
-                logger.error(
-                    "cannot record an interrupted passcode check",
-                    metadata: ["person": "\(person.name)", "error": "\(error.message)"])
-            }
+            endPasscodeCheckAsFailed(
+                nil, person, service: nil,
+                detail:
+                    "\(attempts) attempt\(attempts == 1 ? "" : "s") interrupted before the check ended, counted as failed; failures=\(person.failures.passcodeFailures)",
+                all: true)
         }
     }
 

@@ -791,10 +791,7 @@ extension Store {
             let state = row["state"].string ?? ""
             // Attempts whose passcode check has not ended are counted here but not reported:
             // a right passcode must not reach the directory as a failure (schema 9).
-            let unfinished =
-                try db.query(
-                    "SELECT attempts FROM unfinished_passcode_checks WHERE person_id = ?", [.integer(id)]
-                ).first?["attempts"].int ?? 0
+            let unfinished = try unfinishedPasscodeAttempts(id, in: db)
             let failures = max(0, (row["passcode_failures"].int ?? 0) - unfinished)
             var mapping = try db.query(
                 "SELECT fleet_id, pushed_digest, reported_failures FROM fleet_people WHERE person_id = ?",

@@ -994,17 +994,20 @@ public final class Store: @unchecked Sendable {
         }
     }
 
-    /// Ends one unfinished passcode check of `person` whose attempt stays counted as a failure:
+    /// Ends one unfinished passcode check of `person` (`all`: every one, those a stop
+    /// interrupted, see `unfinishedPasscodeChecks`) whose attempt stays counted as a failure:
     /// the fleet directory is told of it now. Nothing when none is listed.
-    public func finishPasscodeCheck(of person: StoredPerson) throws(StoreError) {
-        try transaction { db in try finishPasscodeCheck(person.id, in: db) }
+    public func finishPasscodeCheck(of person: StoredPerson, all: Bool = false) throws(StoreError) {
+        try transaction { db in try finishPasscodeCheck(person.id, all: all, in: db) }
     }
 
-    func finishPasscodeCheck(_ id: Int64, in db: SQLiteConnection) throws {
-        try db.query(
-            "UPDATE unfinished_passcode_checks SET attempts = attempts - 1 WHERE person_id = ? AND attempts > 1",
-            [.integer(id)])
-        if db.changes == 0 {
+    func finishPasscodeCheck(_ id: Int64, all: Bool = false, in db: SQLiteConnection) throws {
+        if !all {
+            try db.query(
+                "UPDATE unfinished_passcode_checks SET attempts = attempts - 1 WHERE person_id = ? AND attempts > 1",
+                [.integer(id)])
+        }
+        if all || db.changes == 0 {
             try db.query("DELETE FROM unfinished_passcode_checks WHERE person_id = ?", [.integer(id)])
             guard db.changes > 0 else { return }
         }
@@ -1025,22 +1028,15 @@ public final class Store: @unchecked Sendable {
         return found
     }
 
-    /// Ends every unfinished passcode check of `person` as failed (see `unfinishedPasscodeChecks`).
-    public func finishInterruptedPasscodeChecks(of person: StoredPerson) throws(StoreError) {
-        try transaction { db in
-            try db.query("DELETE FROM unfinished_passcode_checks WHERE person_id = ?", [.integer(person.id)])
-            if db.changes > 0 { noteFleetPersonChange(person.id) }
-        }
-    }
-
     /// The passcode attempts of `person` whose check has not ended (counted as failures here,
     /// not yet reported to the fleet directory).
     public func unfinishedPasscodeAttempts(of person: StoredPerson) throws(StoreError) -> Int {
-        try locked {
-            try connection.query(
-                "SELECT attempts FROM unfinished_passcode_checks WHERE person_id = ?", [.integer(person.id)]
-            ).first?["attempts"].int ?? 0
-        }
+        try locked { try unfinishedPasscodeAttempts(person.id, in: connection) }
+    }
+
+    func unfinishedPasscodeAttempts(_ id: Int64, in db: SQLiteConnection) throws -> Int {
+        try db.query("SELECT attempts FROM unfinished_passcode_checks WHERE person_id = ?", [.integer(id)])
+            .first?["attempts"].int ?? 0
     }
 
     /// Changes a person's state.

@@ -30,6 +30,11 @@ struct FleetQueueTests {
         }
     }
 
+    /// Acknowledges every queued batch, as a directory that applied them would.
+    private func acknowledgeAll(_ store: Store) throws {
+        for batch in try store.fleetOutbox(limit: 100) { try store.acknowledgeFleetBatch(batch) }
+    }
+
     /// Whether a reset of `person` waits in the queue (in its window or not).
     private func queued(_ store: Store, _ person: StoredPerson) throws -> Bool {
         try !store.connection.query(
@@ -266,7 +271,7 @@ struct FleetQueueTests {
         try fixture.withStore { store in
             try member(store)
             let sarah = try store.addTestPerson("sarah")
-            _ = try store.fleetOutbox(limit: 10).map { try store.acknowledgeFleetBatch($0) }
+            try acknowledgeAll(store)
             try check(store, "sarah", matched: true)
             try check(store, "sarah", matched: true)
             #expect(kinds(try store.fleetOutbox(limit: 10)) == [])
@@ -294,7 +299,7 @@ struct FleetQueueTests {
             try member(store)
             _ = try store.addTestPerson("sarah")
             _ = try store.addTestPerson("tom")
-            _ = try store.fleetOutbox(limit: 10).map { try store.acknowledgeFleetBatch($0) }
+            try acknowledgeAll(store)
             try check(store, "sarah", matched: false, finish: false)
             try check(store, "sarah", matched: false, finish: false)
             try check(store, "tom", matched: true)
@@ -305,7 +310,7 @@ struct FleetQueueTests {
             #expect(kinds(try store.fleetOutbox(limit: 10)) == [])
             let sarah = try #require(unfinished.first?.person)
             #expect(sarah.failures.passcodeFailures == 2)
-            try store.finishInterruptedPasscodeChecks(of: sarah)
+            try store.finishPasscodeCheck(of: sarah, all: true)
             #expect(try store.unfinishedPasscodeChecks().isEmpty)
             #expect(kinds(try store.fleetOutbox(limit: 10)) == [["failures:2"]])
         }
@@ -319,7 +324,7 @@ struct FleetQueueTests {
         try fixture.withStore { store in
             try member(store)
             _ = try store.addTestPerson("sarah")
-            _ = try store.fleetOutbox(limit: 10).map { try store.acknowledgeFleetBatch($0) }
+            try acknowledgeAll(store)
             try check(store, "sarah", matched: false, finish: false)
             var sarah = try #require(try store.person(named: LoginName("sarah")))
             // Another terminal's 2 failures arrive: 2 pulled + 1 under way here.
@@ -344,7 +349,7 @@ struct FleetQueueTests {
         try fixture.withStore { store in
             try member(store)
             var sarah = try store.addTestPerson("sarah")
-            _ = try store.fleetOutbox(limit: 10).map { try store.acknowledgeFleetBatch($0) }
+            try acknowledgeAll(store)
             var failures = CredentialFailureState()
             failures.passcodeFailures = 1
             try store.saveFailures(failures, for: sarah, now: testNow)
