@@ -124,7 +124,8 @@ def test_a_second_daemon_leaves_the_socket_of_the_one_serving_it_alone():
         before = os.stat(first.socket)
         second.start(expect_ready=False)
         assert second.wait_exit() != 0, second.log_text()
-        assert "is served by another process" in second.log_text(), second.log_text()
+        # Refused at the path's lock, which the serving daemon holds, before looking at the file.
+        assert "is served, or being set up, by another kioskauthd" in second.log_text(), second.log_text()
         assert not second.notify.wait_for("READY=1", 0.01)
         # The first daemon keeps its socket file, and answers on it.
         after = os.stat(first.socket)
@@ -136,6 +137,47 @@ def test_a_second_daemon_leaves_the_socket_of_the_one_serving_it_alone():
             stale.bind(first.socket)  # bound, never listening: a crashed daemon's leftover
         first.start()
         assert "error" not in first.call("io.kioskauth.GetStatus"), first.log_text()
+
+
+def test_two_daemons_starting_at_once_on_a_leftover_socket_leave_one_served_socket():
+    # A crashed daemon's socket file is at the path, and two daemons start at once (separate
+    # stores, one runtime directory): both used to find the file stale, and the later unlink
+    # took away the socket the other had just bound, which then served nobody while its daemon
+    # ran on. The debug hook holds a daemon between finding the file stale and removing it, so
+    # the second daemon starts inside that window every time. Now only the one holding the
+    # path's lock looks at the file; the other is refused at once and touches nothing.
+    pause = {"KIOSKAUTH_TEST_STALE_SOCKET_PAUSE": str(HOLD)}
+    first = Daemon(config=FAST_HASH_CONFIG, env=pause)
+    second = Daemon(config=FAST_HASH_CONFIG, env=pause)
+    second.runtime = first.runtime
+    try:
+        first.runtime.mkdir(parents=True, exist_ok=True)
+        first.runtime.chmod(0o755)
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as stale:
+            stale.bind(first.socket)  # bound, never listening
+        first.start(expect_ready=False)
+        time.sleep(HOLD / 3)  # the first is inside the window (or past its lock)
+        second.start(expect_ready=False)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and not any(d.notify.wait_for("READY=1", 0.05) for d in (first, second)):
+            pass
+        ready = [d for d in (first, second) if d.notify.wait_for("READY=1", 0.01)]
+        assert ready, first.log_text() + second.log_text()
+        # Whichever got the lock serves; the other is refused and exits, never ready.
+        (winner,) = ready
+        loser = second if winner is first else first
+        assert loser.wait_exit() != 0, loser.log_text()
+        assert not loser.notify.wait_for("READY=1", 0.5), loser.log_text()
+        assert "being set up, by another kioskauthd" in loser.log_text(), loser.log_text()
+        assert "error" not in winner.call("io.kioskauth.GetStatus"), winner.log_text()
+        # The socket file is the winner's: its stop removes it, and a new start binds afresh.
+        assert winner.stop() == 0
+        assert not os.path.exists(first.socket)
+        loser.start()
+        assert "error" not in loser.call("io.kioskauth.GetStatus"), loser.log_text()
+    finally:
+        second.close()
+        first.close()
 
 
 def test_the_store_files_are_private_in_an_open_state_directory():
@@ -159,12 +201,25 @@ def test_the_store_files_are_private_in_an_open_state_directory():
 
 def test_a_daemon_that_stops_removes_its_own_socket_file_only():
     with two_daemons_on_one_path() as (first, second):
-        # Someone removed the first daemon's socket file, and a second daemon bound the path.
+        # Someone removed the first daemon's socket file. A second daemon still may not take
+        # the path while the first runs (it holds the path's lock)...
         os.unlink(first.socket)
+        second.start(expect_ready=False)
+        assert second.wait_exit() != 0, second.log_text()
+        assert "being set up, by another kioskauthd" in second.log_text(), second.log_text()
+        assert not os.path.exists(second.socket)
+        # ...but another program may bind it: the first daemon's exit leaves that socket alone.
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as other:
+            other.bind(first.socket)
+            other.listen(1)
+            before = os.stat(first.socket)
+            assert first.stop() == 0
+            after = os.stat(first.socket)
+            assert (after.st_dev, after.st_ino) == (before.st_dev, before.st_ino)
+        os.unlink(first.socket)
+        # Once the first has exited, the path is free again: the second binds it, and removes
+        # it when it stops.
         second.start()
-        assert first.stop() == 0
-        # The first one's exit leaves the second one's socket alone.
-        assert os.path.exists(second.socket)
         assert "error" not in second.call("io.kioskauth.GetStatus"), second.log_text()
         assert second.stop() == 0
         assert not os.path.exists(second.socket)

@@ -1,6 +1,10 @@
 import FoundationEssentials
 import Logging
 
+#if canImport(Glibc)
+    import Glibc
+#endif
+
 #if DEBUG
     /// Test-only delays, in debug builds only: when the environment variable `variable` holds a
     /// number of seconds, waits that long (or until the task is cancelled), after a warning that
@@ -9,5 +13,11 @@ import Logging
         guard let delay = ProcessInfo.processInfo.environment[variable].flatMap(Double.init) else { return }
         logger.warning("TEST HOOK ACTIVE: \(what) \(delay) s late (debug build, tests only)")
         try? await Task.sleep(for: .seconds(delay))
+    }
+
+    /// The same for code that cannot await: blocks the calling thread.
+    func testHookPause(_ variable: String) {
+        guard let delay = ProcessInfo.processInfo.environment[variable].flatMap(Double.init), delay > 0 else { return }
+        usleep(UInt32(min(delay, 60) * 1_000_000))
     }
 #endif

@@ -106,12 +106,12 @@ public final class VarlinkListener: Sendable {
 
     private init(
         target: ListenTarget, channel: NIOAsyncChannel<VarlinkServer.Connection, Never>,
-        attached: EventLoopPromise<VarlinkServer>, bound: FileIdentity?
+        attached: EventLoopPromise<VarlinkServer>, bound: FileIdentity?, pathLock: Int32?
     ) {
         self.target = target
         self.channel = channel
         self.attached = attached
-        self.bound = Mutex(bound)
+        self.bound = Mutex(Bound(identity: bound, pathLock: pathLock))
     }
 
     /// Whether the socket was passed by the service manager.
@@ -144,6 +144,7 @@ public final class VarlinkListener: Sendable {
         }
         let channel: NIOAsyncChannel<VarlinkServer.Connection, Never>
         var bound: FileIdentity?
+        var pathLock: Int32?
         do {
             switch target {
             case .inherited(let fd):
@@ -152,43 +153,91 @@ public final class VarlinkListener: Sendable {
             case .path(let path):
                 // Bound here, not by NIO: NIO unlinks the path of a Unix socket it bound when the
                 // socket closes, whatever file is there by then (another daemon's, say).
-                let (fd, identity) = try Self.listeningSocket(at: path)
+                let (fd, identity, held) = try Self.listeningSocket(at: path)
                 do {
                     channel = try await bootstrap.bind(fd, childChannelInitializer: initializer)
                 } catch {
                     // NIO owns the descriptor once its channel exists and closes it on failure;
                     // closing it here too could close a descriptor opened since by another thread.
                     if Self.identity(of: path)?.sameFile(as: identity) == true { unlink(path) }
+                    close(held)
                     throw error
                 }
                 bound = identity
+                pathLock = held
                 logger.info("listening", metadata: ["socket": "\(path)"])
             }
         } catch {
             attached.fail(NotServed())
             throw error
         }
-        return VarlinkListener(target: target, channel: channel, attached: attached, bound: bound)
+        return VarlinkListener(target: target, channel: channel, attached: attached, bound: bound, pathLock: pathLock)
     }
 
-    /// A listening Unix socket at `path`, and its file's identity.
+    /// A listening Unix socket at `path`, its file's identity, and the descriptor that holds
+    /// the path's lock (`lockPath(_:)`) for as long as the socket file is this process's.
     ///
     /// The directory must be one only its owner (the daemon's user or root) can change entries
-    /// in, or sticky. A socket file another process still accepts on is refused (`AlreadyServed`),
-    /// not replaced; a stale one (connecting is refused, as a crashed daemon leaves it) is
-    /// removed first; anything else at the path is refused. The socket listens as soon as it is
-    /// bound, so a daemon starting at the same moment finds it served. The process's umask is
+    /// in, or sticky. Everything below happens under the lock, so of two daemons starting at
+    /// the same moment only one looks at the path: without it, both could find a stale file, and
+    /// the later one's unlink would take away the socket the other had just bound (which then
+    /// served nobody). A socket file another process still accepts on is refused
+    /// (`AlreadyServed`), not replaced; a stale one (connecting is refused, as a crashed daemon
+    /// leaves it) is removed first; anything else at the path is refused. The process's umask is
     /// left alone (the store's files are created on another thread meanwhile): the socket file
     /// starts as private as the umask (077) makes it and is then opened to everyone, since every
     /// method authorises its caller (`openToEveryone`).
-    static func listeningSocket(at path: String) throws -> (Int32, FileIdentity) {
+    static func listeningSocket(at path: String) throws -> (Int32, FileIdentity, Int32) {
         try checkDirectory(of: path)
+        let held = try lockPath(path)
+        do {
+            let (fd, identity) = try bindLocked(path)
+            return (fd, identity, held)
+        } catch {
+            close(held)
+            throw error
+        }
+    }
+
+    /// The lock that makes one process at a time the owner of the socket path: an exclusive
+    /// `flock` on `PATH.lock` beside it (created 0600, never followed through a link, never
+    /// removed: a lock file unlinked while another process waits on it would let two hold
+    /// "the" lock). Not waited for: a daemon that finds it held is refused (`AlreadyServed`).
+    /// The kernel releases it when its holder exits, however it exits.
+    static func lockPath(_ path: String) throws -> Int32 {
+        let lockFile = path + ".lock"
+        let fd = open(lockFile, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK, 0o600)
+        guard fd >= 0 else { throw ListenError("\(lockFile): \(String(cString: strerror(errno)))") }
+        var status = stat()
+        guard fstat(fd, &status) == 0, status.st_mode & S_IFMT == S_IFREG, status.st_uid == geteuid() else {
+            close(fd)
+            throw ListenError("\(lockFile) exists and is not a regular file of this user")
+        }
+        guard flock(fd, LOCK_EX | LOCK_NB) == 0 else {
+            let error = errno
+            close(fd)
+            guard error == EWOULDBLOCK else {
+                throw ListenError("cannot lock \(lockFile): \(String(cString: strerror(error)))")
+            }
+            throw AlreadyServed(path: path, lockHeld: true)
+        }
+        return fd
+    }
+
+    /// `listeningSocket(at:)` once the path's lock is held.
+    private static func bindLocked(_ path: String) throws -> (Int32, FileIdentity) {
         var status = stat()
         if lstat(path, &status) == 0 {
             guard status.st_mode & S_IFMT == S_IFSOCK else { throw ListenError("\(path) exists and is not a socket") }
             switch probe(path) {
             case .served: throw AlreadyServed(path: path)
-            case .stale: unlink(path)
+            case .stale:
+                #if DEBUG
+                    // Test-only: holds here, between finding the file stale and removing it, so
+                    // that a test can start a second daemon inside that window.
+                    testHookPause("KIOSKAUTH_TEST_STALE_SOCKET_PAUSE")
+                #endif
+                unlink(path)
             case .unknown(let error):
                 throw ListenError("\(path) exists and cannot be told stale: \(String(cString: strerror(error)))")
             }
@@ -265,7 +314,13 @@ public final class VarlinkListener: Sendable {
     /// Another process accepts on the socket file at `path`.
     public struct AlreadyServed: Error, CustomStringConvertible {
         public var path: String
-        public var description: String { "\(path) is served by another process (is kioskauthd already running?)" }
+        /// Refused at the path's lock (`lockPath(_:)`), before the socket file was looked at.
+        public var lockHeld = false
+        public var description: String {
+            lockHeld
+                ? "\(path) is served, or being set up, by another kioskauthd (it holds \(path).lock)"
+                : "\(path) is served by another process (is kioskauthd already running?)"
+        }
     }
 
     /// What connecting to the socket file at `path` says about it.
@@ -318,17 +373,24 @@ public final class VarlinkListener: Sendable {
         return FileIdentity(status)
     }
 
-    /// The socket file this listener bound (as it was once opened to everyone), while it is there.
-    private let bound: Mutex<FileIdentity?>
+    /// The socket file this listener bound (as it was once opened to everyone), while it is
+    /// there, and the descriptor holding the path's lock until it is removed.
+    private struct Bound {
+        var identity: FileIdentity?
+        var pathLock: Int32?
+    }
+    private let bound: Mutex<Bound>
 
     /// Removes the socket file this listener bound, and only that one: never an inherited
-    /// socket, nor a file another process bound at the same path since. Idempotent.
+    /// socket, nor a file another process bound at the same path since; then lets go of the
+    /// path's lock. Idempotent.
     func removePath() {
         guard case .path(let path) = target else { return }
         bound.withLock { bound in
-            guard let ours = bound, let now = Self.identity(of: path), now == ours else { return }
-            unlink(path)
-            bound = nil
+            if let ours = bound.identity, let now = Self.identity(of: path), now == ours { unlink(path) }
+            bound.identity = nil
+            if let held = bound.pathLock { close(held) }
+            bound.pathLock = nil
         }
     }
 
