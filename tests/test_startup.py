@@ -161,13 +161,14 @@ def test_two_daemons_starting_at_once_on_a_leftover_socket_leave_one_served_sock
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline and not any(d.notify.wait_for("READY=1", 0.05) for d in (first, second)):
             pass
+        # Whichever got the lock serves; the other is refused and exits, never ready (without
+        # the lock both became ready, one of them on a socket file that was gone).
+        time.sleep(HOLD + 1)
         ready = [d for d in (first, second) if d.notify.wait_for("READY=1", 0.01)]
-        assert ready, first.log_text() + second.log_text()
-        # Whichever got the lock serves; the other is refused and exits, never ready.
+        assert len(ready) == 1, first.log_text() + second.log_text()
         (winner,) = ready
         loser = second if winner is first else first
         assert loser.wait_exit() != 0, loser.log_text()
-        assert not loser.notify.wait_for("READY=1", 0.5), loser.log_text()
         assert "being set up, by another kioskauthd" in loser.log_text(), loser.log_text()
         assert "error" not in winner.call("io.kioskauth.GetStatus"), winner.log_text()
         # The socket file is the winner's: its stop removes it, and a new start binds afresh.
@@ -175,6 +176,29 @@ def test_two_daemons_starting_at_once_on_a_leftover_socket_leave_one_served_sock
         assert not os.path.exists(first.socket)
         loser.start()
         assert "error" not in loser.call("io.kioskauth.GetStatus"), loser.log_text()
+    finally:
+        second.close()
+        first.close()
+
+
+def test_a_daemon_refused_at_the_socket_lock_has_touched_neither_the_store_nor_the_reader():
+    # The lock is taken before the reader starts and the store is opened: a second daemon with
+    # the same runtime and state directories is refused before it claims the reader (which the
+    # serving daemon would then lose) or checks, migrates or checkpoints the store.
+    first = Daemon(config=FAST_HASH_CONFIG).start()
+    second = Daemon(config=FAST_HASH_CONFIG)
+    second.runtime, second.state = first.runtime, first.state
+    try:
+        store = first.state / "kioskauth.sqlite"
+        before = os.stat(store)
+        second.start(expect_ready=False)
+        assert second.wait_exit() != 0, second.log_text()
+        log = second.log_text()
+        assert "being set up, by another kioskauthd" in log, log
+        assert "fingerprint readers" not in log and "store checked" not in log, log
+        after = os.stat(store)
+        assert (after.st_ino, after.st_mtime_ns, after.st_size) == (before.st_ino, before.st_mtime_ns, before.st_size)
+        assert "error" not in first.call("io.kioskauth.GetStatus"), first.log_text()
     finally:
         second.close()
         first.close()

@@ -86,13 +86,31 @@ public enum Daemon {
         // environment on its own).
         let listenFD = SystemdNotifier.listenedSocket()
         SystemdNotifier.unsetListenEnvironment()
+        // A socket path this daemon binds itself is locked before anything else starts: a
+        // second daemon on the same path is refused here, before it claims the reader or opens
+        // the store; the lock is let go of only after the store is closed (the defer below runs
+        // after the store's).
+        let target: ListenTarget
+        let pathLock: SocketPathLock?
+        if let listenFD {
+            target = .inherited(fd: listenFD)
+            pathLock = nil
+        } else {
+            do {
+                try createDirectory(paths.runtimeDirectory, mode: 0o755)
+                let lock = try SocketPathLock.acquire(for: paths.socket)
+                target = .path(paths.socket, lock: lock)
+                pathLock = lock
+            } catch let served as VarlinkListener.AlreadyServed {
+                throw StartupError(message: "\(served)")
+            } catch {
+                throw StartupError(message: "cannot listen on \(paths.socket): \(error)")
+            }
+        }
+        defer { pathLock?.release() }
         let readerStart = startReader(configuration: loaded.configuration, logger: logger)
         let eventLoops = MultiThreadedEventLoopGroup(numberOfThreads: 1)
-        let listening = Task {
-            if listenFD == nil { try createDirectory(paths.runtimeDirectory, mode: 0o755) }
-            return try await VarlinkListener.bind(
-                target: listenFD.map { .inherited(fd: $0) } ?? .path(paths.socket), group: eventLoops, logger: logger)
-        }
+        let listening = Task { try await VarlinkListener.bind(target: target, group: eventLoops, logger: logger) }
         // Start-up ends here without serving: whatever was started is stopped again.
         func abandon() async {
             if let listener = try? await listening.value { await listener.abandon() }

@@ -17,8 +17,9 @@ import Synchronization
 public enum ListenTarget: Sendable {
     /// A socket passed by the service manager (`LISTEN_FDS`); never unlinked by us.
     case inherited(fd: Int32)
-    /// A path we bind ourselves (mode 0666: every method authorises its caller), and unlink at exit.
-    case path(String)
+    /// A path we bind ourselves (mode 0666: every method authorises its caller), and unlink at
+    /// exit, while holding its lock (`SocketPathLock`).
+    case path(String, lock: SocketPathLock)
 }
 
 /// Counts open connections, in total, for unprivileged callers and per uid, and keeps them
@@ -106,12 +107,12 @@ public final class VarlinkListener: Sendable {
 
     private init(
         target: ListenTarget, channel: NIOAsyncChannel<VarlinkServer.Connection, Never>,
-        attached: EventLoopPromise<VarlinkServer>, bound: FileIdentity?, pathLock: Int32?
+        attached: EventLoopPromise<VarlinkServer>, bound: FileIdentity?
     ) {
         self.target = target
         self.channel = channel
         self.attached = attached
-        self.bound = Mutex(Bound(identity: bound, pathLock: pathLock))
+        self.bound = Mutex(bound)
     }
 
     /// Whether the socket was passed by the service manager.
@@ -144,87 +145,53 @@ public final class VarlinkListener: Sendable {
         }
         let channel: NIOAsyncChannel<VarlinkServer.Connection, Never>
         var bound: FileIdentity?
-        var pathLock: Int32?
         do {
             switch target {
             case .inherited(let fd):
                 channel = try await bootstrap.bind(fd, childChannelInitializer: initializer)
                 logger.info("listening on the socket passed by the service manager")
-            case .path(let path):
+            case .path(let path, let lock):
                 // Bound here, not by NIO: NIO unlinks the path of a Unix socket it bound when the
                 // socket closes, whatever file is there by then (another daemon's, say).
-                let (fd, identity, held) = try Self.listeningSocket(at: path)
+                let (fd, identity) = try Self.listeningSocket(at: path, holding: lock)
                 do {
                     channel = try await bootstrap.bind(fd, childChannelInitializer: initializer)
                 } catch {
                     // NIO owns the descriptor once its channel exists and closes it on failure;
                     // closing it here too could close a descriptor opened since by another thread.
                     if Self.identity(of: path)?.sameFile(as: identity) == true { unlink(path) }
-                    close(held)
                     throw error
                 }
                 bound = identity
-                pathLock = held
                 logger.info("listening", metadata: ["socket": "\(path)"])
             }
         } catch {
             attached.fail(NotServed())
             throw error
         }
-        return VarlinkListener(target: target, channel: channel, attached: attached, bound: bound, pathLock: pathLock)
+        return VarlinkListener(target: target, channel: channel, attached: attached, bound: bound)
     }
 
-    /// A listening Unix socket at `path`, its file's identity, and the descriptor that holds
-    /// the path's lock (`lockPath(_:)`) for as long as the socket file is this process's.
+    /// A listening Unix socket at `path`, and its file's identity. `lock` must be the path's
+    /// (`SocketPathLock.acquire(for:)`), held: of two daemons starting at the same moment only
+    /// the one holding it looks at the path. Without it, both could find a stale file, and the
+    /// later one's unlink would take away the socket the other had just bound (which then served
+    /// nobody).
     ///
     /// The directory must be one only its owner (the daemon's user or root) can change entries
-    /// in, or sticky. Everything below happens under the lock, so of two daemons starting at
-    /// the same moment only one looks at the path: without it, both could find a stale file, and
-    /// the later one's unlink would take away the socket the other had just bound (which then
-    /// served nobody). A socket file another process still accepts on is refused
+    /// in, or sticky. A socket file another process still accepts on is refused
     /// (`AlreadyServed`), not replaced; a stale one (connecting is refused, as a crashed daemon
     /// leaves it) is removed first; anything else at the path is refused. The process's umask is
     /// left alone (the store's files are created on another thread meanwhile): the socket file
     /// starts as private as the umask (077) makes it and is then opened to everyone, since every
     /// method authorises its caller (`openToEveryone`).
-    static func listeningSocket(at path: String) throws -> (Int32, FileIdentity, Int32) {
+    static func listeningSocket(at path: String, holding lock: SocketPathLock) throws -> (Int32, FileIdentity) {
+        precondition(lock.socketPath == path, "the lock of another path")
         try checkDirectory(of: path)
-        let held = try lockPath(path)
-        do {
-            let (fd, identity) = try bindLocked(path)
-            return (fd, identity, held)
-        } catch {
-            close(held)
-            throw error
-        }
+        return try bindLocked(path)
     }
 
-    /// The lock that makes one process at a time the owner of the socket path: an exclusive
-    /// `flock` on `PATH.lock` beside it (created 0600, never followed through a link, never
-    /// removed: a lock file unlinked while another process waits on it would let two hold
-    /// "the" lock). Not waited for: a daemon that finds it held is refused (`AlreadyServed`).
-    /// The kernel releases it when its holder exits, however it exits.
-    static func lockPath(_ path: String) throws -> Int32 {
-        let lockFile = path + ".lock"
-        let fd = open(lockFile, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK, 0o600)
-        guard fd >= 0 else { throw ListenError("\(lockFile): \(String(cString: strerror(errno)))") }
-        var status = stat()
-        guard fstat(fd, &status) == 0, status.st_mode & S_IFMT == S_IFREG, status.st_uid == geteuid() else {
-            close(fd)
-            throw ListenError("\(lockFile) exists and is not a regular file of this user")
-        }
-        guard flock(fd, LOCK_EX | LOCK_NB) == 0 else {
-            let error = errno
-            close(fd)
-            guard error == EWOULDBLOCK else {
-                throw ListenError("cannot lock \(lockFile): \(String(cString: strerror(error)))")
-            }
-            throw AlreadyServed(path: path, lockHeld: true)
-        }
-        return fd
-    }
-
-    /// `listeningSocket(at:)` once the path's lock is held.
+    /// `listeningSocket(at:holding:)` once the path's lock is held.
     private static func bindLocked(_ path: String) throws -> (Int32, FileIdentity) {
         var status = stat()
         if lstat(path, &status) == 0 {
@@ -314,7 +281,7 @@ public final class VarlinkListener: Sendable {
     /// Another process accepts on the socket file at `path`.
     public struct AlreadyServed: Error, CustomStringConvertible {
         public var path: String
-        /// Refused at the path's lock (`lockPath(_:)`), before the socket file was looked at.
+        /// Refused at the path's lock (`SocketPathLock`), before the socket file was looked at.
         public var lockHeld = false
         public var description: String {
             lockHeld
@@ -373,24 +340,18 @@ public final class VarlinkListener: Sendable {
         return FileIdentity(status)
     }
 
-    /// The socket file this listener bound (as it was once opened to everyone), while it is
-    /// there, and the descriptor holding the path's lock until it is removed.
-    private struct Bound {
-        var identity: FileIdentity?
-        var pathLock: Int32?
-    }
-    private let bound: Mutex<Bound>
+    /// The socket file this listener bound (as it was once opened to everyone), while it is there.
+    private let bound: Mutex<FileIdentity?>
 
     /// Removes the socket file this listener bound, and only that one: never an inherited
-    /// socket, nor a file another process bound at the same path since; then lets go of the
-    /// path's lock. Idempotent.
+    /// socket, nor a file another process bound at the same path since. Idempotent. The path's
+    /// lock stays held: its holder lets go of it (the daemon, once its store is closed).
     func removePath() {
-        guard case .path(let path) = target else { return }
+        guard case .path(let path, _) = target else { return }
         bound.withLock { bound in
-            if let ours = bound.identity, let now = Self.identity(of: path), now == ours { unlink(path) }
-            bound.identity = nil
-            if let held = bound.pathLock { close(held) }
-            bound.pathLock = nil
+            guard let ours = bound, let now = Self.identity(of: path), now == ours else { return }
+            unlink(path)
+            bound = nil
         }
     }
 
@@ -723,4 +684,67 @@ public final class VarlinkServer: Service, Sendable {
         }
         return keepOpen
     }
+}
+
+/// The lock that makes one process at a time the owner of a socket path it binds itself: an
+/// exclusive `flock` on `PATH.lock` beside it. The daemon takes it first thing, before it starts
+/// the reader or opens the store, so a daemon that is refused has touched neither; and lets go
+/// of it only once its store is closed (or when it exits, however it exits: the kernel releases
+/// it). Not waited for: a daemon that finds it held is refused (`AlreadyServed`, `lockHeld`).
+///
+/// The file is created empty, mode 0644, and opened read-only (a shared lock file needs no
+/// write access, so one left by root does not lock out the daemon's own user, nor the other
+/// way round); never through a symbolic link, never a hard link (one link only), only a regular
+/// file of this user, of root, or of the directory's owner; and never removed: a lock file
+/// unlinked while another process opens it would let two hold "the" lock.
+public final class SocketPathLock: Sendable {
+    /// The socket path this lock is for (the lock file is this plus ".lock").
+    public let socketPath: String
+    private let descriptor: Mutex<Int32?>
+
+    private init(socketPath: String, descriptor: Int32) {
+        self.socketPath = socketPath
+        self.descriptor = Mutex(descriptor)
+    }
+
+    /// Takes the lock of `socketPath`, in a directory `VarlinkListener.checkDirectory` accepts.
+    public static func acquire(for socketPath: String) throws -> SocketPathLock {
+        try VarlinkListener.checkDirectory(of: socketPath)
+        let lockFile = socketPath + ".lock"
+        let fd = open(lockFile, O_RDONLY | O_CREAT | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK, 0o644)
+        guard fd >= 0 else {
+            throw VarlinkListener.ListenError(
+                "\(lockFile): \(String(cString: strerror(errno))) (a lock file left by another user can be removed)")
+        }
+        var status = stat()
+        var directory = stat()
+        let directoryPath = String(lockFile[..<(lockFile.lastIndex(of: "/") ?? lockFile.startIndex)])
+        guard fstat(fd, &status) == 0, stat(directoryPath.isEmpty ? "." : directoryPath, &directory) == 0,
+            status.st_mode & S_IFMT == S_IFREG, status.st_nlink == 1,
+            [geteuid(), 0, directory.st_uid].contains(status.st_uid)
+        else {
+            close(fd)
+            throw VarlinkListener.ListenError(
+                "\(lockFile) is not a regular file with one link owned by this user, root or the directory's owner")
+        }
+        guard flock(fd, LOCK_EX | LOCK_NB) == 0 else {
+            let error = errno
+            close(fd)
+            guard error == EWOULDBLOCK else {
+                throw VarlinkListener.ListenError("cannot lock \(lockFile): \(String(cString: strerror(error)))")
+            }
+            throw VarlinkListener.AlreadyServed(path: socketPath, lockHeld: true)
+        }
+        return SocketPathLock(socketPath: socketPath, descriptor: fd)
+    }
+
+    /// Lets go of the lock. Idempotent.
+    public func release() {
+        descriptor.withLock { descriptor in
+            if let held = descriptor { close(held) }
+            descriptor = nil
+        }
+    }
+
+    deinit { release() }
 }

@@ -31,6 +31,13 @@ struct ListenerTests {
         return fd
     }
 
+    /// `listeningSocket(at:holding:)` with the path's lock taken for the call and let go of after.
+    private func listenLocked(at path: String) throws -> (Int32, VarlinkListener.FileIdentity) {
+        let lock = try SocketPathLock.acquire(for: path)
+        defer { lock.release() }
+        return try VarlinkListener.listeningSocket(at: path, holding: lock)
+    }
+
     private func mode(_ path: String) -> mode_t {
         var status = stat()
         #expect(lstat(path, &status) == 0)
@@ -40,11 +47,8 @@ struct ListenerTests {
     @Test func itsOwnSocket_isOpenedToEveryone_andListens() throws {
         try withDirectory { directory in
             let path = directory + "/io.kioskauth"
-            let (fd, identity, lock) = try VarlinkListener.listeningSocket(at: path)
-            defer {
-                close(fd)
-                close(lock)
-            }
+            let (fd, identity) = try listenLocked(at: path)
+            defer { close(fd) }
             #expect(mode(path) == 0o666)
             #expect(VarlinkListener.identity(of: path) == identity)
             #expect(VarlinkListener.probe(path) == .served)
@@ -70,18 +74,17 @@ struct ListenerTests {
         try withDirectory { directory in
             let path = directory + "/io.kioskauth"
             let served = socketFile(at: path, listening: true)
-            #expect(throws: VarlinkListener.AlreadyServed.self) { try VarlinkListener.listeningSocket(at: path) }
+            #expect(throws: VarlinkListener.AlreadyServed.self) { try listenLocked(at: path) }
             #expect(mode(path) == 0o600)  // left as it was
             close(served)
             // Its listener gone, the file is a leftover: replaced.
             #expect(VarlinkListener.probe(path) == .stale)
-            let (fd, _, lock) = try VarlinkListener.listeningSocket(at: path)
+            let (fd, _) = try listenLocked(at: path)
             close(fd)
-            close(lock)
             unlink(path)
             // A file that is not a socket is nobody's leftover.
             #expect(FileManager.default.createFile(atPath: path, contents: Data("x".utf8)))
-            #expect(throws: VarlinkListener.ListenError.self) { try VarlinkListener.listeningSocket(at: path) }
+            #expect(throws: VarlinkListener.ListenError.self) { try listenLocked(at: path) }
             #expect(FileManager.default.contents(atPath: path) == Data("x".utf8))
         }
     }
@@ -90,58 +93,68 @@ struct ListenerTests {
         try withDirectory { directory in
             let path = directory + "/io.kioskauth"
             chmod(directory, 0o777)
-            #expect(throws: VarlinkListener.ListenError.self) { try VarlinkListener.listeningSocket(at: path) }
+            #expect(throws: VarlinkListener.ListenError.self) { try listenLocked(at: path) }
             #expect(access(path, F_OK) != 0)
             chmod(directory, 0o1777)
-            let (fd, _, lock) = try VarlinkListener.listeningSocket(at: path)
+            let (fd, _) = try listenLocked(at: path)
             close(fd)
-            close(lock)
         }
     }
 
-    /// Of two processes setting up the same path, only the one holding `PATH.lock` looks at the
-    /// socket file: the other is refused before it could find the file stale and remove a socket
-    /// bound a moment later. (Two descriptors of one process conflict as two processes do.)
-    @Test func thePathLock_refusesASecondListener_andTouchesNothing() throws {
+    /// Of two processes setting up the same path, only the one holding `PATH.lock` gets to
+    /// look at the socket file: the other is refused before it could find the file stale and
+    /// remove a socket bound a moment later. (Two descriptors of one process conflict as two
+    /// processes do.)
+    @Test func thePathLock_refusesASecondHolder_untilReleased() throws {
         try withDirectory { directory in
             let path = directory + "/io.kioskauth"
-            let (fd, identity, lock) = try VarlinkListener.listeningSocket(at: path)
-            let refused = #expect(throws: VarlinkListener.AlreadyServed.self) {
-                try VarlinkListener.listeningSocket(at: path)
-            }
+            let lock = try SocketPathLock.acquire(for: path)
+            let (fd, identity) = try VarlinkListener.listeningSocket(at: path, holding: lock)
+            let refused = #expect(throws: VarlinkListener.AlreadyServed.self) { try SocketPathLock.acquire(for: path) }
             #expect(refused?.lockHeld == true)
             #expect(VarlinkListener.identity(of: path) == identity)
-            #expect(mode(path + ".lock") == 0o600)
-            // The lock let go of, the socket still listening: refused for what the path is.
-            close(lock)
-            let served = #expect(throws: VarlinkListener.AlreadyServed.self) {
-                try VarlinkListener.listeningSocket(at: path)
-            }
+            #expect(mode(path + ".lock") == 0o644)
+            // Let go of, the lock is anyone's again; the socket still listening is refused for
+            // what it is.
+            lock.release()
+            lock.release()  // idempotent
+            let served = #expect(throws: VarlinkListener.AlreadyServed.self) { try listenLocked(at: path) }
             #expect(served?.lockHeld == false)
             #expect(VarlinkListener.identity(of: path) == identity)
             // Neither: a leftover, replaced.
             close(fd)
-            let (again, _, relock) = try VarlinkListener.listeningSocket(at: path)
+            let (again, _) = try listenLocked(at: path)
             close(again)
-            close(relock)
         }
     }
 
-    /// A lock file that is a link, or not a regular file, is nobody's lock to take: refused,
-    /// and what it points at is left alone.
-    @Test func aLockFileThatIsALinkOrNotAFile_isRefused() throws {
+    /// A lock file that is a symbolic or hard link, not a regular file, or another user's is
+    /// nobody's lock to take: refused, with what it points at left alone. One of root's (left by
+    /// a daemon run by hand) is still taken: it is opened read-only, which flock needs no more.
+    @Test func aLockFileThatIsALinkNotAFileOrAnotherUsers_isRefused() throws {
         try withDirectory { directory in
             let path = directory + "/io.kioskauth"
+            let lockFile = path + ".lock"
             let target = directory + "/elsewhere"
             #expect(FileManager.default.createFile(atPath: target, contents: Data("x".utf8)))
-            #expect(symlink(target, path + ".lock") == 0)
-            #expect(throws: VarlinkListener.ListenError.self) { try VarlinkListener.listeningSocket(at: path) }
+            #expect(symlink(target, lockFile) == 0)
+            #expect(throws: VarlinkListener.ListenError.self) { try SocketPathLock.acquire(for: path) }
+            unlink(lockFile)
+            #expect(Glibc.link(target, lockFile) == 0)
+            #expect(throws: VarlinkListener.ListenError.self) { try SocketPathLock.acquire(for: path) }
             #expect(FileManager.default.contents(atPath: target) == Data("x".utf8))
+            unlink(lockFile)
+            #expect(mkfifo(lockFile, 0o600) == 0)
+            #expect(throws: VarlinkListener.ListenError.self) { try SocketPathLock.acquire(for: path) }
+            unlink(lockFile)
+            #expect(FileManager.default.createFile(atPath: lockFile, contents: nil))
+            #expect(chown(lockFile, 65534, 65534) == 0)
+            #expect(throws: VarlinkListener.ListenError.self) { try SocketPathLock.acquire(for: path) }
             #expect(access(path, F_OK) != 0)
-            unlink(path + ".lock")
-            #expect(mkfifo(path + ".lock", 0o600) == 0)
-            #expect(throws: VarlinkListener.ListenError.self) { try VarlinkListener.listeningSocket(at: path) }
-            #expect(access(path, F_OK) != 0)
+            // Root's own, read-only for everyone: taken.
+            #expect(chown(lockFile, 0, 0) == 0)
+            #expect(chmod(lockFile, 0o444) == 0)
+            try SocketPathLock.acquire(for: path).release()
         }
     }
 
@@ -170,9 +183,7 @@ struct ListenerTests {
             #expect(full)
             #expect(VarlinkListener.probe(path) == .served)
             let before = VarlinkListener.identity(of: path)
-            let refused = #expect(throws: VarlinkListener.AlreadyServed.self) {
-                try VarlinkListener.listeningSocket(at: path)
-            }
+            let refused = #expect(throws: VarlinkListener.AlreadyServed.self) { try listenLocked(at: path) }
             #expect(refused?.lockHeld == false)
             #expect(VarlinkListener.identity(of: path) == before)
         }
