@@ -81,12 +81,24 @@ let package = Package(
             ],
             swiftSettings: strictSettings),
 
-        // The fleet directory on PostgreSQL (docs/fleet.md): schema, key wrapping, sealing, the
-        // change feed and pushes. The daemon's side is FleetAgent and FleetSyncService.
+        // The fleet's side of a terminal that needs no database client (docs/fleet.md): keys and
+        // their wrapping, sealing, row MACs, the operations and changes a terminal exchanges with
+        // the directory, and `FleetDirectoryConnection`, what the daemon asks of a connection.
         .target(
             name: "KioskAuthFleet",
             dependencies: [
                 "KioskAuthCore",
+                .product(name: "Crypto", package: "swift-crypto"),
+                .product(name: "Logging", package: "swift-log"),
+            ],
+            swiftSettings: strictSettings),
+
+        // The fleet directory on PostgreSQL: the schema and its migrations, and `FleetDirectory`,
+        // a `FleetDirectoryConnection` over postgres-nio (which brings Foundation and ICU).
+        .target(
+            name: "KioskAuthFleetDirectory",
+            dependencies: [
+                "KioskAuthFleet", "KioskAuthCore",
                 .product(name: "PostgresNIO", package: "postgres-nio"),
                 .product(name: "NIOSSL", package: "swift-nio-ssl"),
                 .product(name: "NIOCore", package: "swift-nio"),
@@ -101,7 +113,7 @@ let package = Package(
             name: "KioskAuthDaemon",
             dependencies: [
                 "KioskAuthCore", "KioskAuthStore", "KioskAuthProtocol", "KioskAuthFingerprint",
-                "KioskAuthIdentity", "KioskAuthFleet", "CKioskAuthSystem",
+                "KioskAuthIdentity", "KioskAuthFleet", "KioskAuthFleetDirectory", "CKioskAuthSystem",
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),
                 .product(name: "Logging", package: "swift-log"),
@@ -156,7 +168,7 @@ let package = Package(
         .testTarget(
             name: "KioskAuthFleetTests",
             dependencies: [
-                "KioskAuthFleet",
+                "KioskAuthFleet", "KioskAuthFleetDirectory",
                 .product(name: "Crypto", package: "swift-crypto"),
                 .product(name: "Logging", package: "swift-log"),
             ]),

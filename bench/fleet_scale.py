@@ -2,7 +2,7 @@
 """Load on one fleet directory from many simulated terminals (docs/fleet.md §10).
 
 Starts its own PostgreSQL (initdb into a temporary directory, Unix socket only, run as `nobody`
-when started as root), applies the schema from Sources/KioskAuthFleet/Schema/ (every migration),
+when started as root), applies the schema from Sources/KioskAuthFleetDirectory/Schema/ (every migration),
 and simulates --terminals logical terminals over a pool of --pool connections. This is a load
 generator, not that many daemons. Each terminal has its own database role (a member of
 kioskauth_terminal, as docs/fleet.md §6 provisions them); the pool connects as the superuser and
@@ -45,8 +45,8 @@ from pathlib import Path
 import asyncpg
 
 REPO = Path(__file__).resolve().parent.parent
-MIGRATIONS = [REPO / "Sources/KioskAuthFleet/Schema/Migrations.swift",
-              REPO / "Sources/KioskAuthFleet/Schema/MigrationV2.swift"]
+MIGRATIONS = [REPO / "Sources/KioskAuthFleetDirectory/Schema/Migrations.swift",
+              REPO / "Sources/KioskAuthFleetDirectory/Schema/MigrationV2.swift"]
 SQL_START = ("INSERT", "CREATE", "ALTER", "GRANT", "REVOKE", "DO")
 CHANNEL = "kioskauth_fleet_changes"
 PULL = (

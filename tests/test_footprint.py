@@ -24,6 +24,31 @@ HTTP_STACK = re.compile(r"libFoundationNetworking|libcurl|libgnutls|libkrb5|libg
                         r"libssh2|librtmp")
 
 
+# The daemon's own modules (Package.swift), and the one among them that may import Foundation
+# proper: the fleet's directory client, whose postgres-nio needs Foundation anyway. The daemon's
+# fleet code talks to it only through `FleetDirectoryConnection` (KioskAuthFleet), so it is the
+# one module to move out of the daemon's process to take Foundation and ICU off (docs/footprint.md).
+DAEMON_MODULES = ["KioskAuthCore", "KioskAuthStore", "KioskAuthProtocol", "KioskAuthFingerprint", "KioskAuthIdentity",
+                  "KioskAuthFleet", "KioskAuthFleetDirectory", "KioskAuthDaemon", "kioskauthd"]
+MAY_IMPORT_FOUNDATION = {"KioskAuthFleetDirectory"}
+SOURCES = Path(__file__).resolve().parent.parent / "Sources"
+
+
+def test_only_the_fleet_directory_client_among_the_daemons_modules_imports_foundation():
+    importing = re.compile(r"^\s*(?:@_exported\s+|@preconcurrency\s+)*(?:public |package |internal )?import\s+"
+                           r"(?:(?:struct|class|enum|func|var|let|protocol)\s+)?"
+                           r"(Foundation|FoundationInternationalization|FoundationNetworking)\b", re.M)
+    found = {}
+    for module in DAEMON_MODULES:
+        files = sorted((SOURCES / module).rglob("*.swift"))
+        assert files, module
+        for path in files:
+            if importing.search(path.read_text()):
+                found.setdefault(module, []).append(path.name)
+    assert set(found) <= MAY_IMPORT_FOUNDATION, found
+    assert "KioskAuthFleetDirectory" in found  # the pattern finds what it is meant to
+
+
 def needed(binary) -> list[str]:
     out = subprocess.run(["ldd", str(binary)], capture_output=True, text=True, check=True).stdout
     return [line.split()[0] for line in out.splitlines() if line.strip()]

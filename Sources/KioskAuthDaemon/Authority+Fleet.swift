@@ -98,7 +98,7 @@ extension Authority {
     ) async throws(APIError) -> Message.FleetTerminalRemoved {
         let removal = try await fleetCall(caller, action: .fleetRemove, audits: false) {
             agent throws(APIError) in
-            let named = input.terminal.trimmingCharacters(in: .whitespaces)
+            let named = input.terminal.trimmingWhitespace(newlines: false)
             guard !named.isEmpty, named.count <= 256, !named.contains(where: { $0.isNewline || $0 == "\u{0}" })
             else { throw APIError.invalidInput("terminal", "a terminal id or name") }
             return try await agent.removeTerminal(named)

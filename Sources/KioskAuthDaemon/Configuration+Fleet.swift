@@ -1,4 +1,4 @@
-public import Foundation
+public import FoundationEssentials
 
 extension DaemonConfiguration {
     /// `[Fleet]`: how a fleet member syncs (docs/fleet.md). Membership itself is in the store

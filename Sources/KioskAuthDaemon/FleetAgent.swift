@@ -57,7 +57,9 @@ actor FleetAgent {
     /// Audits what the agent does on its own (a rotation, this terminal's removal).
     private let record: @Sendable (AuditAction, AuditResult, String) async -> Void
 
-    private var connection: FleetDirectory?
+    /// Opens directory connections.
+    let connector: FleetDirectoryConnector
+    private var connection: (any FleetDirectoryConnection)?
     /// The directory address `connection` was made for: a call for another one connects anew.
     private var connectionDirectory: String?
     private var keyPair: TerminalKeyPair?
@@ -77,8 +79,10 @@ actor FleetAgent {
         now: @escaping @Sendable () -> Date, readerTags: @escaping @Sendable () async -> FleetReaderTags?,
         apply: @escaping @Sendable ([FleetChange], FleetApplyContext) async -> FleetApplyOutcome,
         endResetWindows: @escaping @Sendable () async -> Void,
-        record: @escaping @Sendable (AuditAction, AuditResult, String) async -> Void = { _, _, _ in }
+        record: @escaping @Sendable (AuditAction, AuditResult, String) async -> Void = { _, _, _ in },
+        connector: FleetDirectoryConnector = .inProcess
     ) {
+        self.connector = connector
         self.record = record
         self.readerTags = readerTags
         self.apply = apply
@@ -115,7 +119,7 @@ actor FleetAgent {
 
     private var password: String? {
         credential(FleetCredentials.password).map {
-            String(decoding: $0, as: UTF8.self).trimmingCharacters(in: .newlines)
+            String(decoding: $0, as: UTF8.self).trimmingNewlines()
         }
     }
 
@@ -130,12 +134,12 @@ actor FleetAgent {
 
     // MARK: Connection
 
-    private func connect(_ directory: String) async throws(FleetError) -> FleetDirectory {
+    private func connect(_ directory: String) async throws(FleetError) -> any FleetDirectoryConnection {
         if let connection, !connection.isClosed, connectionDirectory == directory { return connection }
         dropConnection()
         let endpoint = try FleetEndpoint(url: directory)
         do {
-            let connection = try await FleetDirectory.connect(to: endpoint, password: password, logger: logger)
+            let connection = try await connector.connect(endpoint, password, logger)
             // A new connection knows no keys and no rows: give it the keyring (pushes MAC rows
             // with it, pulls verify them) and the version of every row this terminal already
             // trusted, so an older version written back into the directory is refused as replayed.
@@ -172,7 +176,9 @@ actor FleetAgent {
 
     /// Refuses a directory role that is not a terminal's own: the owner or a superuser would
     /// give this terminal the power to rewrite the directory (docs/fleet.md §2.1).
-    private static func requireTerminalRole(_ connection: FleetDirectory) async throws(FleetError) -> String? {
+    private static func requireTerminalRole(
+        _ connection: any FleetDirectoryConnection
+    ) async throws(FleetError) -> String? {
         let role = try await connection.sessionRole()
         if role.isTerminalOnly { return nil }
         let what =
@@ -187,8 +193,8 @@ actor FleetAgent {
     func migrate(directory: String, password: String?) async throws(APIError) -> Int {
         let endpoint: FleetEndpoint
         do { endpoint = try FleetEndpoint(url: directory) } catch { throw APIError.fleet(error) }
-        let owner: FleetDirectory
-        do { owner = try await FleetDirectory.connect(to: endpoint, password: password, logger: logger) } catch {
+        let owner: any FleetDirectoryConnection
+        do { owner = try await connector.connect(endpoint, password, logger) } catch {
             throw APIError.fleet(error)
         }
         do {
@@ -241,7 +247,7 @@ actor FleetAgent {
 
     /// Forgets the connection, so the next attempt connects again; the caller closes what it
     /// returns.
-    private func forgetConnection() -> FleetDirectory? {
+    private func forgetConnection() -> (any FleetDirectoryConnection)? {
         let old = connection
         connection = nil
         connectionDirectory = nil
@@ -250,10 +256,10 @@ actor FleetAgent {
     }
 
     /// A second connection for the change feed's notifications (the sync service owns it).
-    func listenerConnection() async throws(FleetError) -> FleetDirectory? {
+    func listenerConnection() async throws(FleetError) -> (any FleetDirectoryConnection)? {
         guard let membership = try? store.fleetMembership() else { return nil }
         let endpoint = try FleetEndpoint(url: membership.directory)
-        return try await FleetDirectory.connect(to: endpoint, password: password, logger: logger)
+        return try await connector.connect(endpoint, password, logger)
     }
 
     /// The longest one directory operation may take before the connection is given up as dead
@@ -277,7 +283,7 @@ actor FleetAgent {
     /// answer was not heard (the deadline, or a connection lost in the middle).
     private func withDirectory<T: Sendable>(
         _ directory: String, ifUnanswered: String? = nil,
-        _ body: @escaping @Sendable (FleetDirectory) async throws(FleetError) -> T
+        _ body: @escaping @Sendable (any FleetDirectoryConnection) async throws(FleetError) -> T
     ) async throws(APIError) -> T {
         // Connecting counts against the deadline too, and an operation that ignores
         // cancellation is left behind rather than waited for: the agent (and with it every
@@ -291,12 +297,12 @@ actor FleetAgent {
             var attempt = 0
             while true {
                 attempt += 1
-                let connection: FleetDirectory
+                let connection: any FleetDirectoryConnection
                 do throws(FleetError) { connection = try await self.connect(directory) } catch {
                     return (.failure(error), false)
                 }
                 let probe = FleetSendProbe()
-                let result = await FleetDirectory.$sendProbe.withValue(probe) { () async -> Result<T, FleetError> in
+                let result = await FleetSendProbe.$current.withValue(probe) { () async -> Result<T, FleetError> in
                     do throws(FleetError) { return .success(try await body(connection)) } catch {
                         return .failure(error)
                     }
@@ -335,7 +341,7 @@ actor FleetAgent {
     }
 
     /// Forgets `closed` if it is still the connection in use (another call may have replaced it).
-    private func forget(_ closed: FleetDirectory) async {
+    private func forget(_ closed: any FleetDirectoryConnection) async {
         guard connection === closed else { return }
         _ = forgetConnection()
         await closed.close()
@@ -829,7 +835,7 @@ actor FleetAgent {
             cursor = last.id
             try storeCall { () throws(StoreError) in try store.updateFleetMembership(cursor: cursor) }
             membership.cursor = cursor
-            if changes.count < FleetDirectory.maximumPullSize { break }
+            if changes.count < FleetChange.maximumPerPull { break }
         }
         let reached = cursor
         let position = try await withDirectory(membership.directory) { connection throws(FleetError) in

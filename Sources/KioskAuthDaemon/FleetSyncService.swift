@@ -36,7 +36,7 @@ struct FleetSyncService: Service {
         static let steadyLifetime: Duration = .seconds(30)
 
         let state = Mutex(State())
-        let connection = Mutex<FleetDirectory?>(nil)
+        let connection = Mutex<(any FleetDirectoryConnection)?>(nil)
         let longestPause: Duration
 
         init(longestPause: Duration) { self.longestPause = longestPause }
@@ -125,7 +125,7 @@ struct FleetSyncService: Service {
                 listening.ended(at: .now)
                 agent.wakeup.signal()
             }
-            let connection: FleetDirectory?
+            let connection: (any FleetDirectoryConnection)?
             do { connection = try await agent.listenerConnection() } catch {
                 logger.info("fleet listener cannot connect", metadata: ["error": "\(error)"])
                 return

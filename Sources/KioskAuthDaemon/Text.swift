@@ -18,4 +18,13 @@ extension StringProtocol {
         text.unicodeScalars.append(contentsOf: scalars[first...last])
         return text
     }
+
+    /// The text without leading and trailing line breaks: what Foundation's
+    /// `trimmingCharacters(in: .newlines)` removes (LF, VT, FF, CR, NEL, LS, PS).
+    func trimmingNewlines() -> String {
+        guard let first = firstIndex(where: { !$0.isNewline }), let last = lastIndex(where: { !$0.isNewline }) else {
+            return ""
+        }
+        return String(self[first...last])
+    }
 }

@@ -1,4 +1,4 @@
-import Foundation
+import FoundationEssentials
 
 /// Where the directory is and how to reach it. TLS is required unless the server is on this
 /// machine (a Unix socket, or a loopback address), so a directory password, templates and
@@ -65,7 +65,11 @@ public struct FleetEndpoint: Sendable, Equatable {
         if let socketDirectory = query["host"], socketDirectory.hasPrefix("/") {
             transport = .unixSocket(path: "\(socketDirectory)/.s.PGSQL.\(port)")
         } else if let host = components.host, !host.isEmpty {
-            transport = .tcp(host: host.trimmingCharacters(in: CharacterSet(charactersIn: "[]")), port: port)
+            // An IPv6 literal comes bracketed ("[::1]"): the brackets are not the address.
+            let unbracketed = host.drop(while: { $0 == "[" || $0 == "]" }).reversed().drop(while: {
+                $0 == "[" || $0 == "]"
+            })
+            transport = .tcp(host: String(unbracketed.reversed()), port: port)
         } else {
             throw FleetError(.badEndpoint("no host and no socket directory"))
         }

@@ -30,7 +30,7 @@ public struct FleetError: Error, CustomStringConvertible, Sendable {
         case permissionDenied
     }
 
-    enum Kind: Sendable {
+    package enum Kind: Sendable {
         case badEndpoint(String)
         case directoryUnavailable(String)
         case connectionClosed
@@ -45,12 +45,12 @@ public struct FleetError: Error, CustomStringConvertible, Sendable {
         case permissionDenied(String)
     }
 
-    let kind: Kind
+    package let kind: Kind
     /// Where the error was raised.
     public let file: String
     public let line: Int
 
-    init(_ kind: Kind, file: String = #fileID, line: Int = #line) {
+    package init(_ kind: Kind, file: String = #fileID, line: Int = #line) {
         self.kind = kind
         self.file = file
         self.line = line

@@ -1,5 +1,5 @@
 import Crypto
-public import Foundation
+public import FoundationEssentials
 
 /// Who made a data-key generation, and who is a member (docs/fleet.md §6.2).
 ///
@@ -65,14 +65,14 @@ public enum FleetKeyAuthentication {
             using: key.derived(for: "member-vouch"))
     }
 
-    static func chainInput(_ key: FleetDataKey) -> Data {
+    package static func chainInput(_ key: FleetDataKey) -> Data {
         var input = Data("kioskauth.fleet.generation.v1\u{0}".utf8)
         input += bigEndian(key.generation)
         key.key.withUnsafeBytes { input += $0 }
         return input
     }
 
-    static func admissionInput(terminal: UUID, publicKey: [UInt8], keys: [FleetDataKey]) -> Data {
+    package static func admissionInput(terminal: UUID, publicKey: [UInt8], keys: [FleetDataKey]) -> Data {
         var input = Data("kioskauth.fleet.admission.v1\u{0}\(terminal.fleetText)\u{0}".utf8) + Data(publicKey)
         for key in keys.sorted(by: { $0.generation < $1.generation }) {
             input += bigEndian(key.generation)
@@ -81,7 +81,7 @@ public enum FleetKeyAuthentication {
         return input
     }
 
-    static func vouchInput(terminal: UUID, publicKey: [UInt8]) -> Data {
+    package static func vouchInput(terminal: UUID, publicKey: [UInt8]) -> Data {
         Data("kioskauth.fleet.member.v1\u{0}\(terminal.fleetText)\u{0}".utf8) + Data(publicKey)
     }
 
@@ -193,7 +193,7 @@ public enum FleetKeyAuthentication {
         return result
     }
 
-    static func bigEndian(_ value: Int32) -> Data {
+    package static func bigEndian(_ value: Int32) -> Data {
         withUnsafeBytes(of: value.bigEndian) { Data($0) }
     }
 }

@@ -1,5 +1,5 @@
 import Crypto
-public import Foundation
+public import FoundationEssentials
 
 /// A terminal's own key pair (X25519). The private half is 32 bytes in the terminal's systemd
 /// credential `kioskauth.fleet-key`; only the public half goes to the directory.
@@ -80,7 +80,7 @@ public struct WrappedDataKey: Sendable, Equatable {
     static let ciphersuite = HPKE.Ciphersuite.Curve25519_SHA256_ChachaPoly
     static let info = Data("kioskauth.fleet.data-key.v1".utf8)
 
-    static func associatedData(terminalID: UUID, generation: Int32) -> Data {
+    package static func associatedData(terminalID: UUID, generation: Int32) -> Data {
         Data("kioskauth.fleet.wrap.v1\u{0}\(terminalID.uuidString.lowercased())\u{0}\(generation)".utf8)
     }
 

@@ -1,4 +1,4 @@
-public import Foundation
+public import FoundationEssentials
 import KioskAuthCore
 
 /// A terminal's registration: who it is and which reader it has, so templates reach only
@@ -41,6 +41,21 @@ public struct FleetTerminal: Sendable, Equatable {
     public var removedAt: Date?
     /// When it last recorded its cursor (its last completed pull); nil if it never did.
     public var lastSeenAt: Date?
+
+    package init(
+        id: UUID, name: String, state: String, readerDriver: String?, readerDeviceType: String?, isMatchOnChip: Bool,
+        joinedAt: Date, removedAt: Date?, lastSeenAt: Date?
+    ) {
+        self.id = id
+        self.name = name
+        self.state = state
+        self.readerDriver = readerDriver
+        self.readerDeviceType = readerDeviceType
+        self.isMatchOnChip = isMatchOnChip
+        self.joinedAt = joinedAt
+        self.removedAt = removedAt
+        self.lastSeenAt = lastSeenAt
+    }
 }
 
 /// One write a terminal pushes. Secrets are sealed before they get here.
@@ -60,7 +75,7 @@ public enum FleetWrite: Sendable, Equatable {
     /// Appends one audit event; `key` makes it stored once however often it is resent.
     case audit(key: UUID, sequence: Int64, occurredAt: Date, person: String?, action: String, result: String)
 
-    var record: [String: String] {
+    package var record: [String: String] {
         switch self {
         case .person(let id, let name, let role, let uid, let state):
             var record = ["op": "person", "person": id.fleetText, "name": name, "role": role, "state": state]
@@ -139,16 +154,41 @@ public struct FleetChange: Sendable, Equatable {
     /// older row written back is recognised.
     public var rowVersion: Int64? = nil
 
-    /// The body's fields, strings as they are and other values as JSON text.
+    package init(id: Int64, entity: String, key: String, isDeletion: Bool, body: String?) {
+        self.id = id
+        self.entity = entity
+        self.key = key
+        self.isDeletion = isDeletion
+        self.body = body
+    }
+
+    /// The body's fields, strings as they are and other values as JSON text: integers exactly
+    /// (a row version may be near Int64.max), other numbers as Swift prints them, booleans as
+    /// "1" and "0" (as NSNumber gave them); nulls, arrays and objects are left out.
     public var fields: [String: String] {
-        guard let body, let object = try? JSONSerialization.jsonObject(with: Data(body.utf8)) as? [String: Any]
+        guard let body, let object = try? JSONDecoder().decode([String: FieldText].self, from: Data(body.utf8))
         else { return [:] }
-        return object.compactMapValues { value in
-            switch value {
-            case let text as String: text
-            case is NSNull: nil
-            case let number as NSNumber: number.stringValue
-            default: nil
+        return object.compactMapValues(\.text)
+    }
+
+    /// One field of a body as `fields` gives it.
+    private struct FieldText: Decodable {
+        var text: String?
+
+        init(from decoder: any Decoder) throws {
+            let value = try decoder.singleValueContainer()
+            if value.decodeNil() {
+                text = nil
+            } else if let string = try? value.decode(String.self) {
+                text = string
+            } else if let flag = try? value.decode(Bool.self) {
+                text = flag ? "1" : "0"
+            } else if let integer = try? value.decode(Int64.self) {
+                text = String(integer)
+            } else if let number = try? value.decode(Double.self) {
+                text = String(number)
+            } else {
+                text = nil  // an array or an object
             }
         }
     }
@@ -171,7 +211,7 @@ public struct JoinToken: Sendable, Equatable, CustomStringConvertible {
     /// The secret: the joining terminal keeps it until its admission is checked with it (§6.2).
     public let secret: [UInt8]
 
-    init(id: UUID, secret: [UInt8]) {
+    package init(id: UUID, secret: [UInt8]) {
         self.id = id
         self.secret = secret
     }
@@ -193,18 +233,17 @@ public struct JoinToken: Sendable, Equatable, CustomStringConvertible {
 }
 
 extension UUID {
-    var fleetText: String { uuidString.lowercased() }
+    package var fleetText: String { uuidString.lowercased() }
 }
 
 extension Data {
     init?(base64URL text: String) {
-        var base64 = text.replacingOccurrences(of: "-", with: "+").replacingOccurrences(of: "_", with: "/")
+        var base64 = String(text.map { $0 == "-" ? "+" : $0 == "_" ? "/" : $0 })
         while base64.count % 4 != 0 { base64 += "=" }
         self.init(base64Encoded: base64)
     }
 
     var base64URL: String {
-        base64EncodedString().replacingOccurrences(of: "+", with: "-").replacingOccurrences(of: "/", with: "_")
-            .replacingOccurrences(of: "=", with: "")
+        String(base64EncodedString().compactMap { $0 == "+" ? "-" : $0 == "/" ? "_" : $0 == "=" ? nil : $0 })
     }
 }

@@ -1,18 +1,19 @@
 import Crypto
-public import Foundation
+public import FoundationEssentials
 
 /// Row MACs (docs/fleet.md §3): the rows whose forgery would change an unlock decision (people,
 /// passcode verifiers, templates) carry HMAC-SHA256 under the data key's row-MAC subkey, made by
 /// the member that wrote them. The MAC covers the table, the row id, the generation, the row's
 /// version and every column that matters, each length-prefixed, so no value can be moved to
 /// another row, table or generation, and an older version of the row is recognisable.
-enum FleetRowMAC {
+package enum FleetRowMAC {
     /// The tables whose rows carry a MAC.
-    static let tables: Set<String> = ["people", "passcode_verifiers", "templates"]
+    package static let tables: Set<String> = ["people", "passcode_verifiers", "templates"]
 
     /// The bytes the MAC is computed over. `nil` fields (a person without a uid) are encoded
     /// distinctly from empty ones.
-    static func input(table: String, row: String, generation: Int32, version: Int64, fields: [[UInt8]?]) -> Data {
+    package static func input(table: String, row: String, generation: Int32, version: Int64, fields: [[UInt8]?]) -> Data
+    {
         var input = Data()
         func append(_ bytes: [UInt8]?) {
             guard let bytes else {
@@ -31,7 +32,7 @@ enum FleetRowMAC {
     }
 
     /// The covered columns of a write as it is pushed: (table, row id, fields).
-    static func content(of write: FleetWrite) -> (table: String, row: String, fields: [[UInt8]?])? {
+    package static func content(of write: FleetWrite) -> (table: String, row: String, fields: [[UInt8]?])? {
         switch write {
         case .person(let id, let name, let role, let uid, let state):
             return ("people", id.fleetText, [utf8(name), utf8(role), uid.map { utf8(String($0)) }, utf8(state)])
@@ -48,7 +49,7 @@ enum FleetRowMAC {
     }
 
     /// The covered columns of a row as the change feed carries it, or nil if one is missing.
-    static func content(ofChange entity: String, key: String, fields: [String: String]) -> [[UInt8]?]? {
+    package static func content(ofChange entity: String, key: String, fields: [String: String]) -> [[UInt8]?]? {
         switch entity {
         case "people":
             guard let name = fields["name"], let role = fields["role"], let state = fields["state"] else { return nil }
@@ -66,10 +67,10 @@ enum FleetRowMAC {
         }
     }
 
-    static func utf8(_ text: String) -> [UInt8] { Array(text.utf8) }
+    package static func utf8(_ text: String) -> [UInt8] { Array(text.utf8) }
 
     /// A bytea as the feed's jsonb writes it (`\x` and hex).
-    static func bytea(_ text: String) -> [UInt8]? {
+    package static func bytea(_ text: String) -> [UInt8]? {
         guard text.hasPrefix("\\x") else { return nil }
         var bytes: [UInt8] = []
         bytes.reserveCapacity((text.utf8.count - 2) / 2)

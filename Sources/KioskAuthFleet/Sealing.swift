@@ -1,5 +1,5 @@
 import Crypto
-public import Foundation
+public import FoundationEssentials
 
 /// What a sealed fleet value is bound to: its table, column, row and owner, and the data-key
 /// generation. The binding is the AEAD's associated data, so a ciphertext moved to another
@@ -77,10 +77,10 @@ public struct FleetKeyring: Sendable {
     }
 
     /// Generation `generation`, if held.
-    func dataKey(generation: Int32) -> FleetDataKey? { dataKeys[generation] }
+    package func dataKey(generation: Int32) -> FleetDataKey? { dataKeys[generation] }
 
     /// Every generation held, oldest first.
-    var heldKeys: [FleetDataKey] { dataKeys.values.sorted { $0.generation < $1.generation } }
+    package var heldKeys: [FleetDataKey] { dataKeys.values.sorted { $0.generation < $1.generation } }
 
     /// Seals `plaintext` under the newest generation.
     public func seal(_ plaintext: some DataProtocol, binding: FleetSealBinding) throws(FleetError) -> SealedBlob {
@@ -119,13 +119,13 @@ public struct FleetKeyring: Sendable {
     public func holds(generation: Int32) -> Bool { keys[generation] != nil }
 
     /// HMAC-SHA256 of `input` under the row-MAC subkey of `generation`, nil if not held.
-    func rowMAC(_ input: Data, generation: Int32) -> Data? {
+    package func rowMAC(_ input: Data, generation: Int32) -> Data? {
         guard let key = macKeys[generation] else { return nil }
         return Data(HMAC<SHA256>.authenticationCode(for: input, using: key))
     }
 
     /// Checks a row MAC in constant time; nil when `generation` is not held.
-    func isValidRowMAC(_ mac: [UInt8], for input: Data, generation: Int32) -> Bool? {
+    package func isValidRowMAC(_ mac: [UInt8], for input: Data, generation: Int32) -> Bool? {
         guard let key = macKeys[generation] else { return nil }
         return HMAC<SHA256>.isValidAuthenticationCode(mac, authenticating: input, using: key)
     }

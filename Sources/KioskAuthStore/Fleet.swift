@@ -1,5 +1,5 @@
 import Crypto
-public import Foundation
+public import FoundationEssentials
 import KioskAuthCore
 
 /// This terminal's membership of a fleet (docs/fleet.md §9), as the store keeps it.

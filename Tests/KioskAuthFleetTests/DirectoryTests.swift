@@ -4,6 +4,7 @@ import Logging
 import Testing
 
 @testable import KioskAuthFleet
+@testable import KioskAuthFleetDirectory
 
 /// A terminal as the tests drive it: its key pair, registration and directory connection.
 /// Each terminal logs in as a database role of its own, a member of `kioskauth_terminal`.

@@ -4,6 +4,7 @@ import Logging
 import Testing
 
 @testable import KioskAuthFleet
+@testable import KioskAuthFleetDirectory
 
 /// Attacks on the directory's authority (docs/fleet.md §2, §3, §8): a terminal acting for
 /// another, a terminal role writing or reading what it may not, and a directory writer forging

@@ -4,6 +4,7 @@ import Logging
 import Testing
 
 @testable import KioskAuthFleet
+@testable import KioskAuthFleetDirectory
 
 @Suite(.serialized, requiresPostgres) struct FleetSecurityTests {
     /// A thief with a pg_dump of the directory finds ciphertext only: neither the template's

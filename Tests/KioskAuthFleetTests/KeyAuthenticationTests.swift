@@ -3,6 +3,7 @@ import Foundation
 import Testing
 
 @testable import KioskAuthFleet
+@testable import KioskAuthFleetDirectory
 
 /// docs/fleet.md §6.2: a directory writer (here the test's superuser, who can write any row)
 /// cannot make members take a data key it knows, nor get a rotation wrapped to itself. Each

@@ -4,6 +4,7 @@ import Synchronization
 import Testing
 
 @testable import KioskAuthFleet
+@testable import KioskAuthFleetDirectory
 
 /// `fleet create` and `fleet join` whose statement committed but whose answer never reached the
 /// terminal (or whose terminal stopped before recording it): the same terminal asking again
@@ -118,7 +119,7 @@ import Testing
             // Not awaited: without the check, this call would never end.
             let ended = Mutex<FleetError??>(nil)
             Task {
-                let error = await FleetDirectory.$sendProbe.withValue(probe) { () async -> FleetError? in
+                let error = await FleetSendProbe.$current.withValue(probe) { () async -> FleetError? in
                     do {
                         _ = try await a.directory.terminals()
                         return nil

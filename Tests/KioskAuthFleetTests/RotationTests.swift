@@ -4,6 +4,7 @@ import Logging
 import Testing
 
 @testable import KioskAuthFleet
+@testable import KioskAuthFleetDirectory
 
 /// Removal and rotation (docs/fleet.md §3, §9.8): removing a terminal that held the data key
 /// owes the fleet a new generation; exactly one member publishes it; a terminal admitted later

@@ -3,6 +3,8 @@ import KioskAuthFleet
 import Logging
 import Testing
 
+@testable import KioskAuthFleetDirectory
+
 #if canImport(Glibc)
     import Glibc
 #endif

@@ -1,5 +1,7 @@
 import Crypto
-public import Foundation
+import Foundation
+public import FoundationEssentials
+public import KioskAuthFleet
 public import Logging
 import NIOCore
 import NIOPosix
@@ -10,11 +12,9 @@ import Synchronization
 /// One terminal's connection to the fleet directory. Operations on one `FleetDirectory` run one
 /// at a time (a connection carries one transaction); a terminal keeps a second one for
 /// `changeWakeups()`. docs/fleet.md describes the protocol.
-public actor FleetDirectory {
+public actor FleetDirectory: FleetDirectoryConnection {
     /// The channel the change feed's trigger notifies.
     public static let changeChannel = "kioskauth_fleet_changes"
-    /// The most changes one pull returns.
-    public static let maximumPullSize = 1000
 
     let connection: PostgresConnection
     let logger: Logger
@@ -654,13 +654,13 @@ public actor FleetDirectory {
     /// is missing or wrong, that is older than a version of its row already seen, or that this
     /// terminal cannot check, comes back with its body withheld and `integrity` saying why.
     /// Never apply a change that is not `isTrusted`; the cursor may move past it.
-    public func pull(after cursor: Int64, limit: Int = maximumPullSize) async throws(FleetError) -> [FleetChange] {
+    public func pull(after cursor: Int64, limit: Int) async throws(FleetError) -> [FleetChange] {
         let changes = try await exclusive { connection, logger in
             var changes: [FleetChange] = []
             for try await (id, entity, key, deleted, body) in try await connection.query(
                 """
                 SELECT change_id, entity, entity_key, deleted, body::text FROM changes
-                WHERE change_id > \(cursor) ORDER BY change_id LIMIT \(min(limit, Self.maximumPullSize))
+                WHERE change_id > \(cursor) ORDER BY change_id LIMIT \(min(limit, FleetChange.maximumPerPull))
                 """, logger: logger
             ).decode((Int64, String, String, Bool, String?).self) {
                 changes.append(FleetChange(id: id, entity: entity, key: key, isDeletion: deleted, body: body))
@@ -876,7 +876,8 @@ public actor FleetDirectory {
         _ body: (FleetWakeups) async throws -> Value
     ) async throws -> Value {
         try await connection.listen(on: Self.changeChannel) { notifications in
-            try await body(FleetWakeups(base: notifications))
+            var iterator = notifications.makeAsyncIterator()
+            return try await body(FleetWakeups { try await iterator.next() == nil ? nil : () })
         }
     }
 
@@ -933,7 +934,7 @@ public actor FleetDirectory {
         // met a server that went away). A statement written to a closed connection is never
         // answered (PostgresNIO drops the write), so it would wait out its caller's deadline.
         guard !connection.isClosed else { throw FleetError(.connectionClosed) }
-        Self.sendProbe?.markSent()
+        FleetSendProbe.current?.markSent()
         do {
             return try await body(connection, logger)
         } catch let error as FleetError {
@@ -961,73 +962,4 @@ public actor FleetDirectory {
             }
         }
     }
-}
-
-/// Wake-ups from the change feed's `NOTIFY`.
-public struct FleetWakeups: AsyncSequence, Sendable {
-    public typealias Element = Void
-    let base: PostgresNotificationSequence
-
-    public func makeAsyncIterator() -> AsyncIterator { AsyncIterator(base: base.makeAsyncIterator()) }
-
-    /// Yields once per notified commit.
-    public struct AsyncIterator: AsyncIteratorProtocol {
-        var base: PostgresNotificationSequence.AsyncIterator
-
-        public mutating func next() async throws -> Void? {
-            try await base.next() == nil ? nil : ()
-        }
-    }
-}
-
-/// Whether any statement of one operation was sent: a caller sets one around the operation
-/// (`FleetDirectory.$sendProbe`). An operation that failed with `isClosedBeforeSending` and sent
-/// nothing asked the directory nothing, and may be run again on a new connection.
-public final class FleetSendProbe: Sendable {
-    private let sent = Mutex(false)
-
-    public init() {}
-
-    /// Whether a statement of the operation was handed to the connection.
-    public var anySent: Bool { sent.withLock { $0 } }
-
-    func markSent() { sent.withLock { $0 = true } }
-}
-
-extension FleetDirectory {
-    /// The probe of the operation the current task runs, if its caller set one.
-    @TaskLocal public static var sendProbe: FleetSendProbe?
-}
-
-/// A generation `rotateDataKeyIfDue` published.
-public struct FleetRotation: Sendable {
-    /// The new generation.
-    public var key: FleetDataKey
-    /// Members it was not wrapped to: their vouch does not open (§6.2).
-    public var unvouched: [UUID]
-    public var generation: Int32 { key.generation }
-}
-
-/// How a `bootstrap` or `join` ended at the directory.
-public enum FleetAttemptOutcome: Sendable, Equatable {
-    /// This call's statement made the change.
-    case applied
-    /// An earlier attempt by the same terminal had made it (its answer was lost, or the terminal
-    /// stopped before recording it); this call found it there.
-    case resumed
-}
-
-/// The database role a directory connection logged in as (`FleetDirectory.sessionRole`).
-public struct FleetSessionRole: Sendable, Equatable {
-    /// `session_user`.
-    public var name: String
-    /// A superuser: bypasses every check and row-level security.
-    public var isSuperuser: Bool
-    /// A member of `kioskauth_terminal` (superusers count as members of every role).
-    public var isTerminalRole: Bool
-    /// Owns the directory's tables.
-    public var isOwner: Bool
-
-    /// Whether a terminal may use this role: its own, with no more than a terminal's rights.
-    public var isTerminalOnly: Bool { isTerminalRole && !isSuperuser && !isOwner }
 }

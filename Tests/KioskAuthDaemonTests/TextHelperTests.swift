@@ -1,0 +1,26 @@
+import Foundation
+import Testing
+
+@testable import KioskAuthDaemon
+
+/// The daemon's own text helpers (Text.swift) against the Foundation methods they replace: the
+/// same result on every edge the daemon's inputs can have.
+@Suite struct TextHelperTests {
+    static let samples = [
+        "", "\n", "secret", "secret\n", "\r\nsecret\r\n", "\u{0B}\u{0C}secret\u{85}", "\u{2028}se cret\u{2029}",
+        " secret \n", "\tsecret\t", "se\ncret", "\n\n\n", "\u{00A0}secret\u{3000}", "é\u{0301}\n",
+    ]
+
+    @Test func trimmingNewlines_isWhatFoundationTrims() {
+        for text in Self.samples {
+            #expect(text.trimmingNewlines() == text.trimmingCharacters(in: .newlines), "\(Array(text.unicodeScalars))")
+        }
+    }
+
+    @Test func trimmingWhitespace_isWhatFoundationTrims() {
+        for text in Self.samples {
+            #expect(text.trimmingWhitespace() == text.trimmingCharacters(in: .whitespacesAndNewlines))
+            #expect(text.trimmingWhitespace(newlines: false) == text.trimmingCharacters(in: .whitespaces))
+        }
+    }
+}
