@@ -6,10 +6,12 @@ extension StringProtocol {
     /// `trimmingCharacters(in: .whitespacesAndNewlines)` removes (Unicode White_Space), or with
     /// `newlines: false` what `.whitespaces` removes (space separators and tab).
     func trimmingWhitespace(newlines: Bool = true) -> String {
+        // Foundation's sets also hold U+200B ZERO WIDTH SPACE, which Unicode does not count as
+        // white space.
         let isBlank: (Unicode.Scalar) -> Bool =
             newlines
-            ? { $0.properties.isWhitespace }
-            : { $0 == "\t" || $0.properties.generalCategory == .spaceSeparator }
+            ? { $0.properties.isWhitespace || $0 == "\u{200B}" }
+            : { $0 == "\t" || $0 == "\u{200B}" || $0.properties.generalCategory == .spaceSeparator }
         let scalars = unicodeScalars
         guard let first = scalars.firstIndex(where: { !isBlank($0) }),
             let last = scalars.lastIndex(where: { !isBlank($0) })

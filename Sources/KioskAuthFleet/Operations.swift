@@ -162,35 +162,129 @@ public struct FleetChange: Sendable, Equatable {
         self.body = body
     }
 
-    /// The body's fields, strings as they are and other values as JSON text: integers exactly
-    /// (a row version may be near Int64.max), other numbers as Swift prints them, booleans as
-    /// "1" and "0" (as NSNumber gave them); nulls, arrays and objects are left out.
+    /// The body's fields, strings as they are and other values as JSON text, as NSNumber gave
+    /// them before this module left Foundation: an integer literal as its exact digits (a row
+    /// version may be near Int64.max), any other number as written (so "1001.0" or "5e0" never
+    /// reads as an integer, and a row that spells one so stays refused), booleans as "1" and
+    /// "0"; nulls, arrays and objects are left out. Not a JSON object: no fields.
     public var fields: [String: String] {
-        guard let body, let object = try? JSONDecoder().decode([String: FieldText].self, from: Data(body.utf8))
+        guard let body, let object = try? JSONDecoder().decode([String: FieldValue].self, from: Data(body.utf8))
         else { return [:] }
-        return object.compactMapValues(\.text)
+        let literals = Self.topLevelNumberLiterals(Array(body.utf8))
+        var fields: [String: String] = [:]
+        for (name, value) in object {
+            switch value {
+            case .text(let text): fields[name] = text
+            case .number(let number):
+                guard let literal = literals[name] else {
+                    // A name spelt with escapes, which the scan leaves out: as NSNumber printed it.
+                    let isIntegral = number.rounded() == number && abs(number) < 9_007_199_254_740_992
+                    fields[name] = isIntegral ? String(Int64(number)) : String(number)
+                    continue
+                }
+                let isInteger = literal.utf8.allSatisfy { $0 == UInt8(ascii: "-") || (0x30...0x39).contains($0) }
+                fields[name] = isInteger ? Int64(literal).map { String($0) } ?? literal : literal
+            case .absent: break
+            }
+        }
+        return fields
     }
 
-    /// One field of a body as `fields` gives it.
-    private struct FieldText: Decodable {
-        var text: String?
+    /// One field of a body as `fields` reads it.
+    private enum FieldValue: Decodable {
+        case text(String)
+        case number(Double)
+        /// Null, an array or an object.
+        case absent
 
         init(from decoder: any Decoder) throws {
             let value = try decoder.singleValueContainer()
             if value.decodeNil() {
-                text = nil
+                self = .absent
             } else if let string = try? value.decode(String.self) {
-                text = string
+                self = .text(string)
             } else if let flag = try? value.decode(Bool.self) {
-                text = flag ? "1" : "0"
-            } else if let integer = try? value.decode(Int64.self) {
-                text = String(integer)
+                self = .text(flag ? "1" : "0")
             } else if let number = try? value.decode(Double.self) {
-                text = String(number)
+                self = .number(number)
             } else {
-                text = nil  // an array or an object
+                self = .absent
             }
         }
+    }
+
+    /// The literal text of each number that is a member of the top-level object of `json`, by
+    /// member name (names spelt with escapes are left out). `json` was already decoded, so it is
+    /// well formed; this only finds where each top-level value starts and ends.
+    static func topLevelNumberLiterals(_ json: [UInt8]) -> [String: String] {
+        var literals: [String: String] = [:]
+        var index = 0
+        func skipBlank() {
+            while index < json.count, [0x20, 0x09, 0x0A, 0x0D].contains(json[index]) { index += 1 }
+        }
+        /// Past a string starting at `index`; its text when it has no escapes.
+        func string() -> String? {
+            index += 1
+            let start = index
+            var escaped = false
+            while index < json.count, json[index] != UInt8(ascii: "\"") {
+                if json[index] == UInt8(ascii: "\\") {
+                    escaped = true
+                    index += 1
+                }
+                index += 1
+            }
+            let text = escaped ? nil : String(decoding: json[start..<min(index, json.count)], as: UTF8.self)
+            index += 1
+            return text
+        }
+        /// Past a value starting at `index`; its text when it is a number.
+        func value() -> String? {
+            guard index < json.count else { return nil }
+            switch json[index] {
+            case UInt8(ascii: "\""):
+                _ = string()
+                return nil
+            case UInt8(ascii: "{"), UInt8(ascii: "["):
+                var depth = 0
+                repeat {
+                    switch json[index] {
+                    case UInt8(ascii: "\""):
+                        _ = string()
+                        continue
+                    case UInt8(ascii: "{"), UInt8(ascii: "["): depth += 1
+                    case UInt8(ascii: "}"), UInt8(ascii: "]"): depth -= 1
+                    default: break
+                    }
+                    index += 1
+                } while depth > 0 && index < json.count
+                return nil
+            default:
+                let start = index
+                while index < json.count, !",}] \t\n\r".utf8.contains(json[index]) { index += 1 }
+                let literal = String(decoding: json[start..<index], as: UTF8.self)
+                return literal.first.map { $0 == "-" || $0.isNumber } == true ? literal : nil
+            }
+        }
+        skipBlank()
+        if index < json.count, json[index] == 0xEF { index += 3 }  // a byte-order mark
+        skipBlank()
+        guard index < json.count, json[index] == UInt8(ascii: "{") else { return [:] }
+        index += 1
+        while index < json.count {
+            skipBlank()
+            guard index < json.count, json[index] == UInt8(ascii: "\"") else { break }
+            let name = string()
+            skipBlank()
+            guard index < json.count, json[index] == UInt8(ascii: ":") else { break }
+            index += 1
+            skipBlank()
+            if let literal = value(), let name { literals[name] = literal }
+            skipBlank()
+            guard index < json.count, json[index] == UInt8(ascii: ",") else { break }
+            index += 1
+        }
+        return literals
     }
 
     /// The sealed secret in a `templates` or `passcode_verifiers` change.

@@ -19,6 +19,21 @@ import Testing
                 "name": "sarah", "version": "9223372036854775000", "uid": "1001", "generation": "3",
                 "match_on_chip": "1", "off": "0", "ratio": "1.5",
             ])
+        // Only an integer literal reads as an integer: a decimal or an exponent stays as written,
+        // so Int64() and a row MAC over it keep refusing it. Beyond Int64, digits as written.
+        let spelt = FleetChange(
+            id: 1, entity: "people", key: "k", isDeletion: false,
+            body: #"{"uid": 1001.0, "version": 5.000, "g": 1e3, "big": 9223372036854775808, "neg": -7, "f": -0.5}"#)
+        #expect(
+            spelt.fields == [
+                "uid": "1001.0", "version": "5.000", "g": "1e3", "big": "9223372036854775808", "neg": "-7", "f": "-0.5",
+            ])
+        #expect(spelt.fields["uid"].flatMap { Int($0) } == nil)
+        // Strings, nested values and escaped names around the numbers do not throw the scan off.
+        let tricky = FleetChange(
+            id: 1, entity: "people", key: "k", isDeletion: false,
+            body: #"{"s": "a\",\"n\": 1", "o": {"n": [1, {"x": "}"}]}, "n": 42, "e\u0073c": 3, "t": "2"}"#)
+        #expect(tricky.fields == ["s": #"a","n": 1"#, "n": "42", "esc": "3", "t": "2"])
         // What is not a JSON object has no fields.
         for junk in [nil, "", "[1]", "{\"name\":", "\"text\""] {
             #expect(FleetChange(id: 1, entity: "people", key: "k", isDeletion: false, body: junk).fields == [:])
