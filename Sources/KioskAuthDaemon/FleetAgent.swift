@@ -613,6 +613,12 @@ actor FleetAgent {
             // The terminal just removed is left out whatever the directory says of it (a writer
             // could put its row and vouch back before this rotation).
             rotated = try await rotateIfDue(&current, excluding: [target.id])
+            if !rotated, let me = UUID(uuidString: current.terminalID) {
+                // Every member races for the rotation a removal owes, and another one (woken by
+                // this removal's change) may have published it first: take that generation, so
+                // that what this terminal seals from now on, and reports, is the new one.
+                try await receiveKeys(terminal: me, membership: &current)
+            }
         } catch {
             logger.error("fleet rotation after a removal failed", metadata: ["error": "\(error)"])
             await record(.fleetRotate, .failure, "after removing \(target.name): \(error.name): \(error.parameters)")
