@@ -181,6 +181,44 @@ def test_two_daemons_starting_at_once_on_a_leftover_socket_leave_one_served_sock
         first.close()
 
 
+def test_an_unprivileged_user_cannot_hold_the_socket_lock_to_keep_the_daemon_from_starting():
+    # The lock file sits in the world-searchable runtime directory. Were anyone able to open it,
+    # an unprivileged user could take its flock (a read-only descriptor is enough) and hold it
+    # across the daemon's restart, which would then be refused as "served by another
+    # kioskauthd". Only the daemon's user may open it.
+    # A lock file others may read is there already (made by hand, or by a build that created
+    # it 0644): the daemon makes it its own user's alone before it takes the lock.
+    daemon = Daemon(config=FAST_HASH_CONFIG)
+    daemon.runtime.mkdir(parents=True, exist_ok=True)
+    daemon.runtime.chmod(0o755)
+    lock_file = daemon.socket + ".lock"
+    os.close(os.open(lock_file, os.O_CREAT | os.O_WRONLY, 0o644))
+    os.chmod(lock_file, 0o644)
+    holder = None
+    try:
+        daemon.start()
+        assert os.stat(lock_file).st_mode & 0o777 == 0o600
+        assert daemon.stop() == 0
+        # As nobody: open the lock file, take its lock, and keep it while the daemon starts.
+        script = ("import fcntl, os, sys, time\n"
+                  "try:\n"
+                  "    fd = os.open(sys.argv[1], os.O_RDONLY)\n"
+                  "except PermissionError:\n"
+                  "    print('refused', flush=True); sys.exit(0)\n"
+                  "fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)\n"
+                  "print('held', flush=True); time.sleep(60)\n")
+        holder = subprocess.Popen(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "--",
+                                   "/usr/bin/python3", "-c", script, lock_file], stdout=subprocess.PIPE, text=True)
+        assert holder.stdout.readline().strip() == "refused"
+        daemon.start()
+        assert "error" not in daemon.call("io.kioskauth.GetStatus"), daemon.log_text()
+    finally:
+        if holder is not None:
+            holder.kill()
+            holder.wait()
+        daemon.close()
+
+
 def test_a_daemon_refused_at_the_socket_lock_has_touched_neither_the_store_nor_the_reader():
     # The lock is taken before the reader starts and the store is opened: a second daemon with
     # the same runtime and state directories is refused before it claims the reader (which the

@@ -692,11 +692,12 @@ public final class VarlinkServer: Service, Sendable {
 /// of it only once its store is closed (or when it exits, however it exits: the kernel releases
 /// it). Not waited for: a daemon that finds it held is refused (`AlreadyServed`, `lockHeld`).
 ///
-/// The file is created empty, mode 0644, and opened read-only (a shared lock file needs no
-/// write access, so one left by root does not lock out the daemon's own user, nor the other
-/// way round); never through a symbolic link, never a hard link (one link only), only a regular
-/// file of this user, of root, or of the directory's owner; and never removed: a lock file
-/// unlinked while another process opens it would let two hold "the" lock.
+/// The file is created empty, mode 0600, and opened read-only (flock needs no more). Nobody else
+/// may open it: anyone who could (a read-only descriptor is enough) could take the lock and keep
+/// the daemon from starting, so one that others may read is made 0600 first. Never through a
+/// symbolic link, never a hard link (one link only), only a regular file of this user, of root,
+/// or of the directory's owner; and never removed: a lock file unlinked while another process
+/// opens it would let two hold "the" lock.
 public final class SocketPathLock: Sendable {
     /// The socket path this lock is for (the lock file is this plus ".lock").
     public let socketPath: String
@@ -711,7 +712,7 @@ public final class SocketPathLock: Sendable {
     public static func acquire(for socketPath: String) throws -> SocketPathLock {
         try VarlinkListener.checkDirectory(of: socketPath)
         let lockFile = socketPath + ".lock"
-        let fd = open(lockFile, O_RDONLY | O_CREAT | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK, 0o644)
+        let fd = open(lockFile, O_RDONLY | O_CREAT | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK, 0o600)
         guard fd >= 0 else {
             throw VarlinkListener.ListenError(
                 "\(lockFile): \(String(cString: strerror(errno))) (a lock file left by another user can be removed)")
@@ -726,6 +727,11 @@ public final class SocketPathLock: Sendable {
             close(fd)
             throw VarlinkListener.ListenError(
                 "\(lockFile) is not a regular file with one link owned by this user, root or the directory's owner")
+        }
+        guard status.st_mode & 0o077 == 0 || fchmod(fd, 0o600) == 0 else {
+            let reason = String(cString: strerror(errno))
+            close(fd)
+            throw VarlinkListener.ListenError("\(lockFile) may be opened by others and cannot be made 0600: \(reason)")
         }
         guard flock(fd, LOCK_EX | LOCK_NB) == 0 else {
             let error = errno

@@ -113,7 +113,7 @@ struct ListenerTests {
             let refused = #expect(throws: VarlinkListener.AlreadyServed.self) { try SocketPathLock.acquire(for: path) }
             #expect(refused?.lockHeld == true)
             #expect(VarlinkListener.identity(of: path) == identity)
-            #expect(mode(path + ".lock") == 0o644)
+            #expect(mode(path + ".lock") == 0o600)
             // Let go of, the lock is anyone's again; the socket still listening is refused for
             // what it is.
             lock.release()
@@ -129,8 +129,8 @@ struct ListenerTests {
     }
 
     /// A lock file that is a symbolic or hard link, not a regular file, or another user's is
-    /// nobody's lock to take: refused, with what it points at left alone. One of root's (left by
-    /// a daemon run by hand) is still taken: it is opened read-only, which flock needs no more.
+    /// nobody's lock to take: refused, with what it points at left alone. One of root's that
+    /// others may read is made 0600 and taken.
     @Test func aLockFileThatIsALinkNotAFileOrAnotherUsers_isRefused() throws {
         try withDirectory { directory in
             let path = directory + "/io.kioskauth"
@@ -151,10 +151,11 @@ struct ListenerTests {
             #expect(chown(lockFile, 65534, 65534) == 0)
             #expect(throws: VarlinkListener.ListenError.self) { try SocketPathLock.acquire(for: path) }
             #expect(access(path, F_OK) != 0)
-            // Root's own, read-only for everyone: taken.
+            // Root's own, readable by everyone: made 0600 (nobody else may take it), then taken.
             #expect(chown(lockFile, 0, 0) == 0)
             #expect(chmod(lockFile, 0o444) == 0)
             try SocketPathLock.acquire(for: path).release()
+            #expect(mode(lockFile) == 0o600)
         }
     }
 
