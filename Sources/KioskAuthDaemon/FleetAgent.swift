@@ -613,7 +613,7 @@ actor FleetAgent {
             // The terminal just removed is left out whatever the directory says of it (a writer
             // could put its row and vouch back before this rotation).
             rotated = try await rotateIfDue(&current, excluding: [target.id])
-            if !rotated, let me = UUID(uuidString: current.terminalID) {
+            if !rotated {
                 // Every member races for the rotation a removal owes, and another one (woken by
                 // this removal's change) may have published it first: take that generation, so
                 // that what this terminal seals from now on, and reports, is the new one.

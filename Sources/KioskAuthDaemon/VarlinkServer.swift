@@ -178,21 +178,15 @@ public final class VarlinkListener: Sendable {
     /// later one's unlink would take away the socket the other had just bound (which then served
     /// nobody).
     ///
-    /// The directory must be one only its owner (the daemon's user or root) can change entries
-    /// in, or sticky. A socket file another process still accepts on is refused
-    /// (`AlreadyServed`), not replaced; a stale one (connecting is refused, as a crashed daemon
-    /// leaves it) is removed first; anything else at the path is refused. The process's umask is
+    /// The directory is one only its owner (the daemon's user or root) can change entries in, or
+    /// sticky: the lock is taken only in such a one. A socket file another process still accepts
+    /// on is refused (`AlreadyServed`), not replaced; a stale one (connecting is refused, as a
+    /// crashed daemon leaves it) is removed first; anything else at the path is refused. The process's umask is
     /// left alone (the store's files are created on another thread meanwhile): the socket file
     /// starts as private as the umask (077) makes it and is then opened to everyone, since every
     /// method authorises its caller (`openToEveryone`).
     static func listeningSocket(at path: String, holding lock: SocketPathLock) throws -> (Int32, FileIdentity) {
         precondition(lock.socketPath == path, "the lock of another path")
-        try checkDirectory(of: path)
-        return try bindLocked(path)
-    }
-
-    /// `listeningSocket(at:holding:)` once the path's lock is held.
-    private static func bindLocked(_ path: String) throws -> (Int32, FileIdentity) {
         var status = stat()
         if lstat(path, &status) == 0 {
             guard status.st_mode & S_IFMT == S_IFSOCK else { throw ListenError("\(path) exists and is not a socket") }
@@ -695,8 +689,8 @@ public final class VarlinkServer: Service, Sendable {
 /// The file is created empty, mode 0600, and opened read-only (flock needs no more). Nobody else
 /// may open it: anyone who could (a read-only descriptor is enough) could take the lock and keep
 /// the daemon from starting, so one that others may read is made 0600 first. Never through a
-/// symbolic link, never a hard link (one link only), only a regular file of this user, of root,
-/// or of the directory's owner; and never removed: a lock file unlinked while another process
+/// symbolic link, never a hard link (one link only), only a regular file of this user or of root
+/// (the directory's owner is one of them); and never removed: a lock file unlinked while another process
 /// opens it would let two hold "the" lock.
 public final class SocketPathLock: Sendable {
     /// The socket path this lock is for (the lock file is this plus ".lock").
@@ -718,15 +712,12 @@ public final class SocketPathLock: Sendable {
                 "\(lockFile): \(String(cString: strerror(errno))) (a lock file left by another user can be removed)")
         }
         var status = stat()
-        var directory = stat()
-        let directoryPath = String(lockFile[..<(lockFile.lastIndex(of: "/") ?? lockFile.startIndex)])
-        guard fstat(fd, &status) == 0, stat(directoryPath.isEmpty ? "." : directoryPath, &directory) == 0,
-            status.st_mode & S_IFMT == S_IFREG, status.st_nlink == 1,
-            [geteuid(), 0, directory.st_uid].contains(status.st_uid)
+        guard fstat(fd, &status) == 0, status.st_mode & S_IFMT == S_IFREG, status.st_nlink == 1,
+            status.st_uid == geteuid() || status.st_uid == 0
         else {
             close(fd)
             throw VarlinkListener.ListenError(
-                "\(lockFile) is not a regular file with one link owned by this user, root or the directory's owner")
+                "\(lockFile) is not a regular file with one link owned by this user or root")
         }
         guard status.st_mode & 0o077 == 0 || fchmod(fd, 0o600) == 0 else {
             let reason = String(cString: strerror(errno))
