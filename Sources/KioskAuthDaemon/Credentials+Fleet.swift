@@ -216,8 +216,9 @@ extension CredentialAuthority {
     }
 
     private func applyFleetVerifier(_ change: FleetChange, _ fleet: FleetApplyContext) throws(StoreError) -> Bool {
-        guard !change.isDeletion, let fleetID = change.fields["person_id"], let uuid = UUID(uuidString: fleetID),
-            let sealed = change.sealedBlob, let person = try store.person(fleetID: fleetID)
+        let fields = change.fields
+        guard !change.isDeletion, let fleetID = fields["person_id"], let uuid = UUID(uuidString: fleetID),
+            let sealed = FleetChange.sealedBlob(in: fields), let person = try store.person(fleetID: fleetID)
         else { return false }
         let plaintext: [UInt8]
         do { plaintext = try fleet.keyring.open(sealed, binding: .verifier(person: uuid)) } catch {
@@ -262,7 +263,7 @@ extension CredentialAuthority {
         guard fields["driver"] == reader.driver, fields["device_type"] == reader.deviceType,
             let templateID = fields["template_id"], let templateUUID = UUID(uuidString: templateID),
             let fleetID = fields["person_id"], let personUUID = UUID(uuidString: fleetID),
-            let finger = fields["finger"], let sealed = change.sealedBlob,
+            let finger = fields["finger"], let sealed = FleetChange.sealedBlob(in: fields),
             let person = try store.person(fleetID: fleetID)
         else { return false }
         let template: [UInt8]
@@ -294,8 +295,8 @@ extension CredentialAuthority {
     /// (`endFleetResetWindows`), the forgiven failures with it, until the reset goes through:
     /// failing closed.
     private func applyFleetLockout(_ change: FleetChange) throws(StoreError) -> Bool {
-        guard let fleetID = change.fields["person_id"],
-            let pulled = change.fields["fleet_failures"].flatMap({ Int($0) }),
+        let fields = change.fields
+        guard let fleetID = fields["person_id"], let pulled = fields["fleet_failures"].flatMap({ Int($0) }),
             let person = try store.person(fleetID: fleetID)
         else { return false }
         let setAside = try store.setsAsideFleetSum(fleetID: fleetID, window: resetWindow)

@@ -914,7 +914,10 @@ actor FleetAgent {
         let terminals = changes.filter { $0.entity == "terminals" && !$0.isDeletion }
         // Terminals seen removed are remembered: no rotation of this terminal's wraps to them,
         // whatever the directory says of them later (a writer could put a removed row back).
-        let removed = terminals.filter { $0.fields["state"] == "removed" }.compactMap { $0.fields["terminal_id"] }
+        let removed = terminals.compactMap { change in
+            let fields = change.fields
+            return fields["state"] == "removed" ? fields["terminal_id"] : nil
+        }
         if !removed.isEmpty {
             try storeCall { () throws(StoreError) in try store.noteFleetRemovedTerminals(removed) }
         }

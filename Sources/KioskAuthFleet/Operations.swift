@@ -288,8 +288,11 @@ public struct FleetChange: Sendable, Equatable {
     }
 
     /// The sealed secret in a `templates` or `passcode_verifiers` change.
-    public var sealedBlob: SealedBlob? {
-        let fields = fields
+    public var sealedBlob: SealedBlob? { Self.sealedBlob(in: fields) }
+
+    /// The sealed secret in the `fields` of such a change (each reading of `fields` parses the
+    /// body again: a caller that holds them already passes them here).
+    public static func sealedBlob(in fields: [String: String]) -> SealedBlob? {
         guard let generation = fields["generation"].flatMap({ Int32($0) }),
             let bytes = fields["sealed"].flatMap(FleetRowMAC.bytea)
         else { return nil }
