@@ -13,6 +13,7 @@ let package = Package(
     products: [
         .executable(name: "kioskauthd", targets: ["kioskauthd"]),
         .executable(name: "kioskauthctl", targets: ["kioskauthctl"]),
+        .executable(name: "kioskauth-fleet", targets: ["kioskauth-fleet"]),
     ],
     dependencies: [
         .package(url: "https://github.com/apple/swift-nio", from: "2.101.2"),
@@ -88,6 +89,7 @@ let package = Package(
             name: "KioskAuthFleet",
             dependencies: [
                 "KioskAuthCore",
+                .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "Crypto", package: "swift-crypto"),
                 .product(name: "Logging", package: "swift-log"),
             ],
@@ -113,7 +115,7 @@ let package = Package(
             name: "KioskAuthDaemon",
             dependencies: [
                 "KioskAuthCore", "KioskAuthStore", "KioskAuthProtocol", "KioskAuthFingerprint",
-                "KioskAuthIdentity", "KioskAuthFleet", "KioskAuthFleetDirectory", "CKioskAuthSystem",
+                "KioskAuthIdentity", "KioskAuthFleet", "CKioskAuthSystem",
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),
                 .product(name: "Logging", package: "swift-log"),
@@ -128,6 +130,15 @@ let package = Package(
             name: "kioskauthd",
             dependencies: [
                 "KioskAuthDaemon", "KioskAuthProtocol",
+                .product(name: "Logging", package: "swift-log"),
+            ],
+            swiftSettings: strictSettings),
+        // The fleet helper: the directory client in a process of its own, started by kioskauthd
+        // (docs/fleet.md §10), so postgres-nio, Foundation and ICU stay out of the daemon.
+        .executableTarget(
+            name: "kioskauth-fleet",
+            dependencies: [
+                "KioskAuthFleetDirectory", "KioskAuthFleet",
                 .product(name: "Logging", package: "swift-log"),
             ],
             swiftSettings: strictSettings),
@@ -169,6 +180,8 @@ let package = Package(
             name: "KioskAuthFleetTests",
             dependencies: [
                 "KioskAuthFleet", "KioskAuthFleetDirectory",
+                .product(name: "NIOCore", package: "swift-nio"),
+                .product(name: "NIOEmbedded", package: "swift-nio"),
                 .product(name: "Crypto", package: "swift-crypto"),
                 .product(name: "Logging", package: "swift-log"),
             ]),

@@ -4,6 +4,7 @@ into them, and the daemon's HTTP client (async-http-client, BoringSSL inside the
 libcurl and none of what libcurl links (gnutls, Kerberos, LDAP). `bench/rss_breakdown.py` measures
 the daemon's mappings and threads."""
 
+import json
 import re
 import subprocess
 import time
@@ -24,29 +25,55 @@ HTTP_STACK = re.compile(r"libFoundationNetworking|libcurl|libgnutls|libkrb5|libg
                         r"libssh2|librtmp")
 
 
-# The daemon's own modules (Package.swift), and the one among them that may import Foundation
-# proper: the fleet's directory client, whose postgres-nio needs Foundation anyway. The daemon's
-# fleet code talks to it only through `FleetDirectoryConnection` (KioskAuthFleet), so it is the
-# one module to move out of the daemon's process to take Foundation and ICU off (docs/footprint.md).
-DAEMON_MODULES = ["KioskAuthCore", "KioskAuthStore", "KioskAuthProtocol", "KioskAuthFingerprint", "KioskAuthIdentity",
-                  "KioskAuthFleet", "KioskAuthFleetDirectory", "KioskAuthDaemon", "kioskauthd"]
-MAY_IMPORT_FOUNDATION = {"KioskAuthFleetDirectory"}
+# Foundation proper comes with postgres-nio, the fleet directory's client; the daemon reaches the
+# directory only through the fleet helper, kioskauth-fleet (docs/fleet.md §10), which links it. So
+# no module linked into kioskauthd imports Foundation, and none links postgres-nio; the helper does.
+FOUNDATION_IMPORT = re.compile(r"^\s*(?:@_exported\s+|@preconcurrency\s+)*(?:public |package |internal )?import\s+"
+                               r"(?:(?:struct|class|enum|func|var|let|protocol)\s+)?"
+                               r"(Foundation|FoundationInternationalization|FoundationNetworking)\b", re.M)
 SOURCES = Path(__file__).resolve().parent.parent / "Sources"
 
 
-def test_only_the_fleet_directory_client_among_the_daemons_modules_imports_foundation():
-    importing = re.compile(r"^\s*(?:@_exported\s+|@preconcurrency\s+)*(?:public |package |internal )?import\s+"
-                           r"(?:(?:struct|class|enum|func|var|let|protocol)\s+)?"
-                           r"(Foundation|FoundationInternationalization|FoundationNetworking)\b", re.M)
+def package_targets() -> dict:
+    described = subprocess.run(["swift", "package", "describe", "--type", "json"], cwd=SOURCES.parent,
+                               capture_output=True, text=True, check=True, timeout=300)
+    return {target["name"]: target for target in json.loads(described.stdout)["targets"]}
+
+
+def closure(targets: dict, product: str) -> tuple[set[str], set[str]]:
+    """The package's own targets `product` is built from, and the products of other packages
+    they name."""
+    modules, products, todo = set(), set(), [product]
+    while todo:
+        name = todo.pop()
+        if name in modules:
+            continue
+        modules.add(name)
+        todo.extend(targets[name].get("target_dependencies", []))
+        products.update(targets[name].get("product_dependencies", []))
+    return modules, products
+
+
+def importing_foundation(modules: set[str]) -> dict[str, list[str]]:
     found = {}
-    for module in DAEMON_MODULES:
-        files = sorted((SOURCES / module).rglob("*.swift"))
-        assert files, module
-        for path in files:
-            if importing.search(path.read_text()):
+    for module in sorted(modules):
+        for path in sorted((SOURCES / module).rglob("*.swift")):
+            if FOUNDATION_IMPORT.search(path.read_text()):
                 found.setdefault(module, []).append(path.name)
-    assert set(found) <= MAY_IMPORT_FOUNDATION, found
-    assert "KioskAuthFleetDirectory" in found  # the pattern finds what it is meant to
+    return found
+
+
+def test_no_module_of_the_daemon_imports_foundation_or_links_the_directory_client():
+    targets = package_targets()
+    modules, products = closure(targets, "kioskauthd")
+    assert {"KioskAuthDaemon", "KioskAuthFleet", "KioskAuthStore"} <= modules, modules
+    assert "KioskAuthFleetDirectory" not in modules
+    assert "PostgresNIO" not in products, products
+    assert importing_foundation(modules) == {}
+    # The helper is where they went, and the check finds them there.
+    helper_modules, helper_products = closure(targets, "kioskauth-fleet")
+    assert "KioskAuthFleetDirectory" in helper_modules and "PostgresNIO" in helper_products
+    assert "KioskAuthFleetDirectory" in importing_foundation(helper_modules)
 
 
 def needed(binary) -> list[str]:
@@ -135,9 +162,7 @@ def mapped(pid: int) -> set[str]:
     return names
 
 
-# The daemon links postgres-nio (the fleet's directory client), which needs Foundation proper and
-# so ICU (docs/footprint.md); the HTTP stack of FoundationNetworking, curl, gnutls, krb5 and LDAP
-# stays out.
+# The HTTP stack of FoundationNetworking, curl, gnutls, krb5 and LDAP stays out of the daemon.
 def test_kioskauthd_needs_no_curl_gnutls_krb5_or_ldap():
     heavy = [lib for lib in needed(KIOSKAUTHD) if HTTP_STACK.search(lib)]
     assert heavy == [], heavy

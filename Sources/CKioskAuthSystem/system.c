@@ -8,9 +8,12 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <malloc.h>
+#include <signal.h>
+#include <spawn.h>
 #include <stddef.h>
 #include <string.h>
 #include <sys/un.h>
+#include <unistd.h>
 
 int kioskauth_send_datagram(int fd, const char *path, const void *data, size_t length) {
     struct sockaddr_un address = {.sun_family = AF_UNIX};
@@ -44,4 +47,52 @@ void kioskauth_release_free_memory(void) {
 
 int kioskauth_open_node(const char *path) {
     return open(path, O_PATH | O_NOFOLLOW | O_CLOEXEC);
+}
+
+int kioskauth_spawn_connected(const char *path, char *const argv[], int *socket_out,
+                              pid_t *pid_out) {
+    int pair[2];
+    if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, pair) != 0)
+        return errno;
+    // The child's end becomes its descriptor 0 by dup2, which clears close-on-exec, unless it
+    // already is 0 (a caller without standard input): then move it out of the way first.
+    if (pair[1] <= 2) {
+        int moved = fcntl(pair[1], F_DUPFD_CLOEXEC, 3);
+        int saved = errno;
+        close(pair[1]);
+        if (moved < 0) {
+            close(pair[0]);
+            return saved;
+        }
+        pair[1] = moved;
+    }
+    posix_spawn_file_actions_t actions;
+    posix_spawnattr_t attributes;
+    sigset_t none, all;
+    sigemptyset(&none);
+    sigfillset(&all);
+    int result = posix_spawn_file_actions_init(&actions);
+    if (result == 0) {
+        result = posix_spawnattr_init(&attributes);
+        if (result == 0) {
+            if ((result = posix_spawn_file_actions_adddup2(&actions, pair[1], 0)) == 0 &&
+                (result = posix_spawn_file_actions_addclosefrom_np(&actions, 3)) == 0 &&
+                (result = posix_spawnattr_setsigmask(&attributes, &none)) == 0 &&
+                (result = posix_spawnattr_setsigdefault(&attributes, &all)) == 0 &&
+                (result = posix_spawnattr_setflags(&attributes, POSIX_SPAWN_SETSIGMASK |
+                                                                    POSIX_SPAWN_SETSIGDEF)) == 0) {
+                char *const environment[] = {NULL};
+                result = posix_spawn(pid_out, path, &actions, &attributes, argv, environment);
+            }
+            posix_spawnattr_destroy(&attributes);
+        }
+        posix_spawn_file_actions_destroy(&actions);
+    }
+    close(pair[1]);
+    if (result != 0) {
+        close(pair[0]);
+        return result;
+    }
+    *socket_out = pair[0];
+    return 0;
 }

@@ -22,13 +22,16 @@ public final class Authority {
     nonisolated let services: OnlineServices
     /// The fleet's network side (idle unless the terminal is in a fleet).
     nonisolated let fleet: FleetAgent
+    /// The fleet helper process the agent's connections go through (started on the first).
+    nonisolated let fleetHelper: FleetHelper
     let context: AuthorityContext
 
     public nonisolated init(
         store: Store, configuration: DaemonConfiguration, groups: AccessGroups, hashingPool: HashingPool,
         isSocketActivated: Bool, usesDevelopmentKey: Bool, reader: FingerprintReader?, logger: Logger,
         services: OnlineServices = OnlineServices(), accounts: SystemAccounts = .system(),
-        credentialsDirectory: String? = nil, now: @escaping @Sendable () -> Date = { Date() }
+        credentialsDirectory: String? = nil, fleetEventLoops: MultiThreadedEventLoopGroup? = nil,
+        now: @escaping @Sendable () -> Date = { Date() }
     ) {
         let access = AccessControl(
             groups: groups, accounts: accounts,
@@ -50,6 +53,8 @@ public final class Authority {
         let credentials = CredentialAuthority(context: context, online: online)
         self.credentials = credentials
         self.terminal = TerminalAuthority(context: context)
+        let fleetHelper = FleetHelper(group: fleetEventLoops, logger: logger)
+        self.fleetHelper = fleetHelper
         self.fleet = FleetAgent(
             store: store, configuration: configuration.fleet, credentialsDirectory: credentialsDirectory,
             logger: logger, now: now,
@@ -61,7 +66,8 @@ public final class Authority {
             endResetWindows: { await credentials.endFleetResetWindows() },
             record: { [trail = context.trail] action, result, detail in
                 await trail.audit(nil, action: action, result: result, detail: detail)
-            })
+            },
+            connector: .helper(fleetHelper))
         // A local write that queued a push wakes the sync service, which sends it at once.
         let wakeup = fleet.wakeup
         store.fleetBatchQueued = { wakeup.signal() }

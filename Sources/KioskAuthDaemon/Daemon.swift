@@ -324,7 +324,7 @@ public enum Daemon {
             isSocketActivated: listener.isInherited,
             usesDevelopmentKey: { if case .developmentKeyFile = source { true } else { false } }(),
             reader: reader, logger: logger, services: onlineServices,
-            credentialsDirectory: paths.credentialsDirectory, now: { clock.now() })
+            credentialsDirectory: paths.credentialsDirectory, fleetEventLoops: eventLoops, now: { clock.now() })
         timeline.mark("authority")
         // The method table (generic metadata for every method's input and reply types, about
         // half a millisecond) is built on another thread while the authority records the start
@@ -442,12 +442,15 @@ public enum Daemon {
             await authority.flushRefusalSummaries()
             await authority.audit(nil, action: .daemonStop, result: .failure, detail: "\(error)")
             hashingPool.shutdown()
+            await authority.fleetHelper.stop()
             await listener.abandon()  // the services may have stopped before the socket was served
             try? await eventLoops.shutdownGracefully()
             // A refusal found while running (the scheduled chain check) keeps its exit status.
             if let refusal = error as? StartupError { throw refusal }
             throw StartupError(message: "\(error)")
         }
+        // The fleet's sync service has stopped: its helper goes before the event loops do.
+        await authority.fleetHelper.stop()
         notifier.notify("STOPPING=1\nSTATUS=Stopped")
         await authority.flushRefusalSummaries()
         await authority.audit(nil, action: .daemonStop, result: .success)

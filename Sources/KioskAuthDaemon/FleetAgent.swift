@@ -80,7 +80,7 @@ actor FleetAgent {
         apply: @escaping @Sendable ([FleetChange], FleetApplyContext) async -> FleetApplyOutcome,
         endResetWindows: @escaping @Sendable () async -> Void,
         record: @escaping @Sendable (AuditAction, AuditResult, String) async -> Void = { _, _, _ in },
-        connector: FleetDirectoryConnector = .inProcess
+        connector: FleetDirectoryConnector
     ) {
         self.connector = connector
         self.record = record

@@ -135,7 +135,7 @@ public struct FleetRotation: Sendable {
 }
 
 /// How a `bootstrap` or `join` ended at the directory.
-public enum FleetAttemptOutcome: Sendable, Equatable {
+public enum FleetAttemptOutcome: Sendable, Equatable, Codable {
     /// This call's statement made the change.
     case applied
     /// An earlier attempt by the same terminal had made it (its answer was lost, or the terminal
@@ -144,7 +144,7 @@ public enum FleetAttemptOutcome: Sendable, Equatable {
 }
 
 /// The database role a directory connection logged in as (`FleetDirectoryConnection.sessionRole`).
-public struct FleetSessionRole: Sendable, Equatable {
+public struct FleetSessionRole: Sendable, Equatable, Codable {
     /// `session_user`.
     public var name: String
     /// A superuser: bypasses every check and row-level security.

@@ -3,9 +3,9 @@ import FoundationEssentials
 /// Where the directory is and how to reach it. TLS is required unless the server is on this
 /// machine (a Unix socket, or a loopback address), so a directory password, templates and
 /// verifiers never cross a network in the clear, and a man in the middle cannot downgrade.
-public struct FleetEndpoint: Sendable, Equatable {
+public struct FleetEndpoint: Sendable, Equatable, Codable {
     /// How the connection is made.
-    public enum Transport: Sendable, Equatable {
+    public enum Transport: Sendable, Equatable, Codable {
         /// A Unix socket: the full path of the `.s.PGSQL.<port>` file.
         case unixSocket(path: String)
         /// TCP to a host name or address.
@@ -13,7 +13,7 @@ public struct FleetEndpoint: Sendable, Equatable {
     }
 
     /// Whether TLS is used.
-    public enum Security: Sendable, Equatable {
+    public enum Security: Sendable, Equatable, Codable {
         /// TLS with the server's certificate checked against the system's roots, or against
         /// the CA file given (PEM), and its name against the host.
         case tls(rootCertificatePath: String?)

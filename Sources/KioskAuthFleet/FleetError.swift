@@ -30,7 +30,7 @@ public struct FleetError: Error, CustomStringConvertible, Sendable {
         case permissionDenied
     }
 
-    package enum Kind: Sendable {
+    package enum Kind: Sendable, Codable {
         case badEndpoint(String)
         case directoryUnavailable(String)
         case connectionClosed

@@ -59,7 +59,7 @@ public struct FleetDataKey: Sendable {
 /// A data-key generation wrapped to one terminal's public key with HPKE (RFC 9180, base mode,
 /// X25519 / HKDF-SHA256 / ChaCha20-Poly1305). The associated data binds it to the terminal and
 /// the generation, so a row copied to another terminal or generation fails to open.
-public struct WrappedDataKey: Sendable, Equatable {
+public struct WrappedDataKey: Sendable, Equatable, Codable {
     /// The terminal it is wrapped to.
     public var terminalID: UUID
     /// The generation inside.

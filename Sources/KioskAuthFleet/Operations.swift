@@ -3,7 +3,7 @@ import KioskAuthCore
 
 /// A terminal's registration: who it is and which reader it has, so templates reach only
 /// terminals that can use them.
-public struct TerminalRegistration: Sendable, Equatable {
+public struct TerminalRegistration: Sendable, Equatable, Codable {
     public var id: UUID
     public var name: String
     public var publicKey: [UInt8]
@@ -29,7 +29,7 @@ public struct TerminalRegistration: Sendable, Equatable {
 }
 
 /// A terminal as the directory lists it (`FleetDirectory.terminals`).
-public struct FleetTerminal: Sendable, Equatable {
+public struct FleetTerminal: Sendable, Equatable, Codable {
     public var id: UUID
     public var name: String
     /// `pending`, `member` or `removed`.
@@ -59,7 +59,7 @@ public struct FleetTerminal: Sendable, Equatable {
 }
 
 /// One write a terminal pushes. Secrets are sealed before they get here.
-public enum FleetWrite: Sendable, Equatable {
+public enum FleetWrite: Sendable, Equatable, Codable {
     /// Adds or changes a person (`state`: active, suspended or removed).
     case person(id: UUID, name: String, role: String, uid: Int32?, state: String)
     /// Sets a person's passcode verifier.
@@ -112,7 +112,7 @@ public enum FleetWrite: Sendable, Equatable {
 /// A batch of writes applied in one transaction, exactly once per idempotency key. The terminal
 /// stores the batch with its key in its durable queue before the first attempt and resends it,
 /// same key, until the directory answers.
-public struct PushBatch: Sendable, Equatable {
+public struct PushBatch: Sendable, Equatable, Codable {
     public var idempotencyKey: UUID
     public var terminal: UUID
     public var writes: [FleetWrite]
@@ -126,7 +126,7 @@ public struct PushBatch: Sendable, Equatable {
 }
 
 /// What became of a push.
-public enum PushOutcome: Sendable, Equatable {
+public enum PushOutcome: Sendable, Equatable, Codable {
     /// Applied now.
     case applied
     /// Its idempotency key had been applied before; nothing changed.
@@ -134,7 +134,7 @@ public enum PushOutcome: Sendable, Equatable {
 }
 
 /// One entry of the change feed: the row as it is after the change, secrets sealed.
-public struct FleetChange: Sendable, Equatable {
+public struct FleetChange: Sendable, Equatable, Codable {
     /// The change id: increasing in commit order, with gaps.
     public var id: Int64
     /// The table (`people`, `passcode_verifiers`, `templates`, `person_lockout`, `terminals`,
@@ -303,7 +303,7 @@ public struct FleetChange: Sendable, Equatable {
 /// A one-time join token as the admin hands it over: `kat1.<token id>.<secret>`. The directory
 /// stores only SHA-256 of the secret; the issuing member keeps the secret until it has admitted
 /// the terminal that used it.
-public struct JoinToken: Sendable, Equatable, CustomStringConvertible {
+public struct JoinToken: Sendable, Equatable, Codable, CustomStringConvertible {
     public let id: UUID
     /// The secret: the joining terminal keeps it until its admission is checked with it (§6.2).
     public let secret: [UInt8]

@@ -88,7 +88,7 @@ package enum FleetRowMAC {
 
 extension FleetChange {
     /// Whether a change may be applied, as `FleetDirectory.pull` found it.
-    public enum Integrity: Sendable, Equatable {
+    public enum Integrity: Sendable, Equatable, Codable {
         /// The table carries no row MAC (terminals, wrapped keys, lockout sums), or the change is
         /// a deletion, which a directory writer can always make (docs/fleet.md §8).
         case notCovered

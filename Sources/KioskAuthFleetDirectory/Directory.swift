@@ -82,6 +82,11 @@ public actor FleetDirectory: FleetDirectoryConnection {
     /// the directory open connects again instead of queueing on a dead connection.
     public nonisolated var isClosed: Bool { connection.isClosed }
 
+    /// Calls `body` once the connection has closed, however it closed.
+    public nonisolated func whenClosed(_ body: @escaping @Sendable () -> Void) {
+        connection.closeFuture.whenComplete { _ in body() }
+    }
+
     /// Closes the connection.
     public func close() async {
         try? await connection.close()

@@ -41,4 +41,12 @@ void kioskauth_release_free_memory(void);
 /// descriptor to check and change that very inode. Returns -1 with errno set on failure.
 int kioskauth_open_node(const char *path);
 
+/// Starts the program at `path` with `argv`, an empty environment, default signal dispositions
+/// and no blocked signals, and one end of a new Unix stream socket pair as its standard input;
+/// its standard output and error are the caller's, and it inherits no other descriptor. The
+/// caller's end (close-on-exec) goes to `*socket_out`, the child's process id to `*pid_out`.
+/// Returns 0, or an errno value (nothing is left open then).
+int kioskauth_spawn_connected(const char *path, char *const argv[], int *socket_out,
+                              pid_t *pid_out);
+
 #endif

@@ -1,0 +1,326 @@
+"""The fleet helper, `kioskauth-fleet` (docs/fleet.md §10): the directory's client (postgres-nio,
+and with it Foundation and ICU) runs in a process of its own that kioskauthd starts on its first
+directory connection and speaks to over a socket pair. These tests attack it from outside: what
+the helper can reach of the daemon, what happens when it is killed or the daemon goes, what a
+peer that is not kioskauthd can make of it, and a daemon installed without it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import struct
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from fleet_support import Fleet, error_name, fleet_test_marks, ok, wait_until
+from kioskauth_testing import KIOSKAUTHD, Daemon
+
+HELPER = KIOSKAUTHD.parent / "kioskauth-fleet"
+QUICK = "PollIntervalSec=1\nReconnectMaxSec=1\n"
+
+
+def add_with_passcode(terminal, name: str) -> None:
+    """A person the fleet shares: one with a passcode (a pending one stays on its terminal)."""
+    ok(terminal.add_person(name))
+    ok(terminal.set_passcode(name, "482913"))
+
+
+@pytest.fixture
+def make_fleet():
+    made: list[Fleet] = []
+
+    def factory(drivers, **kwargs) -> Fleet:
+        fleet = Fleet(drivers, **kwargs)
+        made.append(fleet)
+        return fleet.start()
+
+    yield factory
+    for fleet in made:
+        fleet.close()
+
+
+def children(parent: int, name: str = "kioskauth-fleet", zombies: bool = False) -> list[int]:
+    """Processes named `name` whose parent is `parent` (zombies left out unless asked for)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        comm = stat[stat.index("(") + 1:stat.rindex(")")]
+        state, ppid = stat[stat.rindex(")") + 2:].split()[:2]
+        if int(ppid) == parent and comm == name and (zombies or state != "Z"):
+            found.append(int(entry.name))
+    return found
+
+
+def alive(pid: int) -> bool:
+    """Whether `pid` runs (a zombie does not)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat[stat.rindex(")") + 2] != "Z"
+
+
+def one_helper(terminal) -> int:
+    wait_until(lambda: len(children(terminal.proc.pid)) == 1, timeout=30, what="one fleet helper")
+    helpers = children(terminal.proc.pid)
+    assert len(helpers) == 1, helpers
+    return helpers[0]
+
+
+def descriptors(pid: int) -> dict[int, str]:
+    found = {}
+    for fd in Path(f"/proc/{pid}/fd").iterdir():
+        try:
+            found[int(fd.name)] = os.readlink(fd)
+        except OSError:
+            pass  # closed while listing
+    return found
+
+
+# A member terminal ------------------------------------------------------------------------------
+
+def test_a_member_runs_one_helper_that_holds_nothing_of_the_daemon_but_its_socket(make_fleet):
+    fleet = make_fleet(["virtual_image"], fleet_config=QUICK)
+    a = fleet[0]
+    ok(a.sync())
+    helper = one_helper(a)
+    # Nothing from the daemon's environment: not $CREDENTIALS_DIRECTORY, not $NOTIFY_SOCKET.
+    assert Path(f"/proc/{helper}/environ").read_bytes() == b""
+    assert "CREDENTIALS_DIRECTORY" in Path(f"/proc/{a.proc.pid}/environ").read_bytes().decode()
+    # Its descriptors: the socket pair on standard input, the daemon's log on standard output and
+    # error, and what its own event loop and directory connections made. No file of the daemon:
+    # not the store, not its key, not the credentials, not the API socket.
+    theirs = descriptors(helper)
+    assert theirs[0].startswith("socket:"), theirs
+    files = sorted(target for target in theirs.values() if target.startswith("/"))
+    assert set(files) <= {str(a.log_path)}, files
+    daemon_files = {target for target in descriptors(a.proc.pid).values() if target.startswith(str(a.root))}
+    assert any(path.endswith(".db") or "kioskauth" in path for path in daemon_files - {str(a.log_path)}), daemon_files
+    # The daemon's end of the socket pair is the only other end.
+    inode = theirs[0]
+    holders = [pid for pid in (a.proc.pid, helper) if inode in descriptors(pid).values()]
+    assert holders == [helper], "the pair's two ends are distinct sockets, the helper holds one"
+    # Both of the terminal's directory connections (operations and the change feed) go through it.
+    assert Path(f"/proc/{helper}/cmdline").read_bytes().split(b"\0")[1:3] == [b"--wire", b"1"]
+
+
+def test_a_killed_helper_is_started_again_and_the_fleet_syncs_on(make_fleet):
+    fleet = make_fleet(["virtual_image", "virtual_image"], fleet_config=QUICK)
+    a, b = fleet[0], fleet[1]
+    old_a, old_b = one_helper(a), one_helper(b)
+    os.kill(old_b, signal.SIGKILL)
+    # The daemon waits for it (no zombie left) and says how it ended.
+    wait_until(lambda: not Path(f"/proc/{old_b}").exists(), timeout=30, what="the killed helper reaped")
+    wait_until(lambda: "fleet helper ended" in b.log_text(), timeout=30, what="the helper's end logged")
+    assert "signal 9" in b.log_text()
+    # Both daemons still serve, and B's next directory call starts a new helper.
+    add_with_passcode(a, "omar")
+    ok(a.sync())
+
+    def knows_omar():
+        b.sync()
+        return "error" not in b.person("omar")
+
+    wait_until(knows_omar, timeout=60, interval=0.5, what="B has omar")
+    new_b = one_helper(b)
+    assert new_b != old_b
+    assert one_helper(a) == old_a, "A's helper is untouched"
+
+
+def test_concurrent_callers_share_one_helper_and_every_call_is_answered(make_fleet):
+    fleet = make_fleet(["virtual_image", "virtual_image"], fleet_config=QUICK)
+    a, b = fleet[0], fleet[1]
+    helper = one_helper(b)
+    failures: list[str] = []
+    replies: list[dict] = []
+    lock = threading.Lock()
+
+    def caller(index: int) -> None:
+        from fleet_support import Client
+
+        client = Client(b.socket)
+        try:
+            for round in range(8):
+                method = ("FleetStatus", "FleetSync", "FleetTerminals")[(index + round) % 3]
+                reply = client.call(method)
+                with lock:
+                    replies.append(reply)
+                    if "error" in reply:
+                        failures.append(f"{method}: {reply}")
+        finally:
+            client.close()
+
+    writer = threading.Thread(target=lambda: [add_with_passcode(a, f"p{i}") for i in range(10)])
+    threads = [threading.Thread(target=caller, args=(i,)) for i in range(8)] + [writer]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=300)
+    assert failures == [], failures[:5]
+    assert len(replies) == 64
+    assert children(b.proc.pid) == [helper]
+
+    def knows_all():
+        ok(b.sync())
+        return all("error" not in b.person(f"p{i}") for i in range(10))
+
+    wait_until(knows_all, timeout=60, interval=0.5, what="B has all ten")
+
+
+def test_the_helper_goes_with_the_daemon_whether_it_stops_or_is_killed(make_fleet):
+    fleet = make_fleet(["virtual_image", "virtual_image"], fleet_config=QUICK)
+    a, b = fleet[0], fleet[1]
+    helper_a, helper_b = one_helper(a), one_helper(b)
+    assert a.stop() == 0
+    # Stopped: the daemon has waited for its helper before it exited.
+    assert not alive(helper_a)
+    b.kill()
+    # Killed: the kernel closed the daemon's end of the socket, and the helper exits by itself.
+    wait_until(lambda: not alive(helper_b), timeout=20, what="B's helper gone")
+
+
+# The helper from outside ------------------------------------------------------------------------
+
+def test_the_helper_refuses_to_run_by_hand_or_for_another_build():
+    by_hand = subprocess.run([str(HELPER), "--wire", "1"], stdin=subprocess.DEVNULL, capture_output=True,
+                             text=True, timeout=30)
+    assert by_hand.returncode == 64, by_hand
+    assert "not a socket" in by_hand.stderr
+    ours, theirs = socket.socketpair()
+    with ours, theirs:
+        for wire in (["--wire", "0"], []):
+            other = subprocess.run([str(HELPER), *wire], stdin=theirs, capture_output=True, text=True, timeout=30)
+            assert other.returncode == 64, other
+            assert "wire version" in other.stderr
+
+
+class Peer:
+    """A peer speaking the helper's wire (4-byte length, JSON) over a socket pair."""
+
+    def __init__(self):
+        self.ours, theirs = socket.socketpair()
+        self.process = subprocess.Popen([str(HELPER), "--wire", "1", "--log-level", "debug"], stdin=theirs,
+                                        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        theirs.close()
+        self.ours.settimeout(30)
+
+    def send_raw(self, data: bytes) -> None:
+        self.ours.sendall(data)
+
+    def send(self, message: dict) -> None:
+        body = json.dumps(message).encode()
+        self.send_raw(struct.pack(">I", len(body)) + body)
+
+    def receive(self) -> dict | None:
+        """The next message that is not a log line; None at the end of the stream."""
+        while True:
+            header = self._exactly(4)
+            if header is None:
+                return None
+            body = self._exactly(struct.unpack(">I", header)[0])
+            message = json.loads(body)
+            if "log" not in message:
+                return message
+
+    def _exactly(self, n: int) -> bytes | None:
+        data = b""
+        while len(data) < n:
+            chunk = self.ours.recv(n - len(data))
+            if not chunk:
+                return None
+            data += chunk
+        return data
+
+    def close(self) -> int:
+        self.ours.close()
+        return self.process.wait(timeout=30)
+
+
+def failure(message: dict) -> tuple[str, dict]:
+    """(kind, its values) of a failed answer."""
+    error = message["answer"]["reply"]["failed"]["_0"]
+    (kind, values), = error["kind"].items()
+    return kind, values
+
+
+def test_a_peer_gets_named_errors_for_calls_it_may_not_make():
+    peer = Peer()
+    try:
+        # An operation on a connection it never made: nothing is sent anywhere.
+        peer.send({"id": 1, "connection": 5, "call": {"pull": {"after": 0, "limit": 10}}})
+        answer = peer.receive()
+        assert answer["answer"]["id"] == 1 and answer["answer"]["sent"] is False
+        assert failure(answer)[0] == "connectionClosed"
+        # Connecting where nobody listens: the directory is unavailable, and says why.
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        endpoint = {"transport": {"tcp": {"host": "127.0.0.1", "port": port}}, "security": {"plaintext": {}},
+                    "username": "kiosk", "database": "fleet"}
+        peer.send({"id": 2, "connection": 1, "call": {"connect": {"endpoint": endpoint, "password": "x"}}})
+        answer = peer.receive()
+        kind, values = failure(answer)
+        assert answer["answer"]["id"] == 2 and kind == "directoryUnavailable", answer
+        # It still serves after both.
+        peer.send({"id": 3, "connection": 1, "call": {"close": {}}})
+        assert peer.receive()["answer"]["reply"] == {"done": {}}
+    finally:
+        assert peer.close() == 0
+
+
+@pytest.mark.parametrize("garbage", [
+    b"\x00\x00\x00\x05hello",                      # a body that is not JSON
+    b"\x00\x00\x00\x02{}",                         # JSON that is not a request
+    struct.pack(">I", 256 * 1024 * 1024 + 1),      # a length larger than any message
+])
+def test_a_peer_that_sends_garbage_is_cut_off_and_the_helper_exits(garbage):
+    peer = Peer()
+    peer.send_raw(garbage)
+    # It ends the conversation (no answer to misread) and exits on its own.
+    assert peer.receive() is None
+    assert peer.process.wait(timeout=30) == 0
+    peer.close()
+
+
+# Installed without the helper -------------------------------------------------------------------
+
+class LoneDaemon(Daemon):
+    """kioskauthd copied into a directory of its own, with no kioskauth-fleet beside it."""
+
+    def __init__(self, binary: Path, **kwargs):
+        super().__init__(**kwargs)
+        self.binary = binary
+
+    def command(self) -> list[str]:
+        return [str(self.binary), *super().command()[1:]]
+
+
+def test_a_daemon_without_its_helper_says_so_and_serves_on(tmp_path):
+    lone = tmp_path / "sbin" / "kioskauthd"
+    lone.parent.mkdir()
+    shutil.copy2(KIOSKAUTHD, lone)
+    directory = "postgres://kiosk@127.0.0.1:1/fleet?sslmode=disable"
+    for binary, expected in ((lone, "kioskauth-fleet is not installed"), (KIOSKAUTHD, "Connection refused")):
+        d = LoneDaemon(binary).start()
+        try:
+            reply = d.call("io.kioskauth.FleetMigrate", {"directory": directory, "password": "x"})
+            assert error_name(reply) == "FleetUnreachable", reply
+            assert expected.lower() in json.dumps(reply).lower(), reply
+            assert "error" not in d.call("io.kioskauth.GetStatus")
+            # No connection is left open, so no helper is kept (the daemon stops an idle one).
+            wait_until(lambda: children(d.proc.pid, zombies=True) == [], timeout=40, what="no helper left")
+        finally:
+            d.close()
