@@ -45,7 +45,7 @@ FISHCOMPLETIONSDIR ?= $(datadir)/fish/vendor_completions.d
 
 SWIFT ?= swift
 CONFIGURATION ?= release
-# Where the built kioskauthd and kioskauthctl are; install takes them from here.
+# Where the built kioskauthd, kioskauthctl and kioskauth-fleet are; install takes them from here.
 BIN_DIR ?= .build/$(CONFIGURATION)
 # Generated files (units with paths filled in, udev rules, completions).
 BUILD ?= build
@@ -86,6 +86,7 @@ all: binaries
 binaries:
 	$(SWIFT) build -c $(CONFIGURATION) --product kioskauthd
 	$(SWIFT) build -c $(CONFIGURATION) --product kioskauthctl
+	$(SWIFT) build -c $(CONFIGURATION) --product kioskauth-fleet
 
 support: $(SUPPORT)
 
@@ -122,7 +123,7 @@ $(BUILD)/completions/kioskauthctl.fish: $(BIN_DIR)/kioskauthctl
 	@mkdir -p $(@D)
 	$< --generate-completion-script fish > $@.tmp && mv -f $@.tmp $@
 
-$(BIN_DIR)/kioskauthd $(BIN_DIR)/kioskauthctl:
+$(BIN_DIR)/kioskauthd $(BIN_DIR)/kioskauthctl $(BIN_DIR)/kioskauth-fleet:
 	@echo "$@ is missing: run 'make' (or 'swift build -c $(CONFIGURATION)') first," \
 		"or point BIN_DIR at the built binaries." >&2
 	@exit 1
@@ -132,9 +133,11 @@ ifeq ($(DESTDIR),)
 	$(MAKE) post-install
 endif
 
-install-files: support $(BIN_DIR)/kioskauthd $(BIN_DIR)/kioskauthctl
+install-files: support $(BIN_DIR)/kioskauthd $(BIN_DIR)/kioskauthctl $(BIN_DIR)/kioskauth-fleet
 	$(INSTALL) -D -m 0755 $(BIN_DIR)/kioskauthd $(DESTDIR)$(sbindir)/kioskauthd
 	$(INSTALL) -D -m 0755 $(BIN_DIR)/kioskauthctl $(DESTDIR)$(bindir)/kioskauthctl
+# kioskauthd starts the fleet helper from ../libexec/kioskauth relative to its own directory.
+	$(INSTALL) -D -m 0755 $(BIN_DIR)/kioskauth-fleet $(DESTDIR)$(libexecdir)/kioskauth/kioskauth-fleet
 	$(INSTALL) -D -m 0755 systemd/kioskauth-store-key \
 		$(DESTDIR)$(libexecdir)/kioskauth/kioskauth-store-key
 	$(INSTALL) -d -m 0755 $(DESTDIR)$(SYSTEMDSYSTEMUNITDIR)
@@ -191,7 +194,7 @@ post-install:
 
 uninstall:
 	rm -f $(DESTDIR)$(sbindir)/kioskauthd $(DESTDIR)$(bindir)/kioskauthctl
-	rm -f $(DESTDIR)$(libexecdir)/kioskauth/kioskauth-store-key
+	rm -f $(DESTDIR)$(libexecdir)/kioskauth/kioskauth-store-key $(DESTDIR)$(libexecdir)/kioskauth/kioskauth-fleet
 	-rmdir $(DESTDIR)$(libexecdir)/kioskauth
 	rm -f $(addprefix $(DESTDIR)$(SYSTEMDSYSTEMUNITDIR)/,kioskauthd.socket $(UNITS_IN))
 	rm -f $(DESTDIR)$(SYSUSERSDIR)/kioskauth.conf $(DESTDIR)$(TMPFILESDIR)/kioskauth.conf

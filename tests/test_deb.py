@@ -140,7 +140,7 @@ def test_packages_dependOnlyOnDebianLibraries(packages):
     # No Swift runtime library is needed: the standard library and Foundation are linked in.
     scratch = Path(tempfile_dir()) / "kioskauth"
     run(["dpkg-deb", "-x", daemon, scratch])
-    for program in ("usr/sbin/kioskauthd", "usr/bin/kioskauthctl"):
+    for program in ("usr/sbin/kioskauthd", "usr/bin/kioskauthctl", "usr/libexec/kioskauth/kioskauth-fleet"):
         needed = run(["objdump", "-p", scratch / program]).stdout
         libraries = re.findall(r"NEEDED\s+(\S+)", needed)
         assert libraries, f"{program} names no shared library"
@@ -173,7 +173,8 @@ def test_packages_dependOnlyOnDebianLibraries(packages):
         names = run(["nm", "--defined-only", packed.with_suffix("")]).stdout
         functions = [line for line in names.splitlines() if line.split()[1:2] in (["T"], ["t"])]
         assert len(functions) > 10_000 and any(line.endswith(f" {main}") for line in functions), names[:2000]
-        assert any("KioskAuthProtocol" in line for line in functions)
+        own = "KioskAuthFleetDirectory" if program.endswith("kioskauth-fleet") else "KioskAuthProtocol"
+        assert any(own in line for line in functions)
         if program.endswith("kioskauthd"):
             assert_hot_text_first(scratch / program, functions)
 
@@ -219,7 +220,7 @@ def tempfile_dir() -> str:
 def test_packages_shipTheirFiles(packages):
     daemon = contents(packages["kioskauth"])
     for path in ("/usr/sbin/kioskauthd", "/usr/bin/kioskauthctl", "/usr/libexec/kioskauth/kioskauth-store-key",
-                 "/lib/systemd/system/kioskauthd.socket", "/lib/systemd/system/kioskauthd.service",
+                 "/usr/libexec/kioskauth/kioskauth-fleet", "/lib/systemd/system/kioskauthd.socket", "/lib/systemd/system/kioskauthd.service",
                  "/lib/systemd/system/kioskauthd-store-key.service", "/usr/lib/sysusers.d/kioskauth.conf",
                  "/usr/lib/tmpfiles.d/kioskauth.conf", "/usr/lib/systemd/catalog/kioskauth.catalog",
                  "/lib/udev/rules.d/70-kioskauth.rules",
@@ -410,6 +411,7 @@ def test_deb_installUpgradeRemovePurge_inDebian12(packages, root):
     chroot(root, RUN_DAEMON + """
 ctl user add sarah --display-name Sarah
 ctl status --json > /tmp/status-v1.json
+ctl fleet migrate 'postgres://kiosk@127.0.0.1:1/fleet?sslmode=disable' > /tmp/fleet-v1.txt 2>&1 || true
 """ + STOP_DAEMON, timeout=120)
     assert (state / "kioskauth.sqlite").is_file()
     key_sha = sha("/etc/credstore.encrypted/kioskauth.store-key")
@@ -417,6 +419,11 @@ ctl status --json > /tmp/status-v1.json
     assert status["version"] == version and status["people"] == 1 and not status["developmentKey"], status
     step(f"store created by kioskauthd {version}: schema {status['schemaVersion']}, one person, "
          "key sealed by the key unit's script with systemd-creds")
+    # The installed daemon found its fleet helper (/usr/libexec/kioskauth) and the helper ran as
+    # the service user: the directory (nobody listens there) is what failed, not the helper.
+    fleet = (root / "tmp/fleet-v1.txt").read_text()
+    assert "FleetUnreachable" in fleet and "not installed" not in fleet and "cannot start" not in fleet, fleet
+    assert "refused" in fleet.lower(), fleet
 
     # The administrator enables the module, as pam-auth-update's dialog would.
     chroot(root, "pam-auth-update --enable kioskauth")

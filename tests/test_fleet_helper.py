@@ -1,4 +1,4 @@
-"""The fleet helper, `kioskauth-fleet` (docs/fleet.md §10): the directory's client (postgres-nio,
+"""The fleet helper, `kioskauth-fleet` (docs/fleet.md §9.11): the directory's client (postgres-nio,
 and with it Foundation and ICU) runs in a process of its own that kioskauthd starts on its first
 directory connection and speaks to over a socket pair. These tests attack it from outside: what
 the helper can reach of the daemon, what happens when it is killed or the daemon goes, what a

@@ -26,7 +26,7 @@ HTTP_STACK = re.compile(r"libFoundationNetworking|libcurl|libgnutls|libkrb5|libg
 
 
 # Foundation proper comes with postgres-nio, the fleet directory's client; the daemon reaches the
-# directory only through the fleet helper, kioskauth-fleet (docs/fleet.md §10), which links it. So
+# directory only through the fleet helper, kioskauth-fleet (docs/fleet.md §9.11), which links it. So
 # no module linked into kioskauthd imports Foundation, and none links postgres-nio; the helper does.
 FOUNDATION_IMPORT = re.compile(r"^\s*(?:@_exported\s+|@preconcurrency\s+)*(?:public |package |internal )?import\s+"
                                r"(?:(?:struct|class|enum|func|var|let|protocol)\s+)?"

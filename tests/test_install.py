@@ -34,6 +34,7 @@ def expected_files(install) -> dict[str, int]:
         "/usr/sbin/kioskauthd": 0o755,
         "/usr/bin/kioskauthctl": 0o755,
         "/usr/libexec/kioskauth/kioskauth-store-key": 0o755,
+        "/usr/libexec/kioskauth/kioskauth-fleet": 0o755,
         f"{unit_dir}/kioskauthd.socket": 0o644,
         f"{unit_dir}/kioskauthd.service": 0o644,
         f"{unit_dir}/kioskauthd-store-key.service": 0o644,
@@ -87,6 +88,8 @@ def test_install_underPrefixUsrLocal_followsThePrefix(tmp_path):
     service = read_unit(install.root / "usr/local/lib/systemd/system/kioskauthd.service")
     assert service["Service"]["ExecStart"] == ["/usr/local/sbin/kioskauthd"]
     assert (install.root / "usr/local/sbin/kioskauthd").is_file()
+    # Where kioskauthd looks for its fleet helper: ../libexec/kioskauth from its own directory.
+    assert (install.root / "usr/local/sbin/../libexec/kioskauth/kioskauth-fleet").is_file()
     assert (install.root / "usr/local/lib/sysusers.d/kioskauth.conf").is_file()
     assert (install.root / "usr/local/lib/systemd/catalog/kioskauth.catalog").is_file()
     assert (install.root / "usr/local/lib/udev/rules.d/70-kioskauth.rules").is_file()

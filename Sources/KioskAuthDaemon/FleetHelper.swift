@@ -15,7 +15,7 @@ import Synchronization
 struct FleetDirectoryConnector: Sendable {
     let connect: @Sendable (FleetEndpoint, String?, Logger) async throws(FleetError) -> any FleetDirectoryConnection
 
-    /// Through the fleet helper, `kioskauth-fleet` (docs/fleet.md §10): the directory's client,
+    /// Through the fleet helper, `kioskauth-fleet` (docs/fleet.md §9.11): the directory's client,
     /// postgres-nio with Foundation and ICU, runs in a process of its own, which never sees the
     /// store key.
     static func helper(_ helper: FleetHelper) -> FleetDirectoryConnector {

@@ -2,7 +2,7 @@ import Crypto
 package import FoundationEssentials
 package import NIOCore
 
-/// What the daemon and its fleet helper (`kioskauth-fleet`, docs/fleet.md §10) say to each other
+/// What the daemon and its fleet helper (`kioskauth-fleet`, docs/fleet.md §9.11) say to each other
 /// over the socket pair between them: the daemon asks for `FleetDirectoryConnection` operations,
 /// the helper runs them on its PostgreSQL connections and answers. Each message is one frame, a
 /// 4-byte big-endian length and then that many bytes of JSON.

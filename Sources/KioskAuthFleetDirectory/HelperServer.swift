@@ -5,7 +5,7 @@ import NIOCore
 import NIOPosix
 import Synchronization
 
-/// The fleet helper's side of `FleetWire` (`kioskauth-fleet`, docs/fleet.md §10): it serves
+/// The fleet helper's side of `FleetWire` (`kioskauth-fleet`, docs/fleet.md §9.11): it serves
 /// kioskauthd on the connected socket it was started with, running each request on its
 /// `FleetDirectory` connections, until the daemon closes the socket (or goes away), and then
 /// closes them and returns.

@@ -8,7 +8,7 @@ import Logging
 
 /// `kioskauth-fleet`: the fleet directory's client, in a process of its own. kioskauthd starts it
 /// with one end of a socket pair as its standard input and asks it for directory operations
-/// (docs/fleet.md §10); it exits when the daemon closes that socket or goes away. Not run by hand.
+/// (docs/fleet.md §9.11); it exits when the daemon closes that socket or goes away. Not run by hand.
 @main
 struct FleetHelperMain {
     static func main() async {
