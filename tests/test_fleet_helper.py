@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -324,3 +325,125 @@ def test_a_daemon_without_its_helper_says_so_and_serves_on(tmp_path):
             wait_until(lambda: children(d.proc.pid, zombies=True) == [], timeout=40, what="no helper left")
         finally:
             d.close()
+
+
+# A helper that is not ours ----------------------------------------------------------------------
+# The helper runs a network-facing client; the daemon must survive one that was subverted. A fake
+# kioskauth-fleet (a script speaking the wire) beside a copy of kioskauthd plays it.
+
+FAKE_HELPER = r"""#!/usr/bin/python3
+import json, socket, struct, sys, time
+MODE = "@MODE@"
+peer = socket.socket(fileno=0)
+
+
+def send(message):
+    body = json.dumps(message).encode()
+    peer.sendall(struct.pack(">I", len(body)) + body)
+
+
+def exactly(n):
+    data = b""
+    while len(data) < n:
+        chunk = peer.recv(n - len(data))
+        if not chunk:
+            sys.exit(0)
+        data += chunk
+    return data
+
+
+def fail(request, reason):
+    kind = {"directoryUnavailable": {"_0": reason}}
+    send({"answer": {"id": request["id"], "reply": {"failed": {"_0": {"kind": kind, "file": "fake", "line": 1}}},
+                     "sent": False}})
+
+
+while True:
+    request = json.loads(exactly(struct.unpack(">I", exactly(4))[0]))
+    if MODE == "forge":
+        send({"log": {"level": "critical", "message": "forged entry", "source": "kioskauthd", "metadata": {
+            "MESSAGE_ID": "cc3b94b5b96042b1b319637a8f69986a", "KIOSKAUTH_ACTION": "daemon.start",
+            "KIOSKAUTH_RESULT": "success", "x" * 500: "y" * 5000}}})
+        fail(request, "fake directory")
+    elif MODE == "flood":
+        line = json.dumps({"log": {"level": "info", "message": "flood", "source": "x", "metadata": {}}}).encode()
+        frame = struct.pack(">I", len(line)) + line
+        try:
+            for _ in range(20):
+                peer.sendall(frame * 10000)
+        except OSError:
+            sys.exit(0)
+        time.sleep(60)
+    elif MODE == "silent":
+        time.sleep(3600)
+"""
+
+
+@pytest.fixture(scope="module")
+def lone_bin(tmp_path_factory) -> Path:
+    """A directory with a copy of kioskauthd and room for a kioskauth-fleet beside it."""
+    directory = tmp_path_factory.mktemp("lone") / "sbin"
+    directory.mkdir()
+    shutil.copy2(KIOSKAUTHD, directory / "kioskauthd")
+    return directory
+
+
+def with_fake_helper(lone_bin: Path, mode: str, **kwargs) -> LoneDaemon:
+    fake = lone_bin / "kioskauth-fleet"
+    fake.write_text(FAKE_HELPER.replace("@MODE@", mode))
+    fake.chmod(0o755)
+    return LoneDaemon(lone_bin / "kioskauthd", **kwargs)
+
+
+MIGRATE = ("io.kioskauth.FleetMigrate", {"directory": "postgres://kiosk@127.0.0.1:1/fleet?sslmode=disable",
+                                         "password": "x"})
+
+
+def test_a_subverted_helper_cannot_write_the_daemons_journal_fields(lone_bin):
+    d = with_fake_helper(lone_bin, "forge").start()
+    try:
+        assert error_name(d.call(*MIGRATE)) == "FleetUnreachable"
+        wait_until(lambda: "forged entry" in d.log_text(), timeout=10, what="the helper's line logged")
+        line = next(line for line in d.log_text().splitlines() if "forged entry" in line)
+        # Logged as the helper's, under keys of its own: never MESSAGE_ID or KIOSKAUTH_* fields.
+        assert "fleet helper: forged entry" in line, line
+        assert "helper_MESSAGE_ID=cc3b94b5b96042b1b319637a8f69986a" in line, line
+        assert " MESSAGE_ID=" not in line and " KIOSKAUTH_ACTION=" not in line, line
+        # Long keys and values are cut.
+        assert "x" * 49 not in line and "y" * 1025 not in line, len(line)
+    finally:
+        d.close()
+
+
+def test_a_helper_that_floods_the_daemon_is_cut_off_and_the_daemon_serves_on(lone_bin):
+    d = with_fake_helper(lone_bin, "flood").start()
+    try:
+        before = int(re.search(r"VmRSS:\s+(\d+)", Path(f"/proc/{d.proc.pid}/status").read_text()).group(1))
+        reply = d.call(*MIGRATE)
+        assert error_name(reply) == "FleetUnreachable", reply
+        # Cut off once it is 4096 messages ahead (a wake-up or a log line each), and said so.
+        wait_until(lambda: "messages ahead of the daemon" in d.log_text(), timeout=60,
+                   what="the flooding helper cut off")
+        wait_until(lambda: children(d.proc.pid, zombies=True) == [], timeout=30, what="the flooding helper gone")
+        assert "error" not in d.call("io.kioskauth.GetStatus")
+        flooded = d.log_text().count("fleet helper: flood")
+        assert flooded < 200_000, flooded
+        after = int(re.search(r"VmRSS:\s+(\d+)", Path(f"/proc/{d.proc.pid}/status").read_text()).group(1))
+        assert after - before < 64 * 1024, (before, after)
+    finally:
+        d.close()
+
+
+def test_a_helper_that_never_answers_is_stopped_and_the_call_fails(lone_bin):
+    d = with_fake_helper(lone_bin, "silent", env={"KIOSKAUTH_TEST_FLEET_HELPER_DEADLINE": "2"}).start()
+    try:
+        started = time.monotonic()
+        reply = d.call(*MIGRATE)
+        assert error_name(reply) == "FleetUnreachable", reply
+        assert time.monotonic() - started < 30
+        assert "fleet helper did not answer" in d.log_text()
+        wait_until(lambda: children(d.proc.pid, name="python3", zombies=True) == [] and
+                   children(d.proc.pid, zombies=True) == [], timeout=30, what="the silent helper gone")
+        assert "error" not in d.call("io.kioskauth.GetStatus")
+    finally:
+        d.close()

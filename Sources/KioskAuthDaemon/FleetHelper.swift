@@ -151,6 +151,8 @@ final class FleetHelperProcess: Sendable {
         var nextRequest: UInt64 = 1
         var nextConnection: UInt64 = 1
         var pending: [UInt64: (continuation: CheckedContinuation<Answer, Never>, logger: Logger)] = [:]
+        /// The `callDeadline` watch of each pending request.
+        var watchdogs: [UInt64: Task<Void, Never>] = [:]
         var listeners: [UInt64: AsyncThrowingStream<Void, any Error>.Continuation] = [:]
         var closed: Set<UInt64> = []
         /// Connections opened and not yet closed by the daemon.
@@ -196,14 +198,15 @@ final class FleetHelperProcess: Sendable {
             throw FleetError(
                 .directoryUnavailable("cannot start the fleet helper \(path): \(String(cString: strerror(result)))"))
         }
-        let frames = AsyncStream<ByteBuffer>.makeStream()
+        let frames = FleetWire.frameStream()
+        let stream = FleetWireFrameStream(frames.continuation)
         let channel: any Channel
         do {
             channel = try await ClientBootstrap(group: group)
                 .channelInitializer { channel in
                     channel.eventLoop.makeCompletedFuture {
                         try channel.pipeline.syncOperations.addHandler(ByteToMessageHandler(FleetWireFrameDecoder()))
-                        try channel.pipeline.syncOperations.addHandler(FleetWireFrameStream(frames.continuation))
+                        try channel.pipeline.syncOperations.addHandler(stream)
                     }
                 }
                 .withConnectedSocket(descriptor).get()
@@ -216,7 +219,7 @@ final class FleetHelperProcess: Sendable {
         }
         let process = FleetHelperProcess(pid: pid, channel: channel, logger: logger)
         logger.debug("fleet helper started", metadata: ["pid": "\(pid)"])
-        Task { await process.receive(frames.stream) }
+        Task { await process.receive(frames.stream, cutOff: { stream.overflowed }) }
         return process
     }
 
@@ -267,6 +270,7 @@ final class FleetHelperProcess: Sendable {
                 // Not all of it was written, so the helper never read a whole request.
                 resume(id, with: .unsent("cannot send \(call.name) to the fleet helper: \(error)"))
             }
+            watch(id, call: call.name)
         }
         switch answer {
         case .reply(let reply, let sent):
@@ -282,6 +286,38 @@ final class FleetHelperProcess: Sendable {
         }
     }
 
+    /// How long a request may go unanswered before the helper is taken for hung: far longer
+    /// than any directory operation's own deadline (`[Fleet] OperationTimeoutSec`, the
+    /// connection's 10 s connect timeout), so only a helper that stopped serving reaches it.
+    static var callDeadline: Duration {
+        #if DEBUG
+            if let seconds = testHookSeconds("KIOSKAUTH_TEST_FLEET_HELPER_DEADLINE") {
+                return .milliseconds(Int64(seconds * 1000))
+            }
+        #endif
+        return .seconds(300)
+    }
+
+    /// Closes the helper's socket (ending it, and failing every call in flight) if request
+    /// `id` is still unanswered after `callDeadline`.
+    private func watch(_ id: UInt64, call: String) {
+        let watchdog = Task { [self] in
+            try? await Task.sleep(for: Self.callDeadline)
+            guard state.withLock({ $0.pending[id] != nil }) else { return }
+            logger.error(
+                "fleet helper did not answer: stopping it",
+                metadata: ["call": "\(call)", "pid": "\(pid)", "after": "\(Self.callDeadline)"])
+            try? await channel.close()
+        }
+        // Ended by the answer (`resume`); kept only while the request is pending.
+        let answered = state.withLock { state in
+            guard state.pending[id] != nil else { return true }
+            state.watchdogs[id] = watchdog
+            return false
+        }
+        if answered { watchdog.cancel() }
+    }
+
     /// Sends `call` without waiting for its answer (a connection dropped unclosed).
     func post(_ connection: UInt64, _ call: FleetWire.Call) {
         guard !hasEnded,
@@ -292,12 +328,19 @@ final class FleetHelperProcess: Sendable {
     }
 
     private func resume(_ id: UInt64, with answer: Answer) {
-        state.withLock { $0.pending.removeValue(forKey: id) }?.continuation.resume(returning: answer)
+        let (waiting, watchdog) = state.withLock {
+            ($0.pending.removeValue(forKey: id), $0.watchdogs.removeValue(forKey: id))
+        }
+        watchdog?.cancel()
+        waiting?.continuation.resume(returning: answer)
     }
 
     /// Wake-ups for `connection`, from now on; `stopListening` ends them.
     func listen(_ connection: UInt64) -> AsyncThrowingStream<Void, any Error> {
-        let (stream, continuation) = AsyncThrowingStream<Void, any Error>.makeStream()
+        // A wake-up means "pull now": any number of them pending is one pull, so one is kept
+        // (and a helper that floods them cannot grow the daemon's memory).
+        let (stream, continuation) = AsyncThrowingStream<Void, any Error>.makeStream(
+            bufferingPolicy: .bufferingNewest(1))
         let ended = state.withLock { state -> String? in
             if let ended = state.ended { return ended }
             state.listeners.updateValue(continuation, forKey: connection)?.finish()
@@ -322,7 +365,7 @@ final class FleetHelperProcess: Sendable {
 
     // MARK: What the helper sends
 
-    private func receive(_ frames: AsyncStream<ByteBuffer>) async {
+    private func receive(_ frames: AsyncStream<ByteBuffer>, cutOff: @Sendable () -> Bool) async {
         var reason = "the fleet helper stopped"
         for await frame in frames {
             do {
@@ -333,6 +376,10 @@ final class FleetHelperProcess: Sendable {
                 try? await channel.close()
                 break
             }
+        }
+        if cutOff() {
+            reason = "the fleet helper sent \(FleetWire.maximumQueuedFrames) messages ahead of the daemon"
+            logger.error("\(reason): stopped it", metadata: ["pid": "\(pid)"])
         }
         end(reason)
     }
@@ -347,13 +394,28 @@ final class FleetHelperProcess: Sendable {
             let listener = state.withLock { $0.listeners.removeValue(forKey: connection) }
             if let error { listener?.finish(throwing: error) } else { listener?.finish() }
         case .closed(let connection):
-            _ = state.withLock { $0.closed.insert(connection) }
-        case .log(let level, let message, let metadata, let source):
-            var fields = metadata.mapValues { Logger.MetadataValue.string($0) }
-            fields["helper_pid"] = "\(pid)"
-            logger.log(
-                level: Logger.Level(rawValue: level) ?? .info, "\(message)", metadata: fields, source: source)
+            // Only a connection the daemon holds: the helper cannot grow the set with others.
+            state.withLock { state in
+                if state.open.contains(connection) { state.closed.insert(connection) }
+            }
+        case .log(let level, let message, let metadata, _):
+            let line = Self.helperLogLine(message: message, metadata: metadata, pid: pid)
+            logger.log(level: Logger.Level(rawValue: level) ?? .info, "\(line.message)", metadata: line.metadata)
         }
+    }
+
+    /// A line the helper sent, as the daemon logs it. The helper is not trusted with the daemon's
+    /// journal fields: each of its keys is logged under `helper_` (so it can never be a
+    /// `MESSAGE_ID` or `KIOSKAUTH_*` field that admins and the audit catalog rely on), and the
+    /// message, the keys and the values are cut to a bounded size.
+    static func helperLogLine(
+        message: String, metadata: [String: String], pid: pid_t
+    ) -> (message: String, metadata: Logger.Metadata) {
+        var fields: Logger.Metadata = ["helper_pid": "\(pid)"]
+        for key in metadata.keys.sorted().prefix(16) {
+            fields["helper_" + String(key.prefix(48))] = .string(String(metadata[key]!.prefix(1024)))
+        }
+        return ("fleet helper: " + String(message.prefix(2048)), fields)
     }
 
     /// The helper's socket closed: every call still waiting fails, every listener ends, and the
@@ -364,6 +426,8 @@ final class FleetHelperProcess: Sendable {
             defer {
                 state.pending = [:]
                 state.listeners = [:]
+                for watchdog in state.watchdogs.values { watchdog.cancel() }
+                state.watchdogs = [:]
             }
             return (Array(state.pending.values), Array(state.listeners.values))
         }

@@ -22,7 +22,7 @@ import Logging
     }
 
     /// The seconds the environment variable `variable` holds, if it holds a number.
-    private func testHookSeconds(_ variable: String) -> Double? {
+    func testHookSeconds(_ variable: String) -> Double? {
         ProcessInfo.processInfo.environment[variable].flatMap(Double.init)
     }
 #endif

@@ -1,6 +1,7 @@
 import Crypto
 package import FoundationEssentials
 package import NIOCore
+import Synchronization
 
 /// What the daemon and its fleet helper (`kioskauth-fleet`, docs/fleet.md §9.11) say to each other
 /// over the socket pair between them: the daemon asks for `FleetDirectoryConnection` operations,
@@ -15,6 +16,17 @@ package enum FleetWire {
     /// the largest templates fits with room to spare. A larger length is a broken peer, and
     /// the connection between them is closed.
     package static let maximumFrame = 256 << 20
+
+    /// The most frames read and not yet decoded: far more than a conversation has in flight
+    /// (a few answers, wake-ups and log lines). A peer that sends more is cut off.
+    package static let maximumQueuedFrames = 4096
+
+    /// The stream `FleetWireFrameStream` feeds, bounded by `maximumQueuedFrames`.
+    package static func frameStream() -> (
+        stream: AsyncStream<ByteBuffer>, continuation: AsyncStream<ByteBuffer>.Continuation
+    ) {
+        AsyncStream<ByteBuffer>.makeStream(bufferingPolicy: .bufferingOldest(maximumQueuedFrames))
+    }
 
     /// The version of these messages: the daemon starts the helper with it (`--wire`), and a
     /// helper of another version refuses to start. Raise it with any change to the messages.
@@ -224,11 +236,21 @@ package struct FleetWireFrameDecoder: ByteToMessageDecoder {
 package final class FleetWireFrameStream: ChannelInboundHandler, Sendable {
     package typealias InboundIn = ByteBuffer
     private let continuation: AsyncStream<ByteBuffer>.Continuation
+    private let overflow = Mutex(false)
 
     package init(_ continuation: AsyncStream<ByteBuffer>.Continuation) { self.continuation = continuation }
 
+    /// Whether the peer was cut off for running too far ahead of its reader.
+    package var overflowed: Bool { overflow.withLock { $0 } }
+
     package func channelRead(context: ChannelHandlerContext, data: NIOAny) {
-        continuation.yield(unwrapInboundIn(data))
+        // The stream holds at most `FleetWire.maximumQueuedFrames` (`frameStream()`): a peer that
+        // runs that far ahead of its reader is broken, and is cut off rather than buffered.
+        if case .dropped = continuation.yield(unwrapInboundIn(data)) {
+            overflow.withLock { $0 = true }
+            continuation.finish()
+            context.close(promise: nil)
+        }
     }
 
     package func channelInactive(context: ChannelHandlerContext) {

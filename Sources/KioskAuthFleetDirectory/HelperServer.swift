@@ -12,7 +12,7 @@ import Synchronization
 public enum FleetHelperServer {
     /// Serves the daemon on `descriptor` until it closes; logs go to the daemon as messages.
     public static func serve(descriptor: Int32, logLevel: Logger.Level) async throws {
-        let frames = AsyncStream<ByteBuffer>.makeStream()
+        let frames = FleetWire.frameStream()
         let channel = try await ClientBootstrap(group: MultiThreadedEventLoopGroup.singleton)
             .channelInitializer { channel in
                 channel.eventLoop.makeCompletedFuture {

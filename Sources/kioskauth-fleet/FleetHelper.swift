@@ -1,3 +1,4 @@
+import Dispatch
 import KioskAuthFleet
 import KioskAuthFleetDirectory
 import Logging
@@ -11,7 +12,10 @@ import Logging
 /// (docs/fleet.md §9.11); it exits when the daemon closes that socket or goes away. Not run by hand.
 @main
 struct FleetHelperMain {
-    static func main() async {
+    /// Not `async`, as kioskauthd's: an async `main` hands the main thread to `dispatch_main`,
+    /// which ends it with `pthread_exit`, unwinding its stack through the unwind tables (a
+    /// megabyte resident for nothing, and a process valgrind cannot follow).
+    static func main() {
         var arguments = CommandLine.arguments.dropFirst()
         var level = Logger.Level.info
         var wire: String?
@@ -40,11 +44,16 @@ struct FleetHelperMain {
         // No PR_SET_PDEATHSIG: it fires when the daemon's thread that started the helper ends,
         // and the daemon's pool threads come and go. The socket's end is what ends the helper:
         // the daemon holds the only other end, and the kernel closes it when the daemon dies.
-        do {
-            try await FleetHelperServer.serve(descriptor: 0, logLevel: level)
-        } catch {
-            fail("cannot serve on standard input: \(error)")
+        let finished = DispatchSemaphore(value: 0)
+        Task.detached { [level] in
+            do {
+                try await FleetHelperServer.serve(descriptor: 0, logLevel: level)
+            } catch {
+                fail("cannot serve on standard input: \(error)")
+            }
+            finished.signal()
         }
+        finished.wait()
         exit(0)
     }
 
