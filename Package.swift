@@ -138,7 +138,7 @@ let package = Package(
         .executableTarget(
             name: "kioskauth-fleet",
             dependencies: [
-                "KioskAuthFleetDirectory", "KioskAuthFleet",
+                "KioskAuthFleetDirectory", "KioskAuthFleet", "CKioskAuthSystem",
                 .product(name: "Logging", package: "swift-log"),
             ],
             swiftSettings: strictSettings),

@@ -165,7 +165,7 @@ def test_packages_dependOnlyOnDebianLibraries(packages):
         assert all(".rodata" not in sections for flags, sections in segments if "W" in flags), segments
         # Stripped, but a crash trace still names the functions: MiniDebugInfo, the function
         # symbols xz-compressed in .gnu_debugdata (what gdb and systemd-coredump read).
-        main = f"{Path(program).name}_main"
+        main = f"{Path(program).name.replace('-', '_')}_main"
         assert ".symtab" not in run(["readelf", "-S", "-W", scratch / program]).stdout
         packed = scratch / f"{Path(program).name}.gnu_debugdata.xz"
         run(["objcopy", "--dump-section", f".gnu_debugdata={packed}", scratch / program, scratch / "discard"])

@@ -116,6 +116,31 @@ def test_a_member_runs_one_helper_that_holds_nothing_of_the_daemon_but_its_socke
     assert holders == [helper], "the pair's two ends are distinct sockets, the helper holds one"
     # Both of the terminal's directory connections (operations and the change feed) go through it.
     assert Path(f"/proc/{helper}/cmdline").read_bytes().split(b"\0")[1:3] == [b"--wire", b"1"]
+    # Confined with Landlock before it read a request (which sets no_new_privs).
+    assert "NoNewPrivs:\t1" in Path(f"/proc/{helper}/status").read_text()
+
+
+def test_the_confined_helper_can_read_neither_the_store_nor_the_keys_nor_the_daemons_memory(make_fleet):
+    fleet = make_fleet(["virtual_image"], fleet_config=QUICK)
+    a = fleet[0]
+    store = a.state / "kioskauth.sqlite"
+    targets = [str(store), str(a.credentials / "kioskauth.store-key"), str(a.credentials / "kioskauth.fleet-key"),
+               f"/proc/{a.proc.pid}/mem", f"/proc/{a.proc.pid}/environ", f"signal:{a.proc.pid}"]
+    # Unconfined, the same user (root here) reaches every one of them.
+    for path in targets[:5]:
+        with open(path, "rb"):
+            pass
+    # The helper's own confinement (the function it runs before serving), then the same attempts.
+    checked = subprocess.run([str(HELPER), "--sandbox-check", *targets, "/etc/hosts"], capture_output=True,
+                             text=True, timeout=30)
+    assert checked.returncode == 0, checked.stderr
+    outcome = dict(line.split("\t") for line in checked.stdout.splitlines())
+    for target in targets:
+        assert outcome[target].startswith("denied"), (target, outcome[target])
+    assert outcome["/etc/hosts"] == "allowed"
+    # And the fleet still works through a confined helper: it resolves, connects and syncs.
+    ok(a.sync())
+    assert a.status()["reachable"] is True
 
 
 def test_a_killed_helper_is_started_again_and_the_fleet_syncs_on(make_fleet):
@@ -139,6 +164,60 @@ def test_a_killed_helper_is_started_again_and_the_fleet_syncs_on(make_fleet):
     new_b = one_helper(b)
     assert new_b != old_b
     assert one_helper(a) == old_a, "A's helper is untouched"
+
+
+def sync_in_background(terminal) -> None:
+    """A FleetSync on a connection of its own, whose outcome nobody waits for."""
+    from fleet_support import Client
+
+    def run():
+        try:
+            client = Client(terminal.socket)
+            try:
+                client.call("FleetSync")
+            finally:
+                client.close()
+        except OSError:
+            pass  # the daemon stopped under it
+
+    threading.Thread(target=run, daemon=True).start()
+
+
+def test_a_hung_helper_is_replaced_and_does_not_hold_up_the_daemons_stop(make_fleet, monkeypatch):
+    # A request unanswered for 10 s (debug-build hook; the default is twice the operation
+    # timeout) means the helper stopped serving.
+    monkeypatch.setenv("KIOSKAUTH_TEST_FLEET_HELPER_DEADLINE", "10")
+    fleet = make_fleet(["virtual_image", "virtual_image"], fleet_config=QUICK)
+    a, b = fleet[0], fleet[1]
+    stuck = one_helper(b)
+    os.kill(stuck, signal.SIGSTOP)
+    try:
+        # B's next directory call waits on it; at the deadline the helper is killed and reaped.
+        sync_in_background(b)
+        wait_until(lambda: "fleet helper did not answer" in b.log_text(), timeout=60, what="the hang noticed")
+        wait_until(lambda: not Path(f"/proc/{stuck}").exists(), timeout=30, what="the hung helper killed")
+        # A new helper serves B, and the fleet syncs on.
+        add_with_passcode(a, "omar")
+        ok(a.sync())
+
+        def knows_omar():
+            b.sync()
+            return "error" not in b.person("omar")
+
+        wait_until(knows_omar, timeout=60, interval=0.5, what="B has omar")
+        # Hung again, with a call waiting on it: the daemon's stop neither waits for that call
+        # nor leaves the helper behind.
+        stuck = one_helper(b)
+        os.kill(stuck, signal.SIGSTOP)
+        sync_in_background(b)
+        time.sleep(0.5)
+        started = time.monotonic()
+        assert b.stop() == 0
+        assert time.monotonic() - started < 8  # its call deadline (10 s) never came into it
+        assert not alive(stuck)
+    finally:
+        if alive(stuck):
+            os.kill(stuck, signal.SIGKILL)
 
 
 def test_concurrent_callers_share_one_helper_and_every_call_is_answered(make_fleet):
@@ -374,6 +453,19 @@ while True:
         except OSError:
             sys.exit(0)
         time.sleep(60)
+    elif MODE == "bulk":
+        line = json.dumps({"log": {"level": "info", "message": "b" * (60 << 20), "source": "x",
+                                   "metadata": {}}}).encode()
+        try:
+            for _ in range(6):
+                peer.sendall(struct.pack(">I", len(line)) + line)
+        except OSError:
+            sys.exit(0)
+        fail(request, "fake directory")
+        time.sleep(60)
+    elif MODE == "oversize":
+        peer.sendall(struct.pack(">I", (64 << 20) + 1))
+        time.sleep(60)
     elif MODE == "silent":
         time.sleep(3600)
 """
@@ -422,7 +514,7 @@ def test_a_helper_that_floods_the_daemon_is_cut_off_and_the_daemon_serves_on(lon
         reply = d.call(*MIGRATE)
         assert error_name(reply) == "FleetUnreachable", reply
         # Cut off once it is 4096 messages ahead (a wake-up or a log line each), and said so.
-        wait_until(lambda: "messages ahead of the daemon" in d.log_text(), timeout=60,
+        wait_until(lambda: "ahead of the daemon" in d.log_text(), timeout=60,
                    what="the flooding helper cut off")
         wait_until(lambda: children(d.proc.pid, zombies=True) == [], timeout=30, what="the flooding helper gone")
         assert "error" not in d.call("io.kioskauth.GetStatus")
@@ -430,6 +522,29 @@ def test_a_helper_that_floods_the_daemon_is_cut_off_and_the_daemon_serves_on(lon
         assert flooded < 200_000, flooded
         after = int(re.search(r"VmRSS:\s+(\d+)", Path(f"/proc/{d.proc.pid}/status").read_text()).group(1))
         assert after - before < 64 * 1024, (before, after)
+    finally:
+        d.close()
+
+
+def peak_rss_kib(pid: int) -> int:
+    return int(re.search(r"VmHWM:\s+(\d+)", Path(f"/proc/{pid}/status").read_text()).group(1))
+
+
+@pytest.mark.parametrize("mode", ["bulk", "oversize"])
+def test_a_helper_sending_huge_messages_costs_the_daemon_a_bounded_peak(lone_bin, mode):
+    d = with_fake_helper(lone_bin, mode).start()
+    try:
+        before = peak_rss_kib(d.proc.pid)
+        reply = d.call(*MIGRATE)
+        assert error_name(reply) == "FleetUnreachable", reply
+        wait_until(lambda: children(d.proc.pid, zombies=True) == [], timeout=60, what="the helper gone")
+        assert "error" not in d.call("io.kioskauth.GetStatus")
+        grown = peak_rss_kib(d.proc.pid) - before
+        print(f"{mode}: peak RSS grew by {grown // 1024} MiB")
+        # Six 60 MiB messages sent as fast as the socket takes them: at most one queued, one
+        # being read, and one decoded (its bytes copied once, its text once) at a time, so about
+        # four largest frames (64 MiB each) at the peak; without the bounds, all six and more.
+        assert grown < 5 * 64 * 1024, grown
     finally:
         d.close()
 

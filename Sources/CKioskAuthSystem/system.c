@@ -7,11 +7,15 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <linux/landlock.h>
 #include <malloc.h>
 #include <signal.h>
 #include <spawn.h>
 #include <stddef.h>
 #include <string.h>
+#include <sys/prctl.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/un.h>
 #include <unistd.h>
 
@@ -95,4 +99,70 @@ int kioskauth_spawn_connected(const char *path, char *const argv[], int *socket_
     }
     *socket_out = pair[0];
     return 0;
+}
+
+// Landlock's rights and fields newer than the kernel headers Debian 12 ships (6.1, ABI 3).
+#define KIOSKAUTH_LANDLOCK_FS_REFER (1ULL << 13)
+#define KIOSKAUTH_LANDLOCK_FS_TRUNCATE (1ULL << 14)
+#define KIOSKAUTH_LANDLOCK_FS_IOCTL_DEV (1ULL << 15)
+#define KIOSKAUTH_LANDLOCK_SCOPE_ABSTRACT_UNIX_SOCKET (1ULL << 0)
+#define KIOSKAUTH_LANDLOCK_SCOPE_SIGNAL (1ULL << 1)
+
+/// `struct landlock_ruleset_attr` as of ABI 6; older kernels are given its first field only.
+struct kioskauth_landlock_ruleset {
+    __u64 handled_access_fs;
+    __u64 handled_access_net;
+    __u64 scoped;
+};
+
+int kioskauth_landlock_confine(const char *const readable[]) {
+    int abi = (int)syscall(SYS_landlock_create_ruleset, NULL, 0, LANDLOCK_CREATE_RULESET_VERSION);
+    if (abi < 0)
+        return -errno;
+    // Every file-system right this kernel knows is handled, and so denied unless granted below.
+    __u64 handled = (1ULL << 13) - 1;
+    if (abi >= 2)
+        handled |= KIOSKAUTH_LANDLOCK_FS_REFER;
+    if (abi >= 3)
+        handled |= KIOSKAUTH_LANDLOCK_FS_TRUNCATE;
+    if (abi >= 5)
+        handled |= KIOSKAUTH_LANDLOCK_FS_IOCTL_DEV;
+    struct kioskauth_landlock_ruleset attributes = {.handled_access_fs = handled};
+    size_t size = sizeof(attributes.handled_access_fs);
+    if (abi >= 6) {
+        // Network access is not handled (the directory may be on any port): that field stays 0.
+        attributes.scoped =
+            KIOSKAUTH_LANDLOCK_SCOPE_ABSTRACT_UNIX_SOCKET | KIOSKAUTH_LANDLOCK_SCOPE_SIGNAL;
+        size = sizeof(attributes);
+    }
+    int ruleset = (int)syscall(SYS_landlock_create_ruleset, &attributes, size, 0);
+    if (ruleset < 0)
+        return -errno;
+    const __u64 file_rights = LANDLOCK_ACCESS_FS_READ_FILE | LANDLOCK_ACCESS_FS_EXECUTE;
+    const __u64 directory_rights = file_rights | LANDLOCK_ACCESS_FS_READ_DIR;
+    int result = 0;
+    for (const char *const *path = readable; *path != NULL && result == 0; path++) {
+        int fd = open(*path, O_PATH | O_CLOEXEC);
+        if (fd < 0) {
+            if (errno != ENOENT && errno != ENOTDIR)
+                result = -errno;
+            continue;
+        }
+        struct stat status;
+        struct landlock_path_beneath_attr rule = {.parent_fd = fd};
+        if (fstat(fd, &status) != 0)
+            result = -errno;
+        else {
+            rule.allowed_access = S_ISDIR(status.st_mode) ? directory_rights : file_rights;
+            if (syscall(SYS_landlock_add_rule, ruleset, LANDLOCK_RULE_PATH_BENEATH, &rule, 0) != 0)
+                result = -errno;
+        }
+        close(fd);
+    }
+    if (result == 0 && prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0)
+        result = -errno;
+    if (result == 0 && syscall(SYS_landlock_restrict_self, ruleset, 0) != 0)
+        result = -errno;
+    close(ruleset);
+    return result == 0 ? abi : result;
 }

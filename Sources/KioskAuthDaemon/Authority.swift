@@ -53,7 +53,8 @@ public final class Authority {
         let credentials = CredentialAuthority(context: context, online: online)
         self.credentials = credentials
         self.terminal = TerminalAuthority(context: context)
-        let fleetHelper = FleetHelper(group: fleetEventLoops, logger: logger)
+        let fleetHelper = FleetHelper(
+            group: fleetEventLoops, operationTimeout: configuration.fleet.operationTimeout, logger: logger)
         self.fleetHelper = fleetHelper
         self.fleet = FleetAgent(
             store: store, configuration: configuration.fleet, credentialsDirectory: credentialsDirectory,

@@ -400,7 +400,9 @@ public enum Daemon {
         // Idle (no connection) until the terminal is in a fleet.
         services.append(
             .init(
-                service: FleetSyncService(agent: authority.fleet, configuration: configuration.fleet, logger: logger),
+                service: FleetSyncService(
+                    agent: authority.fleet, helper: authority.fleetHelper, configuration: configuration.fleet,
+                    logger: logger),
                 serviceName: "fleet-sync"))
         if configuration.metrics.writesTextfile {
             services.append(

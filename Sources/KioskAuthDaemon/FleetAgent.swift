@@ -144,10 +144,9 @@ actor FleetAgent {
             // with it, pulls verify them) and the version of every row this terminal already
             // trusted, so an older version written back into the directory is refused as replayed.
             if !dataKeys.isEmpty { await connection.useKeyring(keyring) }
-            if let versions = try? store.fleetRowVersions() {
-                for row in versions {
-                    await connection.rememberRowVersion(row.version, entity: row.entity, key: row.key)
-                }
+            if let versions = try? store.fleetRowVersions(), !versions.isEmpty {
+                await connection.rememberRowVersions(
+                    versions.map { FleetRowVersion(version: $0.version, entity: $0.entity, key: $0.key) })
             }
             // Another call (a sync beside a FleetCreate, say) connected while this one awaited:
             // keep that connection and close this one. Replaced unclosed, this one would have

@@ -37,16 +37,33 @@ actor FleetHelper {
     /// The daemon's event loops (the shared ones when nil: a test's authority).
     private let group: (any EventLoopGroup)?
     private let logger: Logger
+    /// How long a request may go unanswered before the helper is taken for hung and replaced.
+    let callDeadline: Duration
     private var running: FleetHelperProcess?
     private var starting: Task<FleetHelperProcess, any Error>?
     private var idleTimer: Task<Void, Never>?
+    /// Every helper started and not yet stopped by `stop()`.
+    private var started: [FleetHelperProcess] = []
+    /// Set by `stop()`: no helper is started after it.
+    private var isStopped = false
 
-    init(group: (any EventLoopGroup)?, logger: Logger) {
+    /// `operationTimeout`: `[Fleet] OperationTimeoutSec`. A request the helper has not answered
+    /// in twice that (at least 30 s: the directory's own connect timeout is 10 s) means a helper
+    /// that stopped serving, not a slow directory, whose operations the agent gives up on first.
+    init(group: (any EventLoopGroup)?, operationTimeout: Double = 20, logger: Logger) {
         self.group = group
         self.logger = logger
+        var deadline = Duration.milliseconds(Int64(max(2 * operationTimeout, 30) * 1000))
+        #if DEBUG
+            if let seconds = testHookSeconds("KIOSKAUTH_TEST_FLEET_HELPER_DEADLINE") {
+                deadline = .milliseconds(Int64(seconds * 1000))
+            }
+        #endif
+        self.callDeadline = deadline
     }
 
-    /// A new directory connection, made by the helper.
+    /// A new directory connection, made by the helper. A helper found dead on the way (its
+    /// socket closed before the request could be sent) is replaced once.
     func connect(
         to endpoint: FleetEndpoint, password: String?, logger: Logger
     ) async throws(FleetError)
@@ -54,20 +71,26 @@ actor FleetHelper {
     {
         idleTimer?.cancel()
         idleTimer = nil
-        let process = try await process()
-        // Counted open from here, so the helper is not stopped under a connect in progress.
-        let id = process.opened()
-        let connection = FleetHelperConnection(process: process, id: id, logger: logger) { [weak self] in
-            Task { await self?.released(process) }
+        var attempt = 0
+        while true {
+            attempt += 1
+            let process = try await process()
+            // Counted open from here, so the helper is not stopped under a connect in progress.
+            let id = process.opened()
+            let connection = FleetHelperConnection(process: process, id: id, logger: logger) { [weak self] in
+                Task { await self?.released(process) }
+            }
+            do throws(FleetError) {
+                let reply = try await process.call(
+                    id, .connect(endpoint: endpoint, password: password), logger: logger)
+                guard case .done = reply else { throw FleetHelperProcess.unexpected(reply, to: "connect") }
+                return connection
+            } catch {
+                connection.closeWithoutWaiting()
+                guard error.isClosedBeforeSending, attempt < 2 else { throw error }
+                process.abandon()
+            }
         }
-        do throws(FleetError) {
-            let reply = try await process.call(id, .connect(endpoint: endpoint, password: password), logger: logger)
-            guard case .done = reply else { throw FleetHelperProcess.unexpected(reply, to: "connect") }
-        } catch {
-            await connection.close()
-            throw error
-        }
-        return connection
     }
 
     /// A connection of `process` closed: with none left open, the helper is stopped after
@@ -89,23 +112,31 @@ actor FleetHelper {
         await process.stop()
     }
 
-    /// Stops the running helper, if any, and waits for it to exit (at the daemon's stop).
+    /// Stops every helper started (one that is starting too), fails the calls in flight, waits
+    /// for them to exit, and starts none after (the daemon's stop). Called first when the stop
+    /// begins, so that no service waits on a helper, and again once the services have ended.
     func stop() async {
+        isStopped = true
         idleTimer?.cancel()
-        starting?.cancel()
-        await running?.stop()
+        if let starting, let process = try? await starting.value, !started.contains(where: { $0 === process }) {
+            started.append(process)
+        }
+        for process in started { await process.stop() }
+        started = []
+        running = nil
     }
 
     /// The helper that runs, started if none does.
     private func process() async throws(FleetError) -> FleetHelperProcess {
         if let running, !running.hasEnded { return running }
+        guard !isStopped else { throw FleetError(.directoryUnavailable("kioskauthd is stopping")) }
         let task: Task<FleetHelperProcess, any Error>
         if let starting {
             task = starting
         } else {
-            task = Task { [group, logger] in
+            task = Task { [group, logger, callDeadline] in
                 try await FleetHelperProcess.start(
-                    group: group ?? MultiThreadedEventLoopGroup.singleton, logger: logger)
+                    group: group ?? MultiThreadedEventLoopGroup.singleton, callDeadline: callDeadline, logger: logger)
             }
             starting = task
         }
@@ -114,6 +145,12 @@ actor FleetHelper {
             if starting == task {
                 starting = nil
                 running = process
+                started.removeAll { $0.hasEnded }
+                started.append(process)
+            }
+            if isStopped {
+                await process.stop()
+                throw FleetError(.directoryUnavailable("kioskauthd is stopping"))
             }
             return process
         } catch {
@@ -144,6 +181,8 @@ actor FleetHelper {
 final class FleetHelperProcess: Sendable {
     let pid: pid_t
     private let channel: any Channel
+    /// How long a request may go unanswered before the helper is taken for hung (`FleetHelper`).
+    private let callDeadline: Duration
     private let logger: Logger
     private let state = Mutex(State())
 
@@ -173,14 +212,17 @@ final class FleetHelperProcess: Sendable {
         case lost(String)
     }
 
-    private init(pid: pid_t, channel: any Channel, logger: Logger) {
+    private init(pid: pid_t, channel: any Channel, callDeadline: Duration, logger: Logger) {
         self.pid = pid
         self.channel = channel
+        self.callDeadline = callDeadline
         self.logger = logger
     }
 
     /// Starts the helper on a new socket pair.
-    static func start(group: any EventLoopGroup, logger: Logger) async throws(FleetError) -> FleetHelperProcess {
+    static func start(
+        group: any EventLoopGroup, callDeadline: Duration, logger: Logger
+    ) async throws(FleetError) -> FleetHelperProcess {
         guard let path = FleetHelper.executablePath() else {
             throw FleetError(
                 .directoryUnavailable(
@@ -211,15 +253,16 @@ final class FleetHelperProcess: Sendable {
                 }
                 .withConnectedSocket(descriptor).get()
         } catch {
-            close(descriptor)
+            // NIO closed the descriptor once its channel held it; closing it again here could
+            // close another thread's new descriptor of the same number.
             kill(pid, SIGKILL)
             var status: Int32 = 0
             _ = waitpid(pid, &status, 0)
             throw FleetError(.directoryUnavailable("cannot talk to the fleet helper: \(error)"))
         }
-        let process = FleetHelperProcess(pid: pid, channel: channel, logger: logger)
+        let process = FleetHelperProcess(pid: pid, channel: channel, callDeadline: callDeadline, logger: logger)
         logger.debug("fleet helper started", metadata: ["pid": "\(pid)"])
-        Task { await process.receive(frames.stream, cutOff: { stream.overflowed }) }
+        Task { await process.receive(frames.stream, from: stream) }
         return process
     }
 
@@ -286,27 +329,15 @@ final class FleetHelperProcess: Sendable {
         }
     }
 
-    /// How long a request may go unanswered before the helper is taken for hung: far longer
-    /// than any directory operation's own deadline (`[Fleet] OperationTimeoutSec`, the
-    /// connection's 10 s connect timeout), so only a helper that stopped serving reaches it.
-    static var callDeadline: Duration {
-        #if DEBUG
-            if let seconds = testHookSeconds("KIOSKAUTH_TEST_FLEET_HELPER_DEADLINE") {
-                return .milliseconds(Int64(seconds * 1000))
-            }
-        #endif
-        return .seconds(300)
-    }
-
     /// Closes the helper's socket (ending it, and failing every call in flight) if request
     /// `id` is still unanswered after `callDeadline`.
     private func watch(_ id: UInt64, call: String) {
         let watchdog = Task { [self] in
-            try? await Task.sleep(for: Self.callDeadline)
+            try? await Task.sleep(for: callDeadline)
             guard state.withLock({ $0.pending[id] != nil }) else { return }
             logger.error(
                 "fleet helper did not answer: stopping it",
-                metadata: ["call": "\(call)", "pid": "\(pid)", "after": "\(Self.callDeadline)"])
+                metadata: ["call": "\(call)", "pid": "\(pid)", "after": "\(callDeadline)"])
             try? await channel.close()
         }
         // Ended by the answer (`resume`); kept only while the request is pending.
@@ -365,9 +396,10 @@ final class FleetHelperProcess: Sendable {
 
     // MARK: What the helper sends
 
-    private func receive(_ frames: AsyncStream<ByteBuffer>, cutOff: @Sendable () -> Bool) async {
+    private func receive(_ frames: AsyncStream<ByteBuffer>, from stream: FleetWireFrameStream) async {
         var reason = "the fleet helper stopped"
         for await frame in frames {
+            stream.taken(frame)
             do {
                 dispatch(try FleetWire.decode(FleetWire.Message.self, from: frame))
             } catch {
@@ -377,8 +409,9 @@ final class FleetHelperProcess: Sendable {
                 break
             }
         }
-        if cutOff() {
-            reason = "the fleet helper sent \(FleetWire.maximumQueuedFrames) messages ahead of the daemon"
+        if stream.overflowed {
+            reason =
+                "the fleet helper ran \(FleetWire.maximumQueuedFrames) messages or one largest message ahead of the daemon"
             logger.error("\(reason): stopped it", metadata: ["pid": "\(pid)"])
         }
         end(reason)
@@ -458,6 +491,13 @@ final class FleetHelperProcess: Sendable {
         }
     }
 
+    /// Takes the helper for dead at once (its socket refused a request): closes its socket, so
+    /// that the next connection starts another; it is waited for as after any end.
+    func abandon() {
+        state.withLock { state in state.ended = state.ended ?? "the fleet helper's socket closed" }
+        channel.close(promise: nil)
+    }
+
     /// Closes the helper's socket, which ends it, and waits until it has been waited for.
     func stop() async {
         try? await channel.close()
@@ -470,10 +510,11 @@ final class FleetHelperProcess: Sendable {
         }
     }
 
-    /// Waits for `pid` to exit, for up to 5 s, then kills it.
+    /// Waits for `pid` to exit, for up to 2 s (a helper whose socket closed only closes its
+    /// directory connections), then kills it.
     private static func reap(_ pid: pid_t) async -> Int32? {
         var status: Int32 = 0
-        for _ in 0..<100 {
+        for _ in 0..<40 {
             let reaped = waitpid(pid, &status, WNOHANG)
             if reaped == pid { return status }
             if reaped < 0 { return nil }
@@ -506,22 +547,24 @@ final class FleetHelperConnection: FleetDirectoryConnection {
 
     deinit {
         // Dropped without close(): the helper closes its connection anyway.
-        if !closedHere.withLock({ $0 }) {
-            process.post(id, .close)
-            process.forget(id)
-            released()
-        }
+        closeWithoutWaiting()
     }
 
     var isClosed: Bool { closedHere.withLock { $0 } || process.isClosed(id) }
 
     func close() async {
+        closeWithoutWaiting()
+    }
+
+    /// Asks the helper to close the connection without waiting for it to: a close must never
+    /// wait on a helper that stopped answering (the daemon's stop closes connections too).
+    func closeWithoutWaiting() {
         guard
             !closedHere.withLock({ was in
                 defer { was = true }; return was
             })
         else { return }
-        _ = try? await process.call(id, .close, logger: logger)
+        process.post(id, .close)
         process.forget(id)
         released()
     }
@@ -647,8 +690,9 @@ final class FleetHelperConnection: FleetDirectoryConnection {
         }
     }
 
-    func rememberRowVersion(_ version: Int64, entity: String, key: String) async {
-        do { try await perform(.rememberRowVersion(version, entity: entity, key: key)) } catch {
+    /// One request for all of them: a store with many rows makes one round trip, not one each.
+    func rememberRowVersions(_ rows: [FleetRowVersion]) async {
+        do { try await perform(.rememberRowVersions(rows)) } catch {
             logger.debug("fleet helper did not take a row version", metadata: ["error": "\(error)"])
         }
     }
@@ -667,7 +711,8 @@ final class FleetHelperConnection: FleetDirectoryConnection {
         } catch {
             result = .failure(error)
         }
-        _ = try? await perform(.unlisten)
+        // Not waited for either: the helper ends the LISTEN, and its wake-ups are no longer taken.
+        process.post(id, .unlisten)
         process.stopListening(id)
         return try result.get()
     }

@@ -14,6 +14,8 @@ import Synchronization
 /// (`FleetCreate`, `FleetJoin`), which wakes it.
 struct FleetSyncService: Service {
     let agent: FleetAgent
+    /// The fleet helper the agent's connections go through: stopped as soon as the stop begins.
+    let helper: FleetHelper
     let configuration: DaemonConfiguration.Fleet
     let logger: Logger
 
@@ -104,6 +106,11 @@ struct FleetSyncService: Service {
             }
         } onGracefulShutdown: {
             agent.wakeup.signal()
+            // A sync waiting on the helper (one that stopped answering, say) would hold this
+            // service, and the services stopped after it, up to the helper's call deadline:
+            // stopping the helper fails its calls in flight now. Nothing is lost: a stopping
+            // daemon starts no new sync, and the next start pulls and pushes what is left.
+            Task { await helper.stop() }
         }
         // Close both directory connections before the daemon lets go of them: PostgresNIO
         // requires it (a connection dropped open is an assertion failure in debug builds, and a

@@ -65,17 +65,56 @@ public protocol FleetDirectoryConnection: AnyObject, Sendable {
 
     /// The data keys pushes MAC and seal rows with and pulls verify with.
     func useKeyring(_ keyring: FleetKeyring) async
-    /// A row version this terminal already trusted, so an older one written back is refused.
-    func rememberRowVersion(_ version: Int64, entity: String, key: String) async
+    /// Row versions this terminal already trusted, so an older one written back is refused.
+    func rememberRowVersions(_ rows: [FleetRowVersion]) async
 
     /// Listens for the change feed's notifications while `body` runs: each wake-up means "pull now".
     func withChangeWakeups<Value: Sendable>(_ body: (FleetWakeups) async throws -> Value) async throws -> Value
 }
 
 extension FleetDirectoryConnection {
-    /// The changes after `cursor`, at most `FleetChange.maximumPerPull` of them.
+    /// The changes after `cursor`, at most `FleetChange.maximumPerPull` of them, checked
+    /// (`FleetChange.checkPage`) before anyone applies one.
     public func pull(after cursor: Int64) async throws(FleetError) -> [FleetChange] {
-        try await pull(after: cursor, limit: FleetChange.maximumPerPull)
+        let changes = try await pull(after: cursor, limit: FleetChange.maximumPerPull)
+        try FleetChange.checkPage(changes, after: cursor, limit: FleetChange.maximumPerPull)
+        return changes
+    }
+}
+
+/// A row version a terminal trusted (`FleetDirectoryConnection.rememberRowVersions`).
+public struct FleetRowVersion: Sendable, Equatable, Codable {
+    public var version: Int64
+    /// The table, as `FleetChange.entity` names it.
+    public var entity: String
+    public var key: String
+
+    public init(version: Int64, entity: String, key: String) {
+        self.version = version
+        self.entity = entity
+        self.key = key
+    }
+}
+
+extension FleetChange {
+    /// Refuses a page of the change feed that the feed cannot have produced: more than `limit`
+    /// changes, or ids not strictly increasing from after `cursor`. Applied, such a page could
+    /// move the cursor back or keep a sync pulling the same changes for ever; whoever answered
+    /// it (the directory, or the helper between) is not followed.
+    public static func checkPage(_ changes: [FleetChange], after cursor: Int64, limit: Int) throws(FleetError) {
+        guard changes.count <= limit else {
+            throw FleetError(
+                .integrity("the directory answered a pull of at most \(limit) changes with \(changes.count)"))
+        }
+        var previous = cursor
+        for change in changes {
+            guard change.id > previous else {
+                throw FleetError(
+                    .integrity(
+                        "the directory answered a pull after \(cursor) with change \(change.id) after \(previous)"))
+            }
+            previous = change.id
+        }
     }
 }
 

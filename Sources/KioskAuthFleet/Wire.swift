@@ -12,14 +12,18 @@ import Synchronization
 /// and MACs pushed rows and verifies pulled ones with them), and rows as the directory holds them.
 /// What never does: the store key, the terminal's private key, anything unsealed from the store.
 package enum FleetWire {
-    /// The largest frame either side accepts: a pull of `FleetChange.maximumPerPull` changes of
-    /// the largest templates fits with room to spare. A larger length is a broken peer, and
-    /// the connection between them is closed.
-    package static let maximumFrame = 256 << 20
+    /// The largest frame either side accepts: a pull of `FleetChange.maximumPerPull` changes
+    /// fits while each is under 64 KB as JSON (a sealed template of an image reader is about
+    /// 20 KB in hex). A larger length is a broken peer, and the connection between them is
+    /// closed; so a subverted helper makes the daemon hold at most this much at a time.
+    package static let maximumFrame = 64 << 20
 
     /// The most frames read and not yet decoded: far more than a conversation has in flight
     /// (a few answers, wake-ups and log lines). A peer that sends more is cut off.
     package static let maximumQueuedFrames = 4096
+    /// The most bytes of frames read and not yet decoded: one largest frame. A peer that runs
+    /// further ahead of its reader is cut off, so what it can make the reader hold is bounded.
+    package static let maximumQueuedBytes = maximumFrame
 
     /// The stream `FleetWireFrameStream` feeds, bounded by `maximumQueuedFrames`.
     package static func frameStream() -> (
@@ -68,7 +72,7 @@ package enum FleetWire {
         case recordCursor(Int64, terminal: UUID)
         case feedPosition(terminal: UUID)
         case useKeyring([DataKey])
-        case rememberRowVersion(Int64, entity: String, key: String)
+        case rememberRowVersions([FleetRowVersion])
         /// Starts listening for the change feed: answered once the LISTEN is in force, then
         /// `Message.wake` per notification until `unlisten` (or `Message.listenEnded`).
         case listen
@@ -97,7 +101,7 @@ package enum FleetWire {
             case .recordCursor: "recordCursor"
             case .feedPosition: "feedPosition"
             case .useKeyring: "useKeyring"
-            case .rememberRowVersion: "rememberRowVersion"
+            case .rememberRowVersions: "rememberRowVersions"
             case .listen: "listen"
             case .unlisten: "unlisten"
             }
@@ -237,8 +241,14 @@ package final class FleetWireFrameStream: ChannelInboundHandler, Sendable {
     package typealias InboundIn = ByteBuffer
     private let continuation: AsyncStream<ByteBuffer>.Continuation
     private let overflow = Mutex(false)
+    private let queuedBytes = Mutex(0)
 
     package init(_ continuation: AsyncStream<ByteBuffer>.Continuation) { self.continuation = continuation }
+
+    /// The reader took `frame` off the stream (it no longer counts as queued).
+    package func taken(_ frame: ByteBuffer) {
+        queuedBytes.withLock { $0 -= frame.readableBytes }
+    }
 
     /// Whether the peer was cut off for running too far ahead of its reader.
     package var overflowed: Bool { overflow.withLock { $0 } }
@@ -246,7 +256,20 @@ package final class FleetWireFrameStream: ChannelInboundHandler, Sendable {
     package func channelRead(context: ChannelHandlerContext, data: NIOAny) {
         // The stream holds at most `FleetWire.maximumQueuedFrames` (`frameStream()`): a peer that
         // runs that far ahead of its reader is broken, and is cut off rather than buffered.
-        if case .dropped = continuation.yield(unwrapInboundIn(data)) {
+        let frame = unwrapInboundIn(data)
+        let queued = queuedBytes.withLock { queued in
+            queued += frame.readableBytes
+            return queued
+        }
+        let dropped: Bool
+        if queued > FleetWire.maximumQueuedBytes, queued > frame.readableBytes {
+            dropped = true
+        } else if case .dropped = continuation.yield(frame) {
+            dropped = true
+        } else {
+            dropped = false
+        }
+        if dropped {
             overflow.withLock { $0 = true }
             continuation.finish()
             context.close(promise: nil)

@@ -722,6 +722,11 @@ public actor FleetDirectory: FleetDirectoryConnection {
         if version > rowVersions[row]?.version ?? Int64.min { rowVersions[row] = (version, []) }
     }
 
+    /// `rememberRowVersion` for each of `rows`.
+    public func rememberRowVersions(_ rows: [FleetRowVersion]) {
+        for row in rows { rememberRowVersion(row.version, entity: row.entity, key: row.key) }
+    }
+
     /// The largest row version taken from the directory. Versions are microseconds since 1970
     /// (this is the year 148,000); one near `Int64.max`, validly MACed by a member gone bad, made
     /// every later version overflow, trapping each terminal that pulled it at its next writes.

@@ -11,19 +11,23 @@ import Synchronization
 /// closes them and returns.
 public enum FleetHelperServer {
     /// Serves the daemon on `descriptor` until it closes; logs go to the daemon as messages.
-    public static func serve(descriptor: Int32, logLevel: Logger.Level) async throws {
+    /// `notice`, if any, is logged (as a warning) first.
+    public static func serve(descriptor: Int32, logLevel: Logger.Level, notice: String? = nil) async throws {
         let frames = FleetWire.frameStream()
+        let stream = FleetWireFrameStream(frames.continuation)
         let channel = try await ClientBootstrap(group: MultiThreadedEventLoopGroup.singleton)
             .channelInitializer { channel in
                 channel.eventLoop.makeCompletedFuture {
                     try channel.pipeline.syncOperations.addHandler(ByteToMessageHandler(FleetWireFrameDecoder()))
-                    try channel.pipeline.syncOperations.addHandler(FleetWireFrameStream(frames.continuation))
+                    try channel.pipeline.syncOperations.addHandler(stream)
                 }
             }
             .withConnectedSocket(descriptor).get()
         let server = Server(channel: channel, logLevel: logLevel)
+        if let notice { server.logger.warning("\(notice)") }
         await withDiscardingTaskGroup { group in
             for await frame in frames.stream {
+                stream.taken(frame)
                 do {
                     let request = try FleetWire.decode(FleetWire.Request.self, from: frame)
                     group.addTask { await server.handle(request) }
@@ -34,9 +38,11 @@ public enum FleetHelperServer {
                     break
                 }
             }
+            // The daemon has gone: close the directory connections first, which ends any
+            // statement in flight, so no request holds the helper (and its keys) up.
+            await server.closeAll()
             group.cancelAll()
         }
-        await server.closeAll()
         try? await channel.close()
     }
 
@@ -169,8 +175,8 @@ public enum FleetHelperServer {
                 for key in dataKeys { keys.append(try key.dataKey()) }
                 try await directory(connection).useKeyring(FleetKeyring(keys))
                 return .done
-            case .rememberRowVersion(let version, let entity, let key):
-                try await directory(connection).rememberRowVersion(version, entity: entity, key: key)
+            case .rememberRowVersions(let rows):
+                try await directory(connection).rememberRowVersions(rows)
                 return .done
             case .listen:
                 preconditionFailure("listen is answered by its listener")

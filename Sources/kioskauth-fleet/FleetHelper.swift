@@ -1,3 +1,4 @@
+import CKioskAuthSystem
 import Dispatch
 import KioskAuthFleet
 import KioskAuthFleetDirectory
@@ -17,6 +18,9 @@ struct FleetHelperMain {
     /// megabyte resident for nothing, and a process valgrind cannot follow).
     static func main() {
         var arguments = CommandLine.arguments.dropFirst()
+        if arguments.first == "--sandbox-check" {
+            sandboxCheck(Array(arguments.dropFirst()))
+        }
         var level = Logger.Level.info
         var wire: String?
         while let argument = arguments.popFirst() {
@@ -44,22 +48,72 @@ struct FleetHelperMain {
         // No PR_SET_PDEATHSIG: it fires when the daemon's thread that started the helper ends,
         // and the daemon's pool threads come and go. The socket's end is what ends the helper:
         // the daemon holds the only other end, and the kernel closes it when the daemon dies.
+        let notice = confine()
         let finished = DispatchSemaphore(value: 0)
         Task.detached { [level] in
             do {
-                try await FleetHelperServer.serve(descriptor: 0, logLevel: level)
+                try await FleetHelperServer.serve(descriptor: 0, logLevel: level, notice: notice)
             } catch {
                 fail("cannot serve on standard input: \(error)")
             }
             finished.signal()
         }
         finished.wait()
-        exit(0)
+        // Nothing is left to flush (its log lines went over the socket, now closed): _exit, so no
+        // exit-time destructor runs while the event-loop and pool threads still do.
+        _exit(0)
+    }
+
+    /// What the helper may read once confined: the system's programs, libraries and
+    /// configuration (the name service, DNS, CA roots under /etc/ssl and /usr/share, time
+    /// zones; a directory CA file given with `sslrootcert=` must be under /etc or /usr), the CPU
+    /// count. Not the store (/var/lib/kioskauth), not the credentials (/run/credentials), not
+    /// /proc: nothing the daemon holds that the directory's client has no use for.
+    static let readable = [
+        "/usr", "/etc", "/lib", "/lib64", "/bin", "/sbin", "/sys/devices/system/cpu", "/dev/null", "/dev/urandom",
+    ]
+
+    /// Confines the process with Landlock (`kioskauth_landlock_confine`) before it reads a request.
+    /// Returns a notice for the daemon's log when the kernel cannot confine it; any other failure
+    /// stops the helper.
+    static func confine() -> String? {
+        var paths: [UnsafePointer<CChar>?] = readable.map { UnsafePointer(strdup($0)) }
+        paths.append(nil)
+        defer { for path in paths { free(UnsafeMutablePointer(mutating: path)) } }
+        let result = kioskauth_landlock_confine(paths)
+        if result > 0 { return nil }
+        if result == -ENOSYS || result == -EOPNOTSUPP {
+            return
+                "this kernel has no Landlock: the fleet helper is not confined, and can read what kioskauthd's user can"
+        }
+        fail("cannot confine itself with Landlock: \(String(cString: strerror(-result)))")
+    }
+
+    /// `--sandbox-check TARGET...`: confines itself as the helper does, then tries each target
+    /// (a path to open for reading, or `signal:PID`) and prints `TARGET<TAB>allowed` or
+    /// `TARGET<TAB>denied (error)`. For tests and for admins checking a kernel.
+    static func sandboxCheck(_ targets: [String]) -> Never {
+        if let notice = confine() { fail(notice) }
+        var report = ""
+        for target in targets {
+            let outcome: Int32
+            if target.hasPrefix("signal:"), let pid = pid_t(target.dropFirst("signal:".count)) {
+                outcome = kill(pid, 0) == 0 ? 0 : errno
+            } else {
+                let fd = open(target, O_RDONLY | O_CLOEXEC)
+                outcome = fd >= 0 ? 0 : errno
+                if fd >= 0 { close(fd) }
+            }
+            report +=
+                "\(target)\t" + (outcome == 0 ? "allowed" : "denied (\(String(cString: strerror(outcome))))") + "\n"
+        }
+        _ = report.utf8CString.withUnsafeBufferPointer { write(1, $0.baseAddress, $0.count - 1) }
+        _exit(0)
     }
 
     static func fail(_ message: String) -> Never {
         let line = "kioskauth-fleet: \(message)\n"
         _ = line.utf8CString.withUnsafeBufferPointer { write(2, $0.baseAddress, $0.count - 1) }
-        exit(64)  // EX_USAGE
+        _exit(64)  // EX_USAGE
     }
 }

@@ -45,7 +45,8 @@ import Testing
             .vouchForSelf(terminal: UUID(), publicKey: Data([3])), .keyDelivery(terminal: UUID()),
             .standing(terminal: UUID()), .terminals, .push(batch), .pull(after: -1, limit: 1000),
             .recordCursor(Int64.max, terminal: UUID()), .feedPosition(terminal: UUID()),
-            .useKeyring([FleetWire.DataKey(key)]), .rememberRowVersion(Int64.max - 1, entity: "people", key: "k"),
+            .useKeyring([FleetWire.DataKey(key)]),
+            .rememberRowVersions([FleetRowVersion(version: Int64.max - 1, entity: "people", key: "k")]),
             .listen, .unlisten,
         ]
         for call in calls {
@@ -167,6 +168,25 @@ import Testing
         largest.writeInteger(UInt32(FleetWire.maximumFrame))
         try other.writeInbound(largest)
         #expect(try other.readInbound(as: ByteBuffer.self) == nil)
+    }
+
+    @Test func aPullPage_thatTheFeedCannotHaveProduced_isRefused() throws {
+        func page(_ ids: [Int64]) -> [FleetChange] {
+            ids.map { FleetChange(id: $0, entity: "people", key: "k\($0)", isDeletion: false, body: nil) }
+        }
+        try FleetChange.checkPage(page([]), after: 10, limit: 3)
+        try FleetChange.checkPage(page([11, 15, 99]), after: 10, limit: 3)
+        for (ids, cursor, limit) in [
+            ([Int64(11), 12, 13, 14], Int64(10), 3),  // more than asked for
+            ([10, 11], 10, 3),  // not after the cursor
+            ([5], 10, 3),  // behind it: the cursor would move back
+            ([12, 12], 10, 3),  // a repeat
+            ([13, 12], 10, 3),  // out of order
+        ] {
+            #expect(throws: FleetError.self, "\(ids) after \(cursor)") {
+                try FleetChange.checkPage(page(ids), after: cursor, limit: limit)
+            }
+        }
     }
 
     @Test func aBodyThatIsNotAMessage_failsToDecode() {

@@ -49,4 +49,14 @@ int kioskauth_open_node(const char *path);
 int kioskauth_spawn_connected(const char *path, char *const argv[], int *socket_out,
                               pid_t *pid_out);
 
+/// Confines the calling process, and whatever it starts, with Landlock for good: from then on it
+/// may open files and directories only beneath the paths of `readable` (a NULL-terminated list;
+/// a path that does not exist is left out), and only to read, list, map or execute them; it may
+/// write, create, rename or remove nothing; and, on kernels with Landlock ABI 6 or later, it may
+/// neither signal nor reach an abstract Unix socket of a process outside it. Landlock also keeps
+/// it from tracing, or reading the memory of, any process outside it. Sets no_new_privs first.
+/// Returns the Landlock ABI version applied (1 or more), or minus an errno value: -ENOSYS or
+/// -EOPNOTSUPP when the kernel has no Landlock (nothing is confined then).
+int kioskauth_landlock_confine(const char *const readable[]);
+
 #endif
