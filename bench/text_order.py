@@ -1,7 +1,9 @@
 #!/usr/bin/python3
-"""Writes debian/kioskauthd.text-order: the functions a kiosk's kioskauthd runs, for lld's
---symbol-ordering-file, so that the package links them next to one another at the start of
-.text (docs/footprint.md, "Linking: lld, packed relocations, hot text first").
+"""Writes debian/kioskauthd.text-order: the functions a kiosk's kioskauthd runs, and then those
+its fleet helper kioskauth-fleet runs, for lld's --symbol-ordering-file, so that the package
+links each program's running functions next to one another at the start of its .text
+(docs/footprint.md, "Linking: lld, packed relocations, hot text first"). Both programs are
+linked with the one file; a name a program lacks is ignored.
 
 Why: the kernel maps a binary's pages around each page fault (fault-around, 64 KiB) and reads
 far ahead of it (read_ahead_kb: 8 MiB on this machine's disk), so a daemon whose few thousand
@@ -14,7 +16,10 @@ the toolchain's DWARF), and runs a kiosk's day in short with every daemon under 
 callgrind: cold starts with and without a reader, status calls, a person added, a passcode set
 and verified, a finger enrolled on libfprint's virtual reader and PAM unlocks through
 pamtester. Every function of the binary that callgrind saw run is written, in the order
-callgrind first reports them. Names are mangled: lld matches them to the binary's symbols and
+callgrind first reports them. Then a fleet member's start, creation of a fleet, a person
+pushed and syncs, against a PostgreSQL it starts, with the helper under callgrind (a script
+named kioskauth-fleet beside the copied daemon runs it so); the helper's functions that ran and
+are not listed yet follow the daemon's. Names are mangled: lld matches them to the binary's symbols and
 ignores those it does not find, so a stale file costs only memory.
 
 Needs valgrind (`apt-get install valgrind`) and what bench/compare needs (it installs that).
@@ -113,11 +118,52 @@ def workload(compare, new_daemon, discard, starts: int, unlocks: int, status_cal
         shutil.rmtree(work, ignore_errors=True)
 
 
+def fleet_workload(scratch: Path, helper: Path, profiles: Path, syncs: int) -> None:
+    """A fleet member's life in short, with the fleet helper under callgrind: the daemon (the
+    copy in `scratch`, not profiled here) starts `scratch`/kioskauth-fleet, a script that runs
+    `helper` under valgrind."""
+    wrapper = scratch / "kioskauth-fleet"
+    wrapper.write_text(
+        "#!/bin/sh\n"
+        f"exec {shutil.which('valgrind')} --tool=callgrind --demangle=no -q "
+        f"--callgrind-out-file={profiles}/helper.%p {helper} \"$@\"\n")
+    wrapper.chmod(0o755)
+    from fleet_support import Fleet, ok
+
+    fleet = Fleet(["virtual_image"], fleet_config="PollIntervalSec=1\n")
+    try:
+        fleet.start()
+        terminal = fleet[0]
+        terminal.add_person("p1")
+        terminal.set_passcode("p1", "482913")
+        for _ in range(syncs):
+            ok(terminal.sync())
+        ok(terminal.rpc("FleetTerminals"))
+        for pid in helper_pids(terminal.proc.pid):
+            subprocess.run(["callgrind_control", "--dump", str(pid)], capture_output=True, timeout=120)
+    finally:
+        fleet.close()
+
+
+def helper_pids(parent: int) -> list[int]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[1]) == parent:
+                found.append(int(entry.name))
+    return found
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--starts", type=int, default=4)
     parser.add_argument("--unlocks", type=int, default=20)
     parser.add_argument("--status-calls", type=int, default=200)
+    parser.add_argument("--syncs", type=int, default=20)
     parser.add_argument("--check", action="store_true", help="print the figures, write nothing")
     parser.add_argument("--output", type=Path, default=ORDER_FILE)
     args = parser.parse_args()
@@ -158,11 +204,26 @@ def main() -> int:
               "of text")
         if not chosen:
             sys.exit("callgrind reported no function of kioskauthd: nothing written")
+        helper = scratch / "kioskauth-fleet.real"
+        subprocess.run(["objcopy", "--strip-debug", str(built.parent / "kioskauth-fleet"), str(helper)], check=True)
+        helper_profiles = scratch / "helper-profiles"
+        helper_profiles.mkdir()
+        fleet_workload(scratch, helper, helper_profiles, args.syncs)
+        helper_sizes = functions(helper)
+        helper_ran = [name for name in functions_run(sorted(helper_profiles.iterdir())) if name in helper_sizes]
+        listed = set(chosen)
+        added = [name for name in helper_ran if name not in listed]
+        print(f"of kioskauth-fleet: {len(helper_ran)} ran, "
+              f"{sum(helper_sizes[name] for name in helper_ran) / 2**20:.2f} MiB of its "
+              f"{text_size(helper) / 2**20:.1f} MiB of text; {len(added)} not listed for kioskauthd")
+        if not helper_ran:
+            sys.exit("callgrind reported no function of kioskauth-fleet: nothing written")
         if not args.check:
             args.output.write_text(
                 "# Written by bench/text_order.py: the functions of kioskauthd that ran in a kiosk's day in\n"
-                "# short, for lld's --symbol-ordering-file (debian/rules). Regenerate it; do not edit it.\n"
-                + "\n".join(chosen) + "\n")
+                "# short, then those of kioskauth-fleet in a fleet member's, for lld's\n"
+                "# --symbol-ordering-file (debian/rules). Regenerate it; do not edit it.\n"
+                + "\n".join(chosen + added) + "\n")
             print(f"wrote {args.output}")
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
