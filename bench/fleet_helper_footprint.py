@@ -28,7 +28,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
 from kioskauth_testing import Daemon  # noqa: E402
-from test_fleet import FLEET_CONFIG, PASSCODE, Postgres, call, ok, terminal  # noqa: E402
+from test_fleet import PASSCODE, Postgres, call, form_pair, ok  # noqa: E402
 
 
 def memory(pid: int) -> tuple[int, int]:
@@ -76,13 +76,7 @@ def one_turn(bin_dir: Path, args) -> dict[str, float]:
 
     postgres = Postgres().start()
     try:
-        a, b = terminal(factory), terminal(factory)
-        ok(a, "fleet", "migrate", postgres.url)
-        ok(a, "fleet", "create", postgres.terminal_url("kt_a"), "--name", "a")
-        ok(b, "fleet", "join", postgres.terminal_url("kt_b"), "--name", "b",
-           input=ok(a, "fleet", "token", "issue").strip() + "\n")
-        for d in (a, b, a, b):
-            ok(d, "fleet", "sync")
+        a, b = form_pair(factory, postgres)
         call(a, "AddPerson", name="carol")
         call(a, "SetPasscode", name="carol", passcode=PASSCODE, confirmation=PASSCODE)
         ok(a, "fleet", "sync")

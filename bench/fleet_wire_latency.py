@@ -19,7 +19,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
 from kioskauth_testing import Daemon  # noqa: E402
-from test_fleet import FLEET_CONFIG, PASSCODE, Postgres, call, ok, terminal  # noqa: E402
+from test_fleet import FLEET_CONFIG, PASSCODE, Postgres, call, form_pair, ok  # noqa: E402
 
 
 def percentile(values: list[float], p: float) -> float:
@@ -41,14 +41,8 @@ def main() -> None:
 
     postgres = Postgres().start()
     try:
-        a, b = terminal(factory), terminal(factory)
         # The owner migrates; each terminal logs in as a role of its own (docs/fleet.md §9.7).
-        ok(a, "fleet", "migrate", postgres.url)
-        ok(a, "fleet", "create", postgres.terminal_url("kt_a"), "--name", "a")
-        ok(b, "fleet", "join", postgres.terminal_url("kt_b"), "--name", "b",
-           input=ok(a, "fleet", "token", "issue").strip() + "\n")
-        ok(a, "fleet", "sync")
-        ok(b, "fleet", "sync")
+        a, b = form_pair(factory, postgres)
         call(a, "AddPerson", name="carol")
         call(a, "SetPasscode", name="carol", passcode=PASSCODE, confirmation=PASSCODE)
         ok(a, "fleet", "sync")

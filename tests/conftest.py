@@ -40,3 +40,21 @@ def make_daemon():
     yield factory
     for d in made:
         d.close()
+
+
+@pytest.fixture
+def make_fleet():
+    """Factory for fleets (tests/fleet_support.py: PostgreSQL and joined terminals); all are
+    closed at the end."""
+    from fleet_support import Fleet
+
+    made = []
+
+    def factory(drivers, **kwargs):
+        fleet = Fleet(drivers, **kwargs)
+        made.append(fleet)
+        return fleet.start()
+
+    yield factory
+    for fleet in made:
+        fleet.close()

@@ -139,6 +139,20 @@ def terminal(make_daemon, config: str = FLEET_CONFIG, reader: str | None = None)
     return d.start()
 
 
+def form_pair(factory, postgres) -> tuple[Daemon, Daemon]:
+    """Two terminals in one fleet, as an admin forms it with the CLI (the benches use this):
+    A migrates (as the owner) and creates it, B joins with A's token, and both sync twice, so B
+    is admitted and holds the key."""
+    a, b = terminal(factory), terminal(factory)
+    ok(a, "fleet", "migrate", postgres.url)
+    ok(a, "fleet", "create", postgres.terminal_url("kt_a"), "--name", "a")
+    ok(b, "fleet", "join", postgres.terminal_url("kt_b"), "--name", "b",
+       input=ok(a, "fleet", "token", "issue").strip() + "\n")
+    for d in (a, b, a, b):
+        ok(d, "fleet", "sync")
+    return a, b
+
+
 def ok(d: Daemon, *args: str, input: str | None = None, timeout: float = 30.0) -> str:
     result = d.ctl(*args, input=input, timeout=timeout)
     assert result.returncode == 0, f"{args}: {result.stderr}\n{d.log_text()[-3000:]}"

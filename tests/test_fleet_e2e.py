@@ -15,7 +15,7 @@ import time
 
 import pytest
 
-from fleet_support import (CONDITION_TIMEOUT, Client, Fleet, error_name, fleet_test_marks, have_nist_prints, ok,
+from fleet_support import (CONDITION_TIMEOUT, Client, error_name, fleet_test_marks, have_nist_prints, ok,
                            wait_until)
 from kioskauth_testing import SLOW_HASH_CONFIG, kill_mid_check, read_message, send_message, start_check, still_checking
 
@@ -28,20 +28,6 @@ WRONG = "111111"
 # behaviour, not speed. The revocation test keeps the default 30 s poll and reports its figures.
 QUICK_RECONNECT = "PollIntervalSec=1\nReconnectMaxSec=1\n"
 NO_DELAYS = "\n[Passcode]\nLockoutDelaysSec=0\n"
-
-
-@pytest.fixture
-def make_fleet():
-    made: list[Fleet] = []
-
-    def factory(drivers, **kwargs) -> Fleet:
-        fleet = Fleet(drivers, **kwargs)
-        made.append(fleet)
-        return fleet.start()
-
-    yield factory
-    for fleet in made:
-        fleet.close()
 
 
 def knows(terminal, name, **expected):

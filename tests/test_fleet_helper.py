@@ -21,8 +21,10 @@ from pathlib import Path
 
 import pytest
 
-from fleet_support import Fleet, error_name, fleet_test_marks, ok, wait_until
+from fleet_support import error_name, fleet_test_marks, ok, wait_until
 from kioskauth_testing import KIOSKAUTHD, Daemon
+
+pytestmark = fleet_test_marks()
 
 HELPER = KIOSKAUTHD.parent / "kioskauth-fleet"
 QUICK = "PollIntervalSec=1\nReconnectMaxSec=1\n"
@@ -32,20 +34,6 @@ def add_with_passcode(terminal, name: str) -> None:
     """A person the fleet shares: one with a passcode (a pending one stays on its terminal)."""
     ok(terminal.add_person(name))
     ok(terminal.set_passcode(name, "482913"))
-
-
-@pytest.fixture
-def make_fleet():
-    made: list[Fleet] = []
-
-    def factory(drivers, **kwargs) -> Fleet:
-        fleet = Fleet(drivers, **kwargs)
-        made.append(fleet)
-        return fleet.start()
-
-    yield factory
-    for fleet in made:
-        fleet.close()
 
 
 def children(parent: int, name: str = "kioskauth-fleet", zombies: bool = False) -> list[int]:
