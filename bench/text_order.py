@@ -42,6 +42,8 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 ORDER_FILE = REPO / "debian" / "kioskauthd.text-order"
+# The line after kioskauthd's functions, before the helper's (tests/test_deb.py reads it).
+HELPER_MARKER = "# kioskauth-fleet: the functions of the fleet helper that ran, not listed above"
 sys.path.insert(0, str(REPO / "bench" / "pam"))
 from pam_part import load_compare  # noqa: E402  (bench/compare's functions, as a module)
 
@@ -223,7 +225,7 @@ def main() -> int:
                 "# Written by bench/text_order.py: the functions of kioskauthd that ran in a kiosk's day in\n"
                 "# short, then those of kioskauth-fleet in a fleet member's, for lld's\n"
                 "# --symbol-ordering-file (debian/rules). Regenerate it; do not edit it.\n"
-                + "\n".join(chosen + added) + "\n")
+                + "\n".join(chosen) + "\n" + HELPER_MARKER + "\n" + "\n".join(added) + "\n")
             print(f"wrote {args.output}")
     finally:
         shutil.rmtree(scratch, ignore_errors=True)

@@ -109,11 +109,14 @@ def test_a_member_runs_one_helper_that_holds_nothing_of_the_daemon_but_its_socke
 
 
 def test_the_confined_helper_can_read_neither_the_store_nor_the_keys_nor_the_daemons_memory(make_fleet):
+    """Nor use the daemon's descriptors, signal it, read its limits or reach the journal's
+    native socket (a datagram socket)."""
     fleet = make_fleet(["virtual_image"], fleet_config=QUICK)
     a = fleet[0]
     store = a.state / "kioskauth.sqlite"
     targets = [str(store), str(a.credentials / "kioskauth.store-key"), str(a.credentials / "kioskauth.fleet-key"),
-               f"/proc/{a.proc.pid}/mem", f"/proc/{a.proc.pid}/environ", f"signal:{a.proc.pid}"]
+               f"/proc/{a.proc.pid}/mem", f"/proc/{a.proc.pid}/fd/0", f"signal:{a.proc.pid}", "signal:0",
+               f"limit:{a.proc.pid}", "datagram"]
     # Unconfined, the same user (root here) reaches every one of them.
     for path in targets[:5]:
         with open(path, "rb"):
@@ -126,6 +129,12 @@ def test_the_confined_helper_can_read_neither_the_store_nor_the_keys_nor_the_dae
     for target in targets:
         assert outcome[target].startswith("denied"), (target, outcome[target])
     assert outcome["/etc/hosts"] == "allowed"
+    # Its own limits it may read (the seccomp filter lets a process act on itself), and its own
+    # threads' /proc stat files, which libdispatch's thread pool reads under load and crashes
+    # without (it did: the helper died mid-call on a loaded machine).
+    own = subprocess.run([str(HELPER), "--sandbox-check", "limit:0", "threads"], capture_output=True, text=True,
+                         timeout=30)
+    assert own.stdout.splitlines() == ["limit:0\tallowed", "threads\tallowed"], own
     # And the fleet still works through a confined helper: it resolves, connects and syncs.
     ok(a.sync())
     assert a.status()["reachable"] is True

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from kioskauth_testing import KIOSKAUTHD
 from systemd_support import (
     REPO,
     STORE_KEY_CREDENTIAL,
@@ -362,3 +363,81 @@ def test_ruleSources_areNotAHandKeptList():
     # The committed template holds the policy only; IDs come from libfprint at build time.
     template = (REPO / "udev/70-kioskauth.rules.in").read_text()
     assert "idVendor" not in template and "ELAN" not in template
+
+
+# --- The fleet helper under the unit's system-call filter ---------------------------------------
+
+SECCOMP_HARNESS = r"""
+import os, sys, seccomp
+allowed, program = sys.argv[1].split(","), sys.argv[2:]
+# SystemCallErrorNumber=EPERM: what the filter does not allow fails with EPERM.
+f = seccomp.SyscallFilter(defaction=seccomp.ERRNO(1))
+for name in allowed:
+    try:
+        f.add_rule(seccomp.ALLOW, name)
+    except (ValueError, RuntimeError):
+        pass  # a name this libseccomp does not know (none of the helper's calls)
+f.load()
+os.execv(program[0], program)
+"""
+
+
+def syscall_groups() -> dict[str, list[str]]:
+    """systemd's system-call groups, as `systemd-analyze syscall-filter` lists them."""
+    import subprocess
+
+    listing = subprocess.run(["systemd-analyze", "syscall-filter"], capture_output=True, text=True,
+                             check=True).stdout
+    groups: dict[str, list[str]] = {}
+    current = None
+    for line in listing.splitlines():
+        if line.startswith("@"):
+            current = line.split()[0]
+            groups[current] = []
+        elif current and line.strip() and not line.strip().startswith("#"):
+            groups[current].append(line.split()[0])
+    return groups
+
+
+def unit_syscalls(lines: list[str]) -> set[str]:
+    """What a unit's SystemCallFilter= lines allow: the first allow list, plus later allow lists,
+    minus the deny lists (`~`), in order, as systemd applies them."""
+    groups = syscall_groups()
+
+    def expand(names: list[str]) -> set[str]:
+        found: set[str] = set()
+        for name in names:
+            found |= expand(groups[name]) if name.startswith("@") else {name}
+        return found
+
+    allowed: set[str] = set()
+    for line in lines:
+        if line.startswith("~"):
+            allowed -= expand(line[1:].split())
+        else:
+            allowed |= expand(line.split())
+    return allowed
+
+
+def run_helper_under(allowed: set[str], *args: str):
+    import subprocess
+
+    helper = KIOSKAUTHD.parent / "kioskauth-fleet"
+    return subprocess.run(["/usr/bin/python3", "-c", SECCOMP_HARNESS, ",".join(sorted(allowed)), str(helper), *args],
+                          capture_output=True, text=True, timeout=60)
+
+
+def test_service_letsTheFleetHelperConfineItself(units):
+    """The unit's own filter (SystemCallErrorNumber=EPERM) around the helper's confinement: with
+    Landlock's calls missing from it (systemd 252's @system-service lacks them), the helper
+    refuses to start, and every fleet operation would fail."""
+    lines = units["kioskauthd.service"]["Service"]["SystemCallFilter"]
+    assert units["kioskauthd.service"]["Service"]["SystemCallErrorNumber"] == ["EPERM"]
+    allowed = unit_syscalls(lines)
+    checked = run_helper_under(allowed, "--sandbox-check", "/etc/hosts", "/var/lib")
+    assert checked.returncode == 0, checked.stderr
+    assert checked.stdout.splitlines() == ["/etc/hosts\tallowed", "/var/lib\tdenied (Permission denied)"]
+    # The same filter without the unit's Landlock line: refused, and said why.
+    without = run_helper_under(unit_syscalls([line for line in lines if "landlock" not in line]), "--sandbox-check",
+                               "/etc/hosts")
+    assert without.returncode == 64 and "Landlock" in without.stderr, without

@@ -7,13 +7,17 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <linux/audit.h>
+#include <linux/filter.h>
 #include <linux/landlock.h>
+#include <linux/seccomp.h>
 #include <malloc.h>
 #include <signal.h>
 #include <spawn.h>
 #include <stddef.h>
 #include <string.h>
 #include <sys/prctl.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/un.h>
@@ -101,7 +105,7 @@ int kioskauth_spawn_connected(const char *path, char *const argv[], int *socket_
     return 0;
 }
 
-// Landlock's rights and fields newer than the kernel headers Debian 12 ships (6.1, ABI 3).
+// Landlock's rights and fields newer than the kernel headers Debian 12 ships (6.1, ABI 2).
 #define KIOSKAUTH_LANDLOCK_FS_REFER (1ULL << 13)
 #define KIOSKAUTH_LANDLOCK_FS_TRUNCATE (1ULL << 14)
 #define KIOSKAUTH_LANDLOCK_FS_IOCTL_DEV (1ULL << 15)
@@ -165,4 +169,105 @@ int kioskauth_landlock_confine(const char *const readable[]) {
         result = -errno;
     close(ruleset);
     return result == 0 ? abi : result;
+}
+
+#if defined(__x86_64__)
+#define KIOSKAUTH_AUDIT_ARCH AUDIT_ARCH_X86_64
+#elif defined(__aarch64__)
+#define KIOSKAUTH_AUDIT_ARCH AUDIT_ARCH_AARCH64
+#endif
+
+#define KIOSKAUTH_BPF_LOAD(field)                                                                  \
+    BPF_STMT(BPF_LD | BPF_W | BPF_ABS, (__u32)offsetof(struct seccomp_data, field))
+// The low 32 bits of an argument: process ids, domains and types are ints.
+#define KIOSKAUTH_BPF_ARG(index) KIOSKAUTH_BPF_LOAD(args[index])
+#define KIOSKAUTH_BPF_ALLOW BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW)
+#define KIOSKAUTH_BPF_DENY BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ERRNO | (EPERM & SECCOMP_RET_DATA))
+
+int kioskauth_seccomp_confine(pid_t self) {
+#ifndef KIOSKAUTH_AUDIT_ARCH
+    (void)self;
+    return -ENOTSUP;
+#else
+    const __u32 me = (__u32)self;
+    struct sock_filter program[] = {
+        // Another architecture's calls (or x32's, on x86-64) would bypass the numbers below.
+        KIOSKAUTH_BPF_LOAD(arch),
+        BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, KIOSKAUTH_AUDIT_ARCH, 1, 0),
+        BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_KILL_PROCESS),
+        KIOSKAUTH_BPF_LOAD(nr),
+        BPF_JUMP(BPF_JMP | BPF_JGE | BPF_K, 0x40000000, 0, 1),
+        KIOSKAUTH_BPF_DENY,
+
+// Only to itself: the first argument is this process.
+#define KIOSKAUTH_ONLY_SELF(call)                                                                  \
+    KIOSKAUTH_BPF_LOAD(nr), BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, (call), 0, 4),                     \
+        KIOSKAUTH_BPF_ARG(0), BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, me, 0, 1), KIOSKAUTH_BPF_ALLOW,  \
+        KIOSKAUTH_BPF_DENY
+// Only of itself: the first argument is 0 (the caller) or this process.
+#define KIOSKAUTH_SELF_OR_ZERO(call)                                                               \
+    KIOSKAUTH_BPF_LOAD(nr), BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, (call), 0, 5),                     \
+        KIOSKAUTH_BPF_ARG(0), BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, 0, 1, 0),                        \
+        BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, me, 0, 1), KIOSKAUTH_BPF_ALLOW, KIOSKAUTH_BPF_DENY
+// `which` (the first argument) names a process, and `who` (the second) is the caller.
+#define KIOSKAUTH_WHO_SELF(call, process)                                                          \
+    KIOSKAUTH_BPF_LOAD(nr), BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, (call), 0, 6),                     \
+        KIOSKAUTH_BPF_ARG(0), BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, (process), 0, 3),                \
+        KIOSKAUTH_BPF_ARG(1), BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, 0, 0, 1), KIOSKAUTH_BPF_ALLOW,   \
+        KIOSKAUTH_BPF_DENY
+#define KIOSKAUTH_NEVER(call)                                                                      \
+    KIOSKAUTH_BPF_LOAD(nr), BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, (call), 0, 1), KIOSKAUTH_BPF_DENY
+
+        KIOSKAUTH_ONLY_SELF(SYS_kill),
+        KIOSKAUTH_ONLY_SELF(SYS_tgkill),
+        KIOSKAUTH_ONLY_SELF(SYS_rt_sigqueueinfo),
+        KIOSKAUTH_ONLY_SELF(SYS_rt_tgsigqueueinfo),
+        KIOSKAUTH_SELF_OR_ZERO(SYS_prlimit64),
+        KIOSKAUTH_SELF_OR_ZERO(SYS_sched_setaffinity),
+        KIOSKAUTH_SELF_OR_ZERO(SYS_sched_setscheduler),
+        KIOSKAUTH_SELF_OR_ZERO(SYS_sched_setparam),
+        KIOSKAUTH_SELF_OR_ZERO(SYS_sched_setattr),
+        KIOSKAUTH_WHO_SELF(SYS_setpriority, PRIO_PROCESS),
+        KIOSKAUTH_WHO_SELF(SYS_ioprio_set, 1 /* IOPRIO_WHO_PROCESS */),
+        KIOSKAUTH_NEVER(SYS_tkill),
+        KIOSKAUTH_NEVER(SYS_ptrace),
+        KIOSKAUTH_NEVER(SYS_process_vm_readv),
+        KIOSKAUTH_NEVER(SYS_process_vm_writev),
+        KIOSKAUTH_NEVER(SYS_migrate_pages),
+        KIOSKAUTH_NEVER(SYS_move_pages),
+        KIOSKAUTH_NEVER(SYS_kcmp),
+        KIOSKAUTH_NEVER(424 /* pidfd_send_signal */),
+        KIOSKAUTH_NEVER(434 /* pidfd_open */),
+        KIOSKAUTH_NEVER(438 /* pidfd_getfd */),
+        KIOSKAUTH_NEVER(440 /* process_madvise */),
+        KIOSKAUTH_NEVER(448 /* process_mrelease */),
+
+        // Unix sockets of the stream type only: a datagram socket could reach the journal's
+        // native socket and write fields of the daemon's own.
+        KIOSKAUTH_BPF_LOAD(nr),
+        BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, SYS_socket, 0, 7),
+        KIOSKAUTH_BPF_ARG(0),
+        BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, AF_UNIX, 0, 3),
+        KIOSKAUTH_BPF_ARG(1),
+        BPF_STMT(BPF_ALU | BPF_AND | BPF_K, 0xf),
+        BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, SOCK_STREAM, 0, 1),
+        KIOSKAUTH_BPF_ALLOW,
+        KIOSKAUTH_BPF_DENY,
+
+        KIOSKAUTH_BPF_ALLOW,
+    };
+    struct sock_fprog filter = {.len = (unsigned short)(sizeof(program) / sizeof(program[0])),
+                                .filter = program};
+    if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0)
+        return -errno;
+    // prctl, not seccomp(2): systemd's @system-service allows the one and not the other.
+    if (prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &filter, 0, 0) != 0)
+        return -errno;
+    return 0;
+#endif
+}
+
+int kioskauth_read_file_limit(pid_t pid) {
+    struct rlimit limit;
+    return syscall(SYS_prlimit64, pid, RLIMIT_NOFILE, NULL, &limit) == 0 ? 0 : -errno;
 }

@@ -686,14 +686,17 @@ final class FleetHelperConnection: FleetDirectoryConnection {
     /// operation fails, and the agent connects again (handing the keyring to the new one).
     func useKeyring(_ keyring: FleetKeyring) async {
         do { try await perform(.useKeyring(keyring.heldKeys.map(FleetWire.DataKey.init))) } catch {
-            logger.debug("fleet helper did not take the keyring", metadata: ["error": "\(error)"])
+            logger.warning("fleet helper did not take the keyring", metadata: ["error": "\(error)"])
         }
     }
 
     /// One request for all of them: a store with many rows makes one round trip, not one each.
     func rememberRowVersions(_ rows: [FleetRowVersion]) async {
         do { try await perform(.rememberRowVersions(rows)) } catch {
-            logger.debug("fleet helper did not take a row version", metadata: ["error": "\(error)"])
+            // Pulls on this connection cannot tell an old row written back from a new one: the
+            // connection is closed, so the next use makes one that takes the versions again.
+            logger.warning("fleet helper did not take the row versions: reconnecting", metadata: ["error": "\(error)"])
+            closeWithoutWaiting()
         }
     }
 

@@ -78,6 +78,21 @@ public enum FleetHelperServer {
             }
         }
 
+        /// Sends the answer to `request`; one too large for the wire (a page of huge rows) is
+        /// answered as a failure instead, so the daemon's call ends now rather than at its deadline.
+        func answer(_ request: FleetWire.Request, _ reply: FleetWire.Reply, sent: Bool) {
+            do {
+                let frame = try FleetWire.frame(
+                    FleetWire.Message.answer(id: request.id, reply: reply, sent: sent), allocator: channel.allocator)
+                channel.writeAndFlush(frame, promise: nil)
+            } catch {
+                logger.error("an answer the wire cannot carry", metadata: ["call": "\(request.call.name)"])
+                let failure = FleetError(
+                    .directoryUnavailable("the fleet helper's answer to \(request.call.name) cannot be sent: \(error)"))
+                send(.answer(id: request.id, reply: .failed(failure), sent: sent))
+            }
+        }
+
         func handle(_ request: FleetWire.Request) async {
             let probe = FleetSendProbe()
             if case .listen = request.call {
@@ -91,7 +106,7 @@ public enum FleetHelperServer {
                     return .failed(error)
                 }
             }
-            send(.answer(id: request.id, reply: reply, sent: probe.anySent))
+            answer(request, reply, sent: probe.anySent)
         }
 
         private func directory(_ connection: UInt64) throws(FleetError) -> FleetDirectory {

@@ -67,10 +67,18 @@ struct FleetHelperMain {
     /// What the helper may read once confined: the system's programs, libraries and
     /// configuration (the name service, DNS, CA roots under /etc/ssl and /usr/share, time
     /// zones; a directory CA file given with `sslrootcert=` must be under /etc or /usr), the CPU
-    /// count. Not the store (/var/lib/kioskauth), not the credentials (/run/credentials), not
-    /// /proc: nothing the daemon holds that the directory's client has no use for.
+    /// count, /proc. Not the store (/var/lib/kioskauth), not the credentials (/run/credentials),
+    /// not another process's memory: nothing the daemon holds that the directory's client has no
+    /// use for.
     static let readable = [
         "/usr", "/etc", "/lib", "/lib64", "/bin", "/sbin", "/sys/devices/system/cpu", "/dev/null", "/dev/urandom",
+        // Often a link into /run (systemd-resolved, resolvconf): the rule lands on its target.
+        "/etc/resolv.conf",
+        // /proc: libdispatch's thread pool reads its workers' /proc/TID/stat under load, and
+        // crashes if it cannot (it did, mid-call, on a loaded machine); no rule can name threads
+        // started later. Another process's memory and descriptors stay closed (Landlock refuses
+        // the ptrace access they need); its status, maps and environment do not.
+        "/proc",
     ]
 
     /// Confines the process with Landlock (`kioskauth_landlock_confine`) before it reads a request.
@@ -81,6 +89,12 @@ struct FleetHelperMain {
         paths.append(nil)
         defer { for path in paths { free(UnsafeMutablePointer(mutating: path)) } }
         let result = kioskauth_landlock_confine(paths)
+        // Landlock leaves what a process of the same user may do to another (signals, limits,
+        // priorities) and the journal's native socket: the seccomp filter takes those.
+        let filtered = kioskauth_seccomp_confine(getpid())
+        guard filtered == 0 else {
+            fail("cannot install its seccomp filter: \(String(cString: strerror(-filtered)))")
+        }
         if result > 0 { return nil }
         if result == -ENOSYS || result == -EOPNOTSUPP {
             return
@@ -90,7 +104,9 @@ struct FleetHelperMain {
     }
 
     /// `--sandbox-check TARGET...`: confines itself as the helper does, then tries each target
-    /// (a path to open for reading, or `signal:PID`) and prints `TARGET<TAB>allowed` or
+    /// (a path to open for reading, `signal:PID`, `limit:PID` (read its open-files limit),
+    /// `threads` (its threads' /proc stat files) or `datagram` (make a Unix datagram socket))
+    /// and prints `TARGET<TAB>allowed` or
     /// `TARGET<TAB>denied (error)`. For tests and for admins checking a kernel.
     static func sandboxCheck(_ targets: [String]) -> Never {
         if let notice = confine() { fail(notice) }
@@ -99,6 +115,15 @@ struct FleetHelperMain {
             let outcome: Int32
             if target.hasPrefix("signal:"), let pid = pid_t(target.dropFirst("signal:".count)) {
                 outcome = kill(pid, 0) == 0 ? 0 : errno
+            } else if target.hasPrefix("limit:"), let pid = pid_t(target.dropFirst("limit:".count)) {
+                outcome = -kioskauth_read_file_limit(pid)
+            } else if target == "threads" {
+                // As libdispatch's pool monitor reads them: /proc/<pid>/task/<tid>/stat.
+                outcome = threadStatsReadable() ? 0 : errno
+            } else if target == "datagram" {
+                let fd = socket(AF_UNIX, Int32(SOCK_DGRAM.rawValue), 0)
+                outcome = fd >= 0 ? 0 : errno
+                if fd >= 0 { close(fd) }
             } else {
                 let fd = open(target, O_RDONLY | O_CLOEXEC)
                 outcome = fd >= 0 ? 0 : errno
@@ -109,6 +134,25 @@ struct FleetHelperMain {
         }
         _ = report.utf8CString.withUnsafeBufferPointer { write(1, $0.baseAddress, $0.count - 1) }
         _exit(0)
+    }
+
+    /// Whether every thread's /proc/<pid>/task/<tid>/stat opens.
+    static func threadStatsReadable() -> Bool {
+        let tasks = "/proc/\(getpid())/task"
+        guard let directory = opendir(tasks) else { return false }
+        defer { closedir(directory) }
+        var opened = 0
+        while let entry = readdir(directory) {
+            let name = withUnsafeBytes(of: entry.pointee.d_name) {
+                String(decoding: $0.prefix { $0 != 0 }, as: UTF8.self)
+            }
+            guard name.first?.isNumber == true else { continue }
+            let fd = open("\(tasks)/\(name)/stat", O_RDONLY | O_CLOEXEC)
+            guard fd >= 0 else { return false }
+            close(fd)
+            opened += 1
+        }
+        return opened > 0
     }
 
     static func fail(_ message: String) -> Never {

@@ -59,4 +59,19 @@ int kioskauth_spawn_connected(const char *path, char *const argv[], int *socket_
 /// -EOPNOTSUPP when the kernel has no Landlock (nothing is confined then).
 int kioskauth_landlock_confine(const char *const readable[]);
 
+/// Installs a seccomp filter on the calling process (which must have one thread: it is not
+/// synchronised to others) that keeps it from acting on any other process of its user, which
+/// Landlock does not cover: signals (`kill`, `tgkill`, `rt_sigqueueinfo`, `rt_tgsigqueueinfo`)
+/// only to `self`; resource limits, scheduling and CPU affinity only of itself; `setpriority`
+/// and `ioprio_set` only of itself; no `tkill`, pidfd, `ptrace`, `process_vm_*`,
+/// `process_madvise`, `migrate_pages` or `move_pages`; and Unix sockets of the stream type only
+/// (no datagram socket, so not the journal's native socket). Those calls fail with EPERM; a
+/// system call of another architecture kills the process. Sets no_new_privs first. Returns 0 or
+/// minus an errno value.
+int kioskauth_seccomp_confine(pid_t self);
+
+/// Reads the open-files limit of process `pid` (`prlimit`, which glibc hides behind _GNU_SOURCE):
+/// 0, or minus an errno value. For `kioskauth-fleet --sandbox-check`.
+int kioskauth_read_file_limit(pid_t pid);
+
 #endif
