@@ -306,7 +306,11 @@ final class FleetHelperProcess: Sendable {
                 frame = try FleetWire.frame(
                     FleetWire.Request(id: id, connection: connection, call: call), allocator: channel.allocator)
             } catch {
-                resume(id, with: .unsent("cannot encode \(call.name): \(error)"))
+                // Too large for the wire: a failure of this call, not a closed connection (which
+                // the caller would retry on a new one, to the same end).
+                let failure = FleetError(
+                    .directoryUnavailable("cannot send \(call.name) to the fleet helper: \(error)"))
+                resume(id, with: .reply(.failed(failure), sent: false))
                 return
             }
             channel.writeAndFlush(frame).whenFailure { [self] error in
