@@ -189,7 +189,7 @@ final class FleetHelperProcess: Sendable {
     private struct State {
         var nextRequest: UInt64 = 1
         var nextConnection: UInt64 = 1
-        var pending: [UInt64: (continuation: CheckedContinuation<Answer, Never>, logger: Logger)] = [:]
+        var pending: [UInt64: CheckedContinuation<Answer, Never>] = [:]
         /// The `callDeadline` watch of each pending request.
         var watchdogs: [UInt64: Task<Void, Never>] = [:]
         var listeners: [UInt64: AsyncThrowingStream<Void, any Error>.Continuation] = [:]
@@ -294,7 +294,7 @@ final class FleetHelperProcess: Sendable {
             let id = state.withLock { state -> UInt64? in
                 guard state.ended == nil else { return nil }
                 defer { state.nextRequest += 1 }
-                state.pending[state.nextRequest] = (continuation, logger)
+                state.pending[state.nextRequest] = continuation
                 return state.nextRequest
             }
             guard let id else {
@@ -357,7 +357,8 @@ final class FleetHelperProcess: Sendable {
     func post(_ connection: UInt64, _ call: FleetWire.Call) {
         guard !hasEnded,
             let frame = try? FleetWire.frame(
-                FleetWire.Request(id: 0, connection: connection, call: call), allocator: channel.allocator)
+                FleetWire.Request(id: FleetWire.unanswered, connection: connection, call: call),
+                allocator: channel.allocator)
         else { return }
         channel.writeAndFlush(frame, promise: nil)
     }
@@ -367,7 +368,7 @@ final class FleetHelperProcess: Sendable {
             ($0.pending.removeValue(forKey: id), $0.watchdogs.removeValue(forKey: id))
         }
         watchdog?.cancel()
-        waiting?.continuation.resume(returning: answer)
+        waiting?.resume(returning: answer)
     }
 
     /// Wake-ups for `connection`, from now on; `stopListening` ends them.
@@ -469,7 +470,7 @@ final class FleetHelperProcess: Sendable {
             return (Array(state.pending.values), Array(state.listeners.values))
         }
         for waiting in pending {
-            waiting.continuation.resume(returning: .lost("\(reason) before answering"))
+            waiting.resume(returning: .lost("\(reason) before answering"))
         }
         for listener in listeners { listener.finish(throwing: FleetError(.directoryUnavailable(reason))) }
         channel.close(promise: nil)

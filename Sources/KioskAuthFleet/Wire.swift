@@ -36,6 +36,10 @@ package enum FleetWire {
     /// helper of another version refuses to start. Raise it with any change to the messages.
     package static let version = "1"
 
+    /// The id of a request sent without waiting for its answer (closing a connection, ending a
+    /// LISTEN): the helper does not answer it.
+    package static let unanswered: UInt64 = 0
+
     /// A request from the daemon: `call` on the directory connection `connection` (numbered by
     /// the daemon; `connect` makes it). `id` pairs the answer with it.
     package struct Request: Codable, Sendable {
@@ -153,6 +157,13 @@ package enum FleetWire {
         package init(_ dataKey: FleetDataKey) {
             generation = dataKey.generation
             key = dataKey.key.withUnsafeBytes { Data($0) }
+        }
+
+        /// The generations of `keys`; any key that is not 32 bytes is refused.
+        package static func dataKeys(_ keys: [DataKey]) throws(FleetError) -> [FleetDataKey] {
+            var found: [FleetDataKey] = []
+            for key in keys { found.append(try key.dataKey()) }
+            return found
         }
 
         /// The generation; a key that is not 32 bytes is refused.

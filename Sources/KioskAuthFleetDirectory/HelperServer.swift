@@ -72,7 +72,8 @@ public enum FleetHelperServer {
             do {
                 channel.writeAndFlush(try FleetWire.frame(message, allocator: channel.allocator), promise: nil)
             } catch {
-                // A message this build cannot encode; the daemon's call then waits for its deadline.
+                // Only an answer can be too large (`answer` replaces it with a failure); anything
+                // else this build cannot encode is a bug, said on standard error.
                 let line = "kioskauth-fleet: cannot encode a message: \(error)\n"
                 _ = line.utf8CString.withUnsafeBufferPointer { write(2, $0.baseAddress, $0.count - 1) }
             }
@@ -94,11 +95,11 @@ public enum FleetHelperServer {
         }
 
         func handle(_ request: FleetWire.Request) async {
-            let probe = FleetSendProbe()
             if case .listen = request.call {
                 listen(request)
                 return
             }
+            let probe = FleetSendProbe()
             let reply = await FleetSendProbe.$current.withValue(probe) { () async -> FleetWire.Reply in
                 do throws(FleetError) {
                     return try await perform(request.call, on: request.connection)
@@ -106,7 +107,7 @@ public enum FleetHelperServer {
                     return .failed(error)
                 }
             }
-            answer(request, reply, sent: probe.anySent)
+            if request.id != FleetWire.unanswered { answer(request, reply, sent: probe.anySent) }
         }
 
         private func directory(_ connection: UInt64) throws(FleetError) -> FleetDirectory {
@@ -151,8 +152,7 @@ public enum FleetHelperServer {
                 let joined = try await directory(connection).join(with: token, as: terminal)
                 return .joined(joined.outcome, state: joined.state)
             case .admit(let token, let dataKeys):
-                var keys: [FleetDataKey] = []
-                for key in dataKeys { keys.append(try key.dataKey()) }
+                let keys = try FleetWire.DataKey.dataKeys(dataKeys)
                 return .admitted(try await directory(connection).admit(joinedWith: token, dataKeys: keys))
             case .removeTerminal(let id):
                 try await directory(connection).removeTerminal(id)
@@ -186,8 +186,7 @@ public enum FleetHelperServer {
                 let position = try await directory(connection).feedPosition(for: terminal)
                 return .feedPosition(head: position.head, cursor: position.cursor)
             case .useKeyring(let dataKeys):
-                var keys: [FleetDataKey] = []
-                for key in dataKeys { keys.append(try key.dataKey()) }
+                let keys = try FleetWire.DataKey.dataKeys(dataKeys)
                 try await directory(connection).useKeyring(FleetKeyring(keys))
                 return .done
             case .rememberRowVersions(let rows):
