@@ -98,11 +98,7 @@ def test_a_member_runs_one_helper_that_holds_nothing_of_the_daemon_but_its_socke
     assert set(files) <= {str(a.log_path)}, files
     daemon_files = {target for target in descriptors(a.proc.pid).values() if target.startswith(str(a.root))}
     assert any(path.endswith(".db") or "kioskauth" in path for path in daemon_files - {str(a.log_path)}), daemon_files
-    # The daemon's end of the socket pair is the only other end.
-    inode = theirs[0]
-    holders = [pid for pid in (a.proc.pid, helper) if inode in descriptors(pid).values()]
-    assert holders == [helper], "the pair's two ends are distinct sockets, the helper holds one"
-    # Both of the terminal's directory connections (operations and the change feed) go through it.
+    # Started for this build's wire.
     assert Path(f"/proc/{helper}/cmdline").read_bytes().split(b"\0")[1:3] == [b"--wire", b"1"]
     # Confined with Landlock before it read a request (which sets no_new_privs).
     assert "NoNewPrivs:\t1" in Path(f"/proc/{helper}/status").read_text()
@@ -138,6 +134,33 @@ def test_the_confined_helper_can_read_neither_the_store_nor_the_keys_nor_the_dae
     # And the fleet still works through a confined helper: it resolves, connects and syncs.
     ok(a.sync())
     assert a.status()["reachable"] is True
+
+
+def test_as_an_unprivileged_user_the_confined_helper_cannot_act_on_that_users_other_processes():
+    """In service the helper shares the daemon's user, so no permission check stands between
+    them: only the confinement does. Played as nobody against another process of nobody."""
+    as_nobody = ["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups"]
+    target = subprocess.Popen([*as_nobody, "sleep", "120"])
+    try:
+        pid = target.pid
+        wait_until(lambda: "\nUid:\t65534" in Path(f"/proc/{pid}/status").read_text(), timeout=10,
+                   what="the target running as nobody")
+        # Unconfined, that user may signal it and read (and so set) its limits.
+        control = subprocess.run([*as_nobody, "/usr/bin/python3", "-c",
+                                  f"import os, resource; os.kill({pid}, 0); resource.prlimit({pid}, resource.RLIMIT_NOFILE)"],
+                                 capture_output=True, text=True, timeout=30)
+        assert control.returncode == 0, control.stderr
+        targets = [f"signal:{pid}", "signal:0", f"limit:{pid}", f"/proc/{pid}/mem", f"/proc/{pid}/fd/0", "datagram"]
+        checked = subprocess.run([*as_nobody, str(HELPER), "--sandbox-check", *targets, "limit:0"],
+                                 capture_output=True, text=True, timeout=30)
+        assert checked.returncode == 0, checked.stderr
+        outcome = dict(line.split("\t") for line in checked.stdout.splitlines())
+        for target_name in targets:
+            assert outcome[target_name].startswith("denied"), (target_name, outcome[target_name])
+        assert outcome["limit:0"] == "allowed"
+    finally:
+        target.kill()
+        target.wait()
 
 
 def test_a_killed_helper_is_started_again_and_the_fleet_syncs_on(make_fleet):
