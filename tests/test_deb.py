@@ -263,13 +263,34 @@ def base_root() -> Path:
     partial = ROOT_CACHE / f"{SUITE}.partial"
     shutil.rmtree(partial, ignore_errors=True)
     ROOT_CACHE.mkdir(exist_ok=True)
-    run(["debootstrap", "--variant=minbase", SUITE, partial, mirror], timeout=1200)
+    debootstrap(partial, mirror)
     chroot(partial, "apt-get update -q", timeout=600)
     (partial / ".complete").write_text(mirror + "\n")
     shutil.rmtree(base, ignore_errors=True)
     partial.rename(base)
     step(f"debootstrap {SUITE} from {mirror} took {time.monotonic() - started:.0f} s")
     return base
+
+
+def debootstrap(target: Path, mirror: str) -> None:
+    """Runs debootstrap into target, once more if the first attempt fails (it fetches from a real
+    mirror). A failure names what debootstrap itself logged and the space left: its terminal
+    output ends in a list of packages, and the reason is in its log."""
+    failures = []
+    for attempt in (1, 2):
+        shutil.rmtree(target, ignore_errors=True)
+        result = run(["debootstrap", "--variant=minbase", SUITE, target, mirror], timeout=1200, check=False)
+        if result.returncode == 0:
+            return
+        log = target / "debootstrap" / "debootstrap.log"
+        logged = log.read_text(errors="replace")[-3000:] if log.exists() else "(no debootstrap.log)"
+        free = shutil.disk_usage(target.parent)
+        failures.append(f"attempt {attempt}: debootstrap exited {result.returncode}; "
+                        f"{free.free / 2**30:.1f} GiB free of {free.total / 2**30:.1f} GiB\n"
+                        f"--- output, last lines:\n{result.stdout[-600:]}\n--- stderr:\n{result.stderr[-2000:]}\n"
+                        f"--- debootstrap.log:\n{logged}")
+        step(f"debootstrap failed (attempt {attempt}, exit {result.returncode})")
+    raise AssertionError(f"debootstrap {SUITE} from {mirror} failed twice:\n" + "\n".join(failures))
 
 
 def chroot(root: Path, script: str, timeout: float = 600, check: bool = True) -> subprocess.CompletedProcess[str]:
