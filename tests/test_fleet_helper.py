@@ -582,3 +582,93 @@ def test_a_helper_that_never_answers_is_stopped_and_the_call_fails(lone_bin):
         assert "error" not in d.call("io.kioskauth.GetStatus")
     finally:
         d.close()
+
+
+# A helper that stands between the daemon and the real one: it relays every frame, except that
+# it answers the first useKeyring after @MARK@ appears with a failure (and removes the mark), as a
+# helper that lost its directory connection at that moment would.
+RELAY_HELPER = r"""#!/usr/bin/python3
+import json, os, socket, struct, subprocess, sys, threading
+daemon = socket.socket(fileno=0)
+ours, theirs = socket.socketpair()
+real = subprocess.Popen(["@REAL@", *sys.argv[1:]], stdin=theirs, close_fds=True, env={})
+theirs.close()
+to_daemon = threading.Lock()
+
+
+def exactly(peer, n):
+    data = b""
+    while len(data) < n:
+        chunk = peer.recv(n - len(data))
+        if not chunk:
+            return None
+        data += chunk
+    return data
+
+
+def frames(peer):
+    while (head := exactly(peer, 4)) is not None:
+        body = exactly(peer, struct.unpack(">I", head)[0])
+        if body is None:
+            return
+        yield head + body
+
+
+def answer_daemon(frame):
+    with to_daemon:
+        daemon.sendall(frame)
+
+
+def from_real():
+    for frame in frames(ours):
+        answer_daemon(frame)
+    os._exit(0)
+
+
+threading.Thread(target=from_real, daemon=True).start()
+for frame in frames(daemon):
+    request = json.loads(frame[4:])
+    if "useKeyring" in request.get("call", {}) and os.path.exists("@MARK@"):
+        os.unlink("@MARK@")
+        kind = {"directoryUnavailable": {"_0": "the relay refused the keyring"}}
+        body = json.dumps({"answer": {"id": request["id"], "sent": True,
+                                      "reply": {"failed": {"_0": {"kind": kind, "file": "relay", "line": 1}}}}})
+        answer_daemon(struct.pack(">I", len(body)) + body.encode())
+        continue
+    ours.sendall(frame)
+ours.close()
+real.wait()
+"""
+
+
+def test_a_connection_that_did_not_take_the_keyring_is_replaced_and_no_change_is_lost(make_fleet, tmp_path):
+    fleet = make_fleet(["virtual_image", "virtual_image"], fleet_config=QUICK)
+    a, b = fleet[0], fleet[1]
+    # B is restarted from a copy of kioskauthd whose kioskauth-fleet is the relay.
+    bin_dir = tmp_path / "sbin"
+    bin_dir.mkdir()
+    shutil.copy2(KIOSKAUTHD, bin_dir / "kioskauthd")
+    mark = tmp_path / "refuse-the-keyring"
+    relay = bin_dir / "kioskauth-fleet"
+    relay.write_text(RELAY_HELPER.replace("@REAL@", str(HELPER)).replace("@MARK@", str(mark)))
+    relay.chmod(0o755)
+    b.stop()
+    standard = b.command
+    b.command = lambda: [str(bin_dir / "kioskauthd"), *standard()[1:]]
+    mark.write_text("")
+    b.start()
+    wait_until(lambda: not mark.exists(), timeout=60, interval=0.3, what="B's first connection handed the keyring")
+    # A person added at A after that: B must get them. A connection left open without the keyring
+    # would pull their rows as unverifiable, refuse them and move B's cursor past them for good.
+    add_with_passcode(a, "omar")
+    ok(a.sync())
+
+    def knows_omar():
+        b.sync()
+        return "error" not in b.person("omar")
+
+    wait_until(knows_omar, timeout=60, interval=0.5, what="B has omar")
+    log = b.log_text()
+    assert "did not take the keyring: reconnecting" in log, log[-3000:]
+    assert "fleet rows refused" not in log, log[-3000:]
+    assert b.status()["rejectedChanges"] == 0, b.status()

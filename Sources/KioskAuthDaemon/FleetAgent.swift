@@ -138,7 +138,7 @@ actor FleetAgent {
         if let connection, !connection.isClosed, connectionDirectory == directory { return connection }
         dropConnection()
         let endpoint = try FleetEndpoint(url: directory)
-        do {
+        do throws(FleetError) {
             let connection = try await connector.connect(endpoint, password, logger)
             // A new connection knows no keys and no rows: give it the keyring (pushes MAC rows
             // with it, pulls verify them) and the version of every row this terminal already
@@ -147,6 +147,12 @@ actor FleetAgent {
             if let versions = try? store.fleetRowVersions(), !versions.isEmpty {
                 await connection.rememberRowVersions(
                     versions.map { FleetRowVersion(version: $0.version, entity: $0.entity, key: $0.key) })
+            }
+            // One that did not take them was closed (its pulls could not be trusted): fail now,
+            // and the next call connects again.
+            if connection.isClosed {
+                throw FleetError(
+                    .directoryUnavailable("the directory connection did not take this terminal's keys or row versions"))
             }
             // Another call (a sync beside a FleetCreate, say) connected while this one awaited:
             // keep that connection and close this one. Replaced unclosed, this one would have

@@ -687,11 +687,14 @@ final class FleetHelperConnection: FleetDirectoryConnection {
         }
     }
 
-    /// A helper that cannot take the keyring has stopped or lost the connection: the next
-    /// operation fails, and the agent connects again (handing the keyring to the new one).
+    /// A connection that did not take the keyring is closed: its pulls would come back
+    /// unverifiable, and the agent would refuse those rows and move its cursor past them, so the
+    /// terminal would miss them for good (a suspension among them). Closed, the next use makes a
+    /// new connection, which is handed the keyring again.
     func useKeyring(_ keyring: FleetKeyring) async {
         do { try await perform(.useKeyring(keyring.heldKeys.map(FleetWire.DataKey.init))) } catch {
-            logger.warning("fleet helper did not take the keyring", metadata: ["error": "\(error)"])
+            logger.warning("fleet helper did not take the keyring: reconnecting", metadata: ["error": "\(error)"])
+            closeWithoutWaiting()
         }
     }
 
