@@ -135,6 +135,7 @@ def test_packages_dependOnlyOnDebianLibraries(packages):
     assert re.search(r"\blibc6 \(>= 2\.(3[6-9]|[4-9]\d)\)", depends), depends
     assert "systemd" in depends
     assert "swift" not in depends.lower()
+    assert "libstdc++" not in depends, depends
     pam_depends = control_field(pam, "Depends")
     assert "libpam0g" in pam_depends and f"kioskauth (= {changelog_version()})" in pam_depends
     # No Swift runtime library is needed: the standard library and Foundation are linked in.
@@ -145,6 +146,8 @@ def test_packages_dependOnlyOnDebianLibraries(packages):
         libraries = re.findall(r"NEEDED\s+(\S+)", needed)
         assert libraries, f"{program} names no shared library"
         assert not [lib for lib in libraries if "swift" in lib.lower() or "Foundation" in lib], libraries
+        # GCC's C++ library, which only the Swift runtime uses, is linked in too (debian/rules).
+        assert not [lib for lib in libraries if lib.startswith("libstdc++")], (program, libraries)
         # Linked as debian/rules says: full RELRO with bind-now, and the modules' symbols not
         # exported (Swift's static link exports them all: tens of thousands, which every start
         # then searched through).
