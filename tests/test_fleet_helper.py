@@ -53,6 +53,18 @@ def children(parent: int, name: str = "kioskauth-fleet", zombies: bool = False) 
     return found
 
 
+def reaches(a, b, name: str) -> None:
+    """A person added with a passcode at terminal A reaches terminal B (within a minute)."""
+    add_with_passcode(a, name)
+    ok(a.sync())
+
+    def known():
+        b.sync()
+        return "error" not in b.person(name)
+
+    wait_until(known, timeout=60, interval=0.5, what=f"{b.name} has {name}")
+
+
 def alive(pid: int) -> bool:
     """Whether `pid` runs (a zombie does not)."""
     try:
@@ -173,14 +185,7 @@ def test_a_killed_helper_is_started_again_and_the_fleet_syncs_on(make_fleet):
     wait_until(lambda: "fleet helper ended" in b.log_text(), timeout=30, what="the helper's end logged")
     assert "signal 9" in b.log_text()
     # Both daemons still serve, and B's next directory call starts a new helper.
-    add_with_passcode(a, "omar")
-    ok(a.sync())
-
-    def knows_omar():
-        b.sync()
-        return "error" not in b.person("omar")
-
-    wait_until(knows_omar, timeout=60, interval=0.5, what="B has omar")
+    reaches(a, b, "omar")
     new_b = one_helper(b)
     assert new_b != old_b
     assert one_helper(a) == old_a, "A's helper is untouched"
@@ -217,14 +222,7 @@ def test_a_hung_helper_is_replaced_and_does_not_hold_up_the_daemons_stop(make_fl
         wait_until(lambda: "fleet helper did not answer" in b.log_text(), timeout=60, what="the hang noticed")
         wait_until(lambda: not Path(f"/proc/{stuck}").exists(), timeout=30, what="the hung helper killed")
         # A new helper serves B, and the fleet syncs on.
-        add_with_passcode(a, "omar")
-        ok(a.sync())
-
-        def knows_omar():
-            b.sync()
-            return "error" not in b.person("omar")
-
-        wait_until(knows_omar, timeout=60, interval=0.5, what="B has omar")
+        reaches(a, b, "omar")
         # Hung again, with a call waiting on it: the daemon's stop neither waits for that call
         # nor leaves the helper behind.
         stuck = one_helper(b)
@@ -660,14 +658,7 @@ def test_a_connection_that_did_not_take_the_keyring_is_replaced_and_no_change_is
     wait_until(lambda: not mark.exists(), timeout=60, interval=0.3, what="B's first connection handed the keyring")
     # A person added at A after that: B must get them. A connection left open without the keyring
     # would pull their rows as unverifiable, refuse them and move B's cursor past them for good.
-    add_with_passcode(a, "omar")
-    ok(a.sync())
-
-    def knows_omar():
-        b.sync()
-        return "error" not in b.person("omar")
-
-    wait_until(knows_omar, timeout=60, interval=0.5, what="B has omar")
+    reaches(a, b, "omar")
     log = b.log_text()
     assert "did not take the keyring: reconnecting" in log, log[-3000:]
     assert "fleet rows refused" not in log, log[-3000:]
