@@ -139,37 +139,57 @@ actor FleetAgent {
         dropConnection()
         let endpoint = try FleetEndpoint(url: directory)
         do throws(FleetError) {
-            let connection = try await connector.connect(endpoint, password, logger)
-            // A new connection knows no keys and no rows: give it the keyring (pushes MAC rows
-            // with it, pulls verify them) and the version of every row this terminal already
-            // trusted, so an older version written back into the directory is refused as replayed.
-            if !dataKeys.isEmpty { await connection.useKeyring(keyring) }
-            if let versions = try? store.fleetRowVersions(), !versions.isEmpty {
-                await connection.rememberRowVersions(
-                    versions.map { FleetRowVersion(version: $0.version, entity: $0.entity, key: $0.key) })
+            var attempt = 0
+            while true {
+                attempt += 1
+                let connection = try await connector.connect(endpoint, password, logger)
+                await prepare(connection)
+                // One that did not take them was closed (its pulls could not be trusted): the
+                // helper or the directory went away meanwhile. One more, then the call fails.
+                if connection.isClosed {
+                    guard attempt < 2 else {
+                        throw FleetError(
+                            .directoryUnavailable(
+                                "the directory connection closed before it took this terminal's keys and row versions"))
+                    }
+                    continue
+                }
+                // Another call (a sync beside a FleetCreate, say) connected while this one awaited:
+                // keep that connection and close this one. Replaced unclosed, this one would have
+                // been left open (a connection the directory keeps until it times out) by whichever
+                // call still held it.
+                if let other = self.connection, !other.isClosed, connectionDirectory == directory {
+                    Task { await connection.close() }
+                    return other
+                }
+                dropConnection()
+                self.connection = connection
+                connectionDirectory = directory
+                reachable = true
+                return connection
             }
-            // One that did not take them was closed (its pulls could not be trusted): fail now,
-            // and the next call connects again.
-            if connection.isClosed {
-                throw FleetError(
-                    .directoryUnavailable("the directory connection did not take this terminal's keys or row versions"))
-            }
-            // Another call (a sync beside a FleetCreate, say) connected while this one awaited:
-            // keep that connection and close this one. Replaced unclosed, this one would have
-            // been left open (a connection the directory keeps until it times out) by whichever
-            // call still held it.
-            if let other = self.connection, !other.isClosed, connectionDirectory == directory {
-                Task { await connection.close() }
-                return other
-            }
-            dropConnection()
-            self.connection = connection
-            connectionDirectory = directory
-            reachable = true
-            return connection
         } catch {
             reachable = false
             throw error
+        }
+    }
+
+    /// A new connection knows no keys and no rows: it is given the version of every row this
+    /// terminal already trusted (an older version written back into the directory is refused as
+    /// replayed) and the keyring (pushes MAC rows with it, pulls verify them). The keyring is
+    /// handed again if it changed while this awaited: `hold` gives new keys only to the connection
+    /// already in use, and this one is not yet.
+    private func prepare(_ connection: any FleetDirectoryConnection) async {
+        if let versions = try? store.fleetRowVersions(), !versions.isEmpty {
+            await connection.rememberRowVersions(
+                versions.map { FleetRowVersion(version: $0.version, entity: $0.entity, key: $0.key) })
+        }
+        var given = Set<Int32>()
+        while !connection.isClosed {
+            let held = Set(dataKeys.map(\.generation))
+            guard held != given else { return }
+            await connection.useKeyring(keyring)
+            given = held
         }
     }
 
@@ -819,21 +839,22 @@ actor FleetAgent {
         var cursor = membership.cursor
         while true {
             let after = cursor
+            let heldBefore = Set(dataKeys.map(\.generation))
             let changes = try await withDirectory(membership.directory) { connection throws(FleetError) in
                 try await connection.pull(after: after)
             }
             guard let last = changes.last else { break }
             // Keys first: a member takes new generations before the values sealed under them.
-            // Rows of this page MACed under a generation that just arrived were pulled before it
-            // and came back unverifiable: pull the page again with the new keys.
             if changes.contains(where: { $0.entity == "wrapped_keys" && $0.key.hasPrefix(membership.terminalID) }) {
-                let held = dataKeys.count
                 try await receiveKeys(terminal: terminal, membership: &membership)
-                if dataKeys.count > held,
-                    changes.contains(where: { if case .unverifiable = $0.integrity { true } else { false } })
-                {
-                    continue
-                }
+            }
+            // Rows MACed under a generation that arrived after the page was asked for (in this
+            // page, or taken by a removal's rotation beside this sync) came back unverifiable:
+            // pull the page again with the new keys rather than refuse them and move past them.
+            if Set(dataKeys.map(\.generation)) != heldBefore,
+                changes.contains(where: { if case .unverifiable = $0.integrity { true } else { false } })
+            {
+                continue
             }
             try await admitPending(changes, membership: membership)
             let outcome = await apply(
