@@ -281,8 +281,16 @@ def debootstrap(target: Path, mirror: str) -> None:
     output ends in a list of packages, and the reason is in its log."""
     failures = []
     for attempt in (1, 2):
+        unmount_under(target)
         shutil.rmtree(target, ignore_errors=True)
-        result = run(["debootstrap", "--variant=minbase", SUITE, target, mirror], timeout=1200, check=False)
+        try:
+            result = run(["debootstrap", "--variant=minbase", SUITE, target, mirror], timeout=1200, check=False)
+        except subprocess.TimeoutExpired as timeout:
+            def text(value) -> str:
+                return value.decode(errors="replace") if isinstance(value, bytes) else (value or "")
+
+            result = subprocess.CompletedProcess(timeout.cmd, "timed out after 1200 s", text(timeout.stdout),
+                                                 text(timeout.stderr))
         if result.returncode == 0:
             return
         log = target / "debootstrap" / "debootstrap.log"
@@ -294,6 +302,14 @@ def debootstrap(target: Path, mirror: str) -> None:
                         f"--- debootstrap.log:\n{logged}")
         step(f"debootstrap failed (attempt {attempt}, exit {result.returncode})")
     raise AssertionError(f"debootstrap {SUITE} from {mirror} failed twice:\n" + "\n".join(failures))
+
+
+def unmount_under(root: Path) -> None:
+    """Unmounts what a stopped debootstrap may have left mounted inside root (its proc, sys)."""
+    mounts = Path("/proc/self/mounts").read_text().splitlines()
+    inside = [line.split()[1] for line in mounts if line.split()[1].startswith(f"{root}/")]
+    for point in sorted(inside, key=len, reverse=True):
+        subprocess.run(["umount", "--lazy", point], capture_output=True)
 
 
 def chroot(root: Path, script: str, timeout: float = 600, check: bool = True) -> subprocess.CompletedProcess[str]:
