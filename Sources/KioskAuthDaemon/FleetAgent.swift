@@ -69,6 +69,8 @@ actor FleetAgent {
     private var dataKeys: [FleetDataKey] = [] {
         didSet { keyring = FleetKeyring(dataKeys) }
     }
+    /// The generations of `dataKeys`.
+    private var heldGenerations: Set<Int32> { Set(dataKeys.map(\.generation)) }
     private(set) var reachable = false
     private var head: Int64 = 0
     /// Whether a listener is connected (the sync service runs it).
@@ -186,7 +188,7 @@ actor FleetAgent {
         }
         var given = Set<Int32>()
         while !connection.isClosed {
-            let held = Set(dataKeys.map(\.generation))
+            let held = heldGenerations
             guard held != given else { return }
             await connection.useKeyring(keyring)
             given = held
@@ -839,7 +841,7 @@ actor FleetAgent {
         var cursor = membership.cursor
         while true {
             let after = cursor
-            let heldBefore = Set(dataKeys.map(\.generation))
+            let heldBefore = heldGenerations
             let changes = try await withDirectory(membership.directory) { connection throws(FleetError) in
                 try await connection.pull(after: after)
             }
@@ -851,7 +853,7 @@ actor FleetAgent {
             // Rows MACed under a generation that arrived after the page was asked for (in this
             // page, or taken by a removal's rotation beside this sync) came back unverifiable:
             // pull the page again with the new keys rather than refuse them and move past them.
-            if Set(dataKeys.map(\.generation)) != heldBefore,
+            if heldGenerations != heldBefore,
                 changes.contains(where: { if case .unverifiable = $0.integrity { true } else { false } })
             {
                 continue
@@ -879,7 +881,7 @@ actor FleetAgent {
 
     private func loadKeyring(_ membership: FleetMembership) async throws(APIError) {
         let stored = try storeCall { () throws(StoreError) in try store.fleetKeys() }
-        guard Set(stored.map(\.generation)) != Set(dataKeys.map(\.generation)) else { return }
+        guard Set(stored.map(\.generation)) != heldGenerations else { return }
         let pair = try loadKeyPair()
         var keys: [FleetDataKey] = []
         for (generation, bytes) in stored {

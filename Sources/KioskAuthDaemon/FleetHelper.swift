@@ -692,18 +692,21 @@ final class FleetHelperConnection: FleetDirectoryConnection {
     /// terminal would miss them for good (a suspension among them). Closed, the next use makes a
     /// new connection, which is handed the keyring again.
     func useKeyring(_ keyring: FleetKeyring) async {
-        do { try await perform(.useKeyring(keyring.heldKeys.map(FleetWire.DataKey.init))) } catch {
-            logger.warning("fleet helper did not take the keyring: reconnecting", metadata: ["error": "\(error)"])
-            closeWithoutWaiting()
-        }
+        await handOver(.useKeyring(keyring.heldKeys.map(FleetWire.DataKey.init)), "the keyring")
     }
 
     /// One request for all of them: a store with many rows makes one round trip, not one each.
+    /// A connection that did not take them is closed too: its pulls could not tell an old row
+    /// written back from a new one.
     func rememberRowVersions(_ rows: [FleetRowVersion]) async {
-        do { try await perform(.rememberRowVersions(rows)) } catch {
-            // Pulls on this connection cannot tell an old row written back from a new one: the
-            // connection is closed, so the next use makes one that takes the versions again.
-            logger.warning("fleet helper did not take the row versions: reconnecting", metadata: ["error": "\(error)"])
+        await handOver(.rememberRowVersions(rows), "the row versions")
+    }
+
+    /// Hands the helper what every pull on this connection depends on; failing that, closes the
+    /// connection, so that the next use makes one that takes it again.
+    private func handOver(_ call: FleetWire.Call, _ what: String) async {
+        do { try await perform(call) } catch {
+            logger.warning("fleet helper did not take \(what): reconnecting", metadata: ["error": "\(error)"])
             closeWithoutWaiting()
         }
     }

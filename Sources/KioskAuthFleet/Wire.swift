@@ -159,7 +159,7 @@ package enum FleetWire {
             key = dataKey.key.withUnsafeBytes { Data($0) }
         }
 
-        /// The generations of `keys`; any key that is not 32 bytes is refused.
+        /// The data keys `keys` carry; any key that is not 32 bytes is refused.
         package static func dataKeys(_ keys: [DataKey]) throws(FleetError) -> [FleetDataKey] {
             var found: [FleetDataKey] = []
             for key in keys { found.append(try key.dataKey()) }

@@ -121,19 +121,22 @@ struct FleetHelperMain {
                 // As libdispatch's pool monitor reads them: /proc/<pid>/task/<tid>/stat.
                 outcome = threadStatsReadable() ? 0 : errno
             } else if target == "datagram" {
-                let fd = socket(AF_UNIX, Int32(SOCK_DGRAM.rawValue), 0)
-                outcome = fd >= 0 ? 0 : errno
-                if fd >= 0 { close(fd) }
+                outcome = closing(socket(AF_UNIX, Int32(SOCK_DGRAM.rawValue), 0))
             } else {
-                let fd = open(target, O_RDONLY | O_CLOEXEC)
-                outcome = fd >= 0 ? 0 : errno
-                if fd >= 0 { close(fd) }
+                outcome = closing(open(target, O_RDONLY | O_CLOEXEC))
             }
             report +=
                 "\(target)\t" + (outcome == 0 ? "allowed" : "denied (\(String(cString: strerror(outcome))))") + "\n"
         }
         _ = report.utf8CString.withUnsafeBufferPointer { write(1, $0.baseAddress, $0.count - 1) }
         _exit(0)
+    }
+
+    /// 0 if `descriptor` was made (it is closed), else the errno of the attempt.
+    static func closing(_ descriptor: Int32) -> Int32 {
+        guard descriptor >= 0 else { return errno }
+        close(descriptor)
+        return 0
     }
 
     /// Whether every thread's /proc/<pid>/task/<tid>/stat opens.
