@@ -27,6 +27,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
+from fleet_support import children  # noqa: E402
 from kioskauth_testing import Daemon  # noqa: E402
 from test_fleet import PASSCODE, Postgres, call, form_pair, ok  # noqa: E402
 
@@ -40,21 +41,6 @@ def memory(pid: int) -> tuple[int, int]:
         elif line.startswith("Pss:"):
             pss = int(line.split()[1])
     return rss, pss
-
-
-def helpers(parent: int) -> list[int]:
-    found = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                stat = (entry / "stat").read_text()
-            except OSError:
-                continue
-            name = stat[stat.index("(") + 1:stat.rindex(")")]
-            state, ppid = stat[stat.rindex(")") + 2:].split()[:2]
-            if name == "kioskauth-fleet" and int(ppid) == parent and state != "Z":
-                found.append(int(entry.name))
-    return found
 
 
 def percentile(values: list[float], p: float) -> float:
@@ -84,7 +70,7 @@ def one_turn(bin_dir: Path, args) -> dict[str, float]:
         time.sleep(args.settle)
         figures: dict[str, float] = {}
         daemon_rss, daemon_pss = memory(b.proc.pid)
-        helper = helpers(b.proc.pid)
+        helper = children(b.proc.pid)
         helper_rss, helper_pss = memory(helper[0]) if helper else (0, 0)
         figures.update({"daemon VmRSS KiB": daemon_rss, "daemon PSS KiB": daemon_pss,
                         "helper VmRSS KiB": helper_rss, "helper PSS KiB": helper_pss,

@@ -130,7 +130,7 @@ def fleet_workload(scratch: Path, helper: Path, profiles: Path, syncs: int) -> N
         f"exec {shutil.which('valgrind')} --tool=callgrind --demangle=no -q "
         f"--callgrind-out-file={profiles}/helper.%p {helper} \"$@\"\n")
     wrapper.chmod(0o755)
-    from fleet_support import Fleet, ok
+    from fleet_support import Fleet, children, ok
 
     fleet = Fleet(["virtual_image"], fleet_config="PollIntervalSec=1\n")
     try:
@@ -141,23 +141,10 @@ def fleet_workload(scratch: Path, helper: Path, profiles: Path, syncs: int) -> N
         for _ in range(syncs):
             ok(terminal.sync())
         ok(terminal.rpc("FleetTerminals"))
-        for pid in helper_pids(terminal.proc.pid):
+        for pid in children(terminal.proc.pid, name=None):  # valgrind, under its own name
             subprocess.run(["callgrind_control", "--dump", str(pid)], capture_output=True, timeout=120)
     finally:
         fleet.close()
-
-
-def helper_pids(parent: int) -> list[int]:
-    found = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-            except OSError:
-                continue
-            if int(fields[1]) == parent:
-                found.append(int(entry.name))
-    return found
 
 
 def main() -> int:

@@ -86,6 +86,24 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def children(parent: int, name: str | None = "kioskauth-fleet", zombies: bool = False) -> list[int]:
+    """Processes whose parent is `parent` and, unless `name` is None, whose name is `name`
+    (zombies left out unless asked for): a daemon's fleet helper, say."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        comm = stat[stat.index("(") + 1:stat.rindex(")")]
+        state, ppid = stat[stat.rindex(")") + 2:].split()[:2]
+        if int(ppid) == parent and name in (None, comm) and (zombies or state != "Z"):
+            found.append(int(entry.name))
+    return found
+
+
 def wait_until(condition, timeout: float = CONDITION_TIMEOUT, interval: float = 0.1, what: str = "condition"):
     """Calls `condition` until it returns something truthy (returned) or `timeout` passes."""
     deadline = time.monotonic() + timeout

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from fleet_support import error_name, fleet_test_marks, ok, wait_until
+from fleet_support import Client, children, error_name, fleet_test_marks, ok, wait_until
 from kioskauth_testing import KIOSKAUTHD, Daemon
 
 pytestmark = fleet_test_marks()
@@ -34,23 +34,6 @@ def add_with_passcode(terminal, name: str) -> None:
     """A person the fleet shares: one with a passcode (a pending one stays on its terminal)."""
     ok(terminal.add_person(name))
     ok(terminal.set_passcode(name, "482913"))
-
-
-def children(parent: int, name: str = "kioskauth-fleet", zombies: bool = False) -> list[int]:
-    """Processes named `name` whose parent is `parent` (zombies left out unless asked for)."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:
-            continue
-        comm = stat[stat.index("(") + 1:stat.rindex(")")]
-        state, ppid = stat[stat.rindex(")") + 2:].split()[:2]
-        if int(ppid) == parent and comm == name and (zombies or state != "Z"):
-            found.append(int(entry.name))
-    return found
 
 
 def reaches(a, b, name: str) -> None:
@@ -193,7 +176,6 @@ def test_a_killed_helper_is_started_again_and_the_fleet_syncs_on(make_fleet):
 
 def sync_in_background(terminal) -> None:
     """A FleetSync on a connection of its own, whose outcome nobody waits for."""
-    from fleet_support import Client
 
     def run():
         try:

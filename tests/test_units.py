@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import re
 import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -384,8 +385,6 @@ os.execv(program[0], program)
 
 def syscall_groups() -> dict[str, list[str]]:
     """systemd's system-call groups, as `systemd-analyze syscall-filter` lists them."""
-    import subprocess
-
     listing = subprocess.run(["systemd-analyze", "syscall-filter"], capture_output=True, text=True,
                              check=True).stdout
     groups: dict[str, list[str]] = {}
@@ -420,8 +419,6 @@ def unit_syscalls(lines: list[str]) -> set[str]:
 
 
 def run_helper_under(allowed: set[str], *args: str):
-    import subprocess
-
     helper = KIOSKAUTHD.parent / "kioskauth-fleet"
     return subprocess.run(["/usr/bin/python3", "-c", SECCOMP_HARNESS, ",".join(sorted(allowed)), str(helper), *args],
                           capture_output=True, text=True, timeout=60)
