@@ -243,7 +243,7 @@ def test_missing_credential_without_development_flag_is_a_clear_startup_error(ma
 @pytest.mark.parametrize("section, key", [
     ("Access", "RefusalSummaryIntervalSec"), ("Access", "TicketLifetimeSec"), ("Socket", "IdleTimeoutSec"),
     ("Socket", "WriteTimeoutSec"), ("Store", "AuditVerifyInterval"), ("Fingerprint", "ScanTimeoutSec"),
-    ("Passcode", "LockoutDelaysSec"), ("Activation", "CodeLifetimeSec"),
+    ("Passcode", "LockoutDelaysSec"), ("Activation", "CodeLifetimeSec"), ("Daemon", "IdleReleaseSec"),
 ])
 def test_seconds_beyond_a_year_are_a_named_configuration_error_not_a_later_crash(make_daemon, section, key):
     # 1e16 s passed the parser and trapped later (milliseconds into Int64), at the first refused

@@ -5,8 +5,10 @@
 #include "kioskauth_datagram.h"
 #include "kioskauth_system.h"
 
+#include <elf.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <link.h>
 #include <linux/audit.h>
 #include <linux/filter.h>
 #include <linux/landlock.h>
@@ -15,7 +17,10 @@
 #include <signal.h>
 #include <spawn.h>
 #include <stddef.h>
+#include <stdlib.h>
 #include <string.h>
+#include <sys/auxv.h>
+#include <sys/mman.h>
 #include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
@@ -51,6 +56,113 @@ void kioskauth_bound_allocator(int arenas, int threshold) {
 
 void kioskauth_release_free_memory(void) {
     malloc_trim(0);
+}
+
+struct release_pass {
+    uintptr_t page;
+    uintptr_t vdso;
+    long advised;
+    int error;
+};
+
+/// Whether the object's dynamic section asks for text relocations (its code was written to).
+static int has_text_relocations(const struct dl_phdr_info *info) {
+    for (ElfW(Half) i = 0; i < info->dlpi_phnum; i++) {
+        const ElfW(Phdr) *header = &info->dlpi_phdr[i];
+        if (header->p_type != PT_DYNAMIC)
+            continue;
+        for (const ElfW(Dyn) *entry = (const ElfW(Dyn) *)(info->dlpi_addr + header->p_vaddr);
+             entry->d_tag != DT_NULL; entry++) {
+            if (entry->d_tag == DT_TEXTREL ||
+                (entry->d_tag == DT_FLAGS && (entry->d_un.d_val & DF_TEXTREL)))
+                return 1;
+        }
+    }
+    return 0;
+}
+
+static int release_object(struct dl_phdr_info *info, size_t size, void *data) {
+    (void)size;
+    struct release_pass *pass = data;
+    uintptr_t relro_start = 0, relro_end = 0;
+    for (ElfW(Half) i = 0; i < info->dlpi_phnum; i++) {
+        const ElfW(Phdr) *header = &info->dlpi_phdr[i];
+        uintptr_t first = info->dlpi_addr + header->p_vaddr;
+        if (header->p_type == PT_LOAD && first <= pass->vdso &&
+            pass->vdso < first + header->p_memsz)
+            return 0; // the vDSO: the kernel's own pages
+        if (header->p_type == PT_GNU_RELRO) {
+            relro_start = info->dlpi_addr + header->p_vaddr;
+            relro_end = relro_start + header->p_memsz;
+        }
+    }
+    if (has_text_relocations(info))
+        return 0;
+    // Every range is worked out before the first is advised: the program headers read here lie
+    // in the object's first segment, and reading them after it was advised would map it again.
+    struct {
+        uintptr_t start, end;
+    } ranges[16];
+    int count = 0;
+    for (ElfW(Half) i = 0; i < info->dlpi_phnum && count < 16; i++) {
+        const ElfW(Phdr) *header = &info->dlpi_phdr[i];
+        if (header->p_type != PT_LOAD || (header->p_flags & PF_W) || header->p_memsz == 0)
+            continue;
+        uintptr_t first = info->dlpi_addr + header->p_vaddr;
+        uintptr_t last = first + header->p_memsz;
+        if (first < relro_end && relro_start < last)
+            continue;
+        // Whole pages inside the segment only: a page it shares with a neighbour is left.
+        uintptr_t start = (first + pass->page - 1) & ~(pass->page - 1);
+        uintptr_t end = last & ~(pass->page - 1);
+        if (end > start) {
+            ranges[count].start = start;
+            ranges[count].end = end;
+            count++;
+        }
+    }
+    for (int i = 0; i < count; i++) {
+        if (madvise((void *)ranges[i].start, ranges[i].end - ranges[i].start, MADV_DONTNEED) == 0)
+            pass->advised += (long)(ranges[i].end - ranges[i].start);
+        else
+            pass->error = errno;
+    }
+    return 0;
+}
+
+/// Resident KiB from `/proc/self/statm` (pages: size resident shared ...): backed by files (and
+/// shared memory), and the rest; -1 each when it cannot be read.
+static void resident_kib(long *file, long *other) {
+    *file = *other = -1;
+    int fd = open("/proc/self/statm", O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return;
+    char text[128];
+    ssize_t length = read(fd, text, sizeof(text) - 1);
+    close(fd);
+    if (length <= 0)
+        return;
+    text[length] = 0;
+    char *end;
+    strtol(text, &end, 10);
+    long resident = strtol(end, &end, 10);
+    long shared = strtol(end, &end, 10);
+    long page_kib = sysconf(_SC_PAGESIZE) / 1024;
+    *file = shared * page_kib;
+    *other = (resident - shared) * page_kib;
+}
+
+void kioskauth_release_idle_memory(struct kioskauth_release_report *report) {
+    struct release_pass pass = {
+        .page = (uintptr_t)sysconf(_SC_PAGESIZE),
+        .vdso = (uintptr_t)getauxval(AT_SYSINFO_EHDR),
+    };
+    resident_kib(&report->file_kib_before, &report->other_kib_before);
+    dl_iterate_phdr(release_object, &pass);
+    malloc_trim(0);
+    resident_kib(&report->file_kib_after, &report->other_kib_after);
+    report->advised = pass.advised;
+    report->error = pass.error;
 }
 
 int kioskauth_open_node(const char *path) {

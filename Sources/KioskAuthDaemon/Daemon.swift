@@ -347,9 +347,11 @@ public enum Daemon {
         let startup = timeline
 
         let (serving, servingContinuation) = AsyncStream<Void>.makeStream()
+        let (swept, sweptContinuation) = AsyncStream<Void>.makeStream()
+        let idleRelease = IdleRelease(quietSeconds: configuration.idleRelease)
         let server = VarlinkServer(
             listener: listener, authority: authority, dispatcher: await dispatching.value,
-            configuration: configuration.socket, logger: logger
+            configuration: configuration.socket, idleRelease: idleRelease, logger: logger
         ) {
             notifier.notify("READY=1\nSTATUS=Serving")
             var startup = startup
@@ -366,9 +368,13 @@ public enum Daemon {
                 service: server, successTerminationBehavior: .gracefullyShutdownGroup,
                 failureTerminationBehavior: .gracefullyShutdownGroup, serviceName: "socket"),
             .init(
-                service: StoreSweepService(store: store, database: paths.database, serving: serving, logger: logger),
+                service: StoreSweepService(
+                    store: store, database: paths.database, serving: serving, swept: sweptContinuation, logger: logger),
                 successTerminationBehavior: .ignore, failureTerminationBehavior: .gracefullyShutdownGroup,
                 serviceName: "store-sweep"),
+            .init(
+                service: IdleReleaseService(release: idleRelease, startupDone: swept, logger: logger),
+                serviceName: "idle-release"),
         ]
         if let reader {
             services.append(
@@ -597,6 +603,8 @@ struct StoreSweepService: Service {
     let database: String
     /// Ends when the socket is served (READY=1).
     let serving: AsyncStream<Void>
+    /// Finished once the rows are checked: start-up's own work is done (`IdleRelease`).
+    let swept: AsyncStream<Void>.Continuation
     let logger: Logger
 
     func run() async throws {
@@ -617,6 +625,7 @@ struct StoreSweepService: Service {
         case .success(let rows):
             logger.info(
                 "store rows checked", metadata: ["rows": "\(rows)", "elapsed": "\(ContinuousClock.now - started)"])
+            swept.finish()
             // Stay until the group shuts down: a service that ends on its own while a shutdown
             // is under way is an error to the service group (exit status 1 on SIGTERM).
             try? await gracefulShutdown()

@@ -384,6 +384,8 @@ public final class VarlinkServer: Service, Sendable {
     private let onListening: @Sendable () -> Void
     /// Returns the memory a burst of calls freed once the socket is quiet again.
     private let memory = MemoryBounds.ReleaseAfterBurst()
+    /// Told of every call, so that it releases only after the socket has been quiet.
+    private let idleRelease: IdleRelease
     private let metrics: DaemonMetrics
 
     /// How long calls in progress may run after shutdown begins before they are cancelled.
@@ -403,7 +405,8 @@ public final class VarlinkServer: Service, Sendable {
     /// state.
     init(
         listener: VarlinkListener, authority: Authority, dispatcher: Dispatcher,
-        configuration: DaemonConfiguration.Socket, logger: Logger, onListening: @escaping @Sendable () -> Void
+        configuration: DaemonConfiguration.Socket, idleRelease: IdleRelease, logger: Logger,
+        onListening: @escaping @Sendable () -> Void
     ) {
         self.connectionLimits = ConnectionLimits(
             maximumSize: min(configuration.maxMessageSize, VarlinkLimits.maximumMessageSize),
@@ -419,6 +422,7 @@ public final class VarlinkServer: Service, Sendable {
         self.configuration = configuration
         self.logger = logger
         self.onListening = onListening
+        self.idleRelease = idleRelease
         self.registry = ConnectionRegistry(
             maxTotal: configuration.maxConnections, maxPerUID: configuration.maxConnectionsPerUID,
             reserved: configuration.reservedConnections)
@@ -609,6 +613,7 @@ public final class VarlinkServer: Service, Sendable {
     /// may call now; anything else (malformed, `more`, rate-limited, a method that does I/O, an
     /// answer that needs the actor after all) goes the ordinary way through `handle`.
     private func immediateAnswer(_ frame: ByteBuffer, caller: Caller) -> ImmediateCalls.Answer {
+        idleRelease.callSeen()
         guard let call = try? VarlinkCoding.message(VarlinkCall.self, from: frame.readableBytesView),
             call.upgrade != true, call.more != true, let method = dispatcher.immediate(call.method)
         else { return .forward }
@@ -622,6 +627,7 @@ public final class VarlinkServer: Service, Sendable {
     private func handle(
         frame: ByteBuffer, caller: Caller, outbound: NIOAsyncChannelOutboundWriter<ByteBuffer>, logger: Logger
     ) async -> Bool {
+        idleRelease.callSeen()
         let call: VarlinkCall
         do {
             call = try VarlinkCoding.message(VarlinkCall.self, from: frame.readableBytesView)

@@ -36,6 +36,29 @@ void kioskauth_bound_allocator(int arenas, int threshold);
 /// Returns free memory in every arena to the kernel (`malloc_trim(0)`).
 void kioskauth_release_free_memory(void);
 
+/// What `kioskauth_release_idle_memory` did: resident KiB backed by files (with shared memory)
+/// and the rest, before and after (from `/proc/self/statm`; -1 when it cannot be read), the
+/// bytes of address range unmapped, and 0 or the errno of a range `madvise` refused.
+struct kioskauth_release_report {
+    long file_kib_before, other_kib_before, file_kib_after, other_kib_after;
+    long advised;
+    int error;
+};
+
+/// Unmaps from this process, without unmapping the files, the pages of code and constants of
+/// every ELF object loaded (the program and its libraries): `madvise(MADV_DONTNEED)` over each
+/// loadable segment that is not writable, so the pages leave the process's page tables (and its
+/// resident set) but stay in the page cache, and a page used again is mapped again by the next
+/// fault on it, from the cache. Nothing is lost: such a page holds exactly what the file holds.
+/// Left alone: writable segments and the part made read-only after relocation
+/// (`PT_GNU_RELRO`), whose pages are private copies; objects with text relocations; the vDSO;
+/// and the part of a page a segment shares with another. Walks the objects with
+/// `dl_iterate_phdr`, which holds the loader's lock, so no object is loaded or unloaded
+/// meanwhile. Then returns the allocator's free memory (`malloc_trim(0)`). All in C, and
+/// nothing after the release but two reads of `statm`, so that as little code as possible is
+/// mapped in again before the caller returns to idling.
+void kioskauth_release_idle_memory(struct kioskauth_release_report *report);
+
 /// Opens the file at `path` itself, never what a symbolic link there points to, without reading
 /// or writing it (`O_PATH | O_NOFOLLOW | O_CLOEXEC`, which glibc hides behind _GNU_SOURCE): a
 /// descriptor to check and change that very inode. Returns -1 with errno set on failure.

@@ -1,0 +1,173 @@
+"""[Daemon] IdleReleaseSec (issue #15's footprint): once start-up's work is done, and whenever the
+socket has had no call for IdleReleaseSec, the daemon unmaps the pages of code and constants of
+its program and libraries (they stay in the page cache) and returns its allocator's free memory.
+
+Asserted both ways: that the memory is handed back (against the same daemon with the release
+off), that a release waits for a quiet socket and does not repeat without calls, and that
+nothing is lost: fingerprint, passcode and account calls from concurrent callers, with releases
+running between and during them, all answer as they should.
+"""
+
+import random
+import re
+import threading
+import time
+
+from fprint_virtual import environment, scan
+from idp_testing import wait_until
+from elf_residency import binary_sections
+from kioskauth_testing import FAST_HASH_CONFIG, KIOSKAUTHD, connect, read_message, send_message
+from test_fingerprint_e2e import enroll
+
+RELEASED = re.compile(r"idle memory released .*file_kib=(\d+)->(\d+) .*reason=([a-z-]+)")
+
+
+def start(make_daemon, release: str):
+    d = make_daemon(config=FAST_HASH_CONFIG + f"\n[Daemon]\nLogLevel=debug\nIdleReleaseSec={release}\n")
+    sensor = d.root / "sensor.sock"
+    d.extra_env.update(environment("virtual_device_storage", sensor, base={}))
+    d.start()
+    return d, sensor
+
+
+def releases(d, reason: str | None = None) -> list[tuple[int, int]]:
+    """The releases logged so far (file-backed resident KiB before and after), of `reason`."""
+    return [(int(m[1]), int(m[2])) for m in RELEASED.finditer(d.log_text()) if reason in (None, m[3])]
+
+
+def resident(pid: int) -> dict[str, int]:
+    fields = {}
+    for line in open(f"/proc/{pid}/status"):
+        key, _, value = line.partition(":")
+        if key in ("VmRSS", "RssFile", "RssAnon"):
+            fields[key] = int(value.split()[0])
+    return fields
+
+
+def text_resident(pid: int) -> int:
+    sections = binary_sections(pid, str(KIOSKAUTHD))
+    assert sections is not None, "/proc/PID/pagemap cannot be read"
+    return sections.get(".text", (0, 0))[0]
+
+
+def verify_passcode(d, name: str, passcode: str) -> dict:
+    return d.call("io.kioskauth.VerifyPasscode", {"name": name, "passcode": passcode})
+
+
+def verify_finger(d, sensor, name: str, finger_id: str, wait: float = 0) -> dict:
+    s = connect(d.socket, timeout=30)
+    try:
+        send_message(s, {"method": "io.kioskauth.VerifyFinger", "parameters": {"name": name}, "more": True})
+        first = read_message(s)
+        if "error" in first:
+            return first
+        assert first["parameters"]["progress"]["state"] == "touch", first
+        time.sleep(wait)  # the scan waits for its touch meanwhile
+        scan(sensor, finger_id)
+        return read_message(s)
+    finally:
+        s.close()
+
+
+def test_start_up_hands_back_the_code_it_ran(make_daemon):
+    kept, _ = start(make_daemon, "0")
+    released, _ = start(make_daemon, "30")
+    wait_until(lambda: releases(released, "start-up"), 30, message="the start-up release")
+    wait_until(lambda: "store rows checked" in kept.log_text(), 30, message="the store sweep")
+    time.sleep(1)  # both settle: what idling touches comes back
+    assert releases(kept) == [], "IdleReleaseSec=0 released"
+    k, r = resident(kept.proc.pid), resident(released.proc.pid)
+    assert r["RssFile"] < 0.6 * k["RssFile"], (k, r)
+    assert text_resident(released.proc.pid) < 0.6 * text_resident(kept.proc.pid)
+    for d in (kept, released):
+        assert "error" not in d.call("io.kioskauth.GetStatus")
+    before, after = releases(released, "start-up")[0]
+    assert after < before / 2, (before, after)
+
+
+def test_a_release_waits_for_a_quiet_socket_and_calls_after_it_are_served(make_daemon):
+    d, sensor = start(make_daemon, "1")
+    wait_until(lambda: releases(d, "start-up"), 30, message="the start-up release")
+    assert d.ctl("user", "add", "sarah").returncode == 0
+    reply, _ = enroll(d, sensor, "sarah", "sarah-finger")
+    assert reply["parameters"]["finger"] == "right-index", reply
+    r = d.call("io.kioskauth.SetPasscode", {"name": "sarah", "passcode": "482913", "confirmation": "482913"})
+    assert "error" not in r, r
+    # A call every 0.3 s for 4 s: never a second of quiet, so no release meanwhile.
+    idle_before = len(releases(d, "idle"))
+    for _ in range(13):
+        assert "error" not in d.call("io.kioskauth.GetStatus")
+        time.sleep(0.3)
+    assert len(releases(d, "idle")) == idle_before, d.log_text()[-2000:]
+    # Quiet now: one release, and no more while nothing calls.
+    wait_until(lambda: len(releases(d, "idle")) == idle_before + 1, 10, message="an idle release")
+    time.sleep(2.5)
+    assert len(releases(d, "idle")) == idle_before + 1
+    before, after = releases(d, "idle")[-1]
+    assert after < 0.6 * before, (before, after)
+    # What ran before the release runs again after it.
+    matched = verify_finger(d, sensor, "sarah", "sarah-finger")
+    assert "error" not in matched and matched["parameters"].get("ticket"), matched
+    stranger = verify_finger(d, sensor, "sarah", "stranger-finger")
+    assert stranger.get("error") == "io.kioskauth.FingerprintNotRecognized", stranger
+    assert verify_passcode(d, "sarah", "482913").get("error") is None
+    assert verify_passcode(d, "sarah", "000000").get("error") == "io.kioskauth.WrongPasscode"
+    wait_until(lambda: len(releases(d, "idle")) == idle_before + 2, 10, message="a second idle release")
+
+
+def test_concurrent_callers_lose_nothing_while_releases_run_between_and_during_their_calls(make_daemon):
+    """Releases every 50 ms of quiet, so many land while a call is in progress (a hash on its
+    thread, a scan waiting for its touch, an account looked up through NSS) and between calls."""
+    d, sensor = start(make_daemon, "0.05")
+    wait_until(lambda: releases(d, "start-up"), 30, message="the start-up release")
+    for name in ("sarah", "omar"):
+        assert d.ctl("user", "add", name).returncode == 0
+        r = d.call("io.kioskauth.SetPasscode", {"name": name, "passcode": "482913", "confirmation": "482913"})
+        assert "error" not in r, r
+    reply, _ = enroll(d, sensor, "sarah", "sarah-finger")
+    assert reply["parameters"]["finger"] == "right-index", reply
+
+    failures: list[str] = []
+    counts: dict[str, int] = {}
+    stop = time.monotonic() + 10
+
+    def caller(kind: str, seed: int):
+        rng = random.Random(seed)
+        n = 0
+        try:
+            while time.monotonic() < stop:
+                if kind == "passcode":
+                    r = verify_passcode(d, "omar", "482913")
+                    if "error" in r:
+                        failures.append(f"passcode: {r}")
+                elif kind == "status":
+                    r = d.call("io.kioskauth.GetStatus")
+                    if "error" in r or "people" not in r.get("parameters", {}):
+                        failures.append(f"status: {r}")
+                elif kind == "finger":
+                    r = verify_finger(d, sensor, "sarah", "sarah-finger", wait=rng.uniform(0, 0.2))
+                    if "error" in r or not r["parameters"].get("ticket"):
+                        failures.append(f"finger: {r}")
+                elif kind == "accounts":
+                    name = f"temp{seed}x{n}"
+                    added = d.ctl("user", "add", name)
+                    removed = d.ctl("user", "remove", name)
+                    if added.returncode != 0 or removed.returncode != 0:
+                        failures.append(f"accounts: {added.stderr} {removed.stderr}")
+                n += 1
+                time.sleep(rng.uniform(0, 0.6))
+        except Exception as e:  # noqa: BLE001 — reported below with the daemon's state
+            failures.append(f"{kind}: {e!r}")
+        counts[kind] = counts.get(kind, 0) + n
+
+    threads = [threading.Thread(target=caller, args=(kind, i)) for i, kind in
+               enumerate(["passcode", "passcode", "status", "status", "finger", "accounts"])]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert d.proc.poll() is None, d.log_text()[-3000:]
+    assert failures == [], failures[:5]
+    assert all(counts.get(k, 0) >= 5 for k in ("passcode", "status", "finger", "accounts")), counts
+    assert len(releases(d, "idle")) >= 10, len(releases(d, "idle"))
+    assert "refused for part of the code" not in d.log_text()
