@@ -10,8 +10,11 @@ running between and during them, all answer as they should.
 
 import random
 import re
+import shutil
+import subprocess
 import threading
 import time
+from pathlib import Path
 
 from fprint_virtual import environment, scan
 from idp_testing import wait_until
@@ -22,10 +25,15 @@ from test_fingerprint_e2e import enroll
 RELEASED = re.compile(r"idle memory released .*file_kib=(\d+)->(\d+) .*reason=([a-z-]+)")
 
 
-def start(make_daemon, release: str):
+REPO = Path(__file__).resolve().parent.parent
+
+
+def start(make_daemon, release: str, test_seconds: str | None = None):
     d = make_daemon(config=FAST_HASH_CONFIG + f"\n[Daemon]\nLogLevel=debug\nIdleReleaseSec={release}\n")
     sensor = d.root / "sensor.sock"
     d.extra_env.update(environment("virtual_device_storage", sensor, base={}))
+    if test_seconds:  # debug builds only: shorter than the configuration allows
+        d.extra_env["KIOSKAUTH_TEST_IDLE_RELEASE_SECONDS"] = test_seconds
     d.start()
     return d, sensor
 
@@ -93,8 +101,12 @@ def test_a_release_waits_for_a_quiet_socket_and_calls_after_it_are_served(make_d
     assert reply["parameters"]["finger"] == "right-index", reply
     r = d.call("io.kioskauth.SetPasscode", {"name": "sarah", "passcode": "482913", "confirmation": "482913"})
     assert "error" not in r, r
-    # A call every 0.3 s for 4 s: never a second of quiet, so no release meanwhile.
+    # The release after those calls (one may also have come during the enrolment), then nothing
+    # calls: the count stays put.
+    wait_until(lambda: releases(d, "idle"), 10, message="an idle release")
+    time.sleep(0.5)
     idle_before = len(releases(d, "idle"))
+    # A call every 0.3 s for 4 s: never a second of quiet, so no release meanwhile.
     for _ in range(13):
         assert "error" not in d.call("io.kioskauth.GetStatus")
         time.sleep(0.3)
@@ -112,13 +124,51 @@ def test_a_release_waits_for_a_quiet_socket_and_calls_after_it_are_served(make_d
     assert stranger.get("error") == "io.kioskauth.FingerprintNotRecognized", stranger
     assert verify_passcode(d, "sarah", "482913").get("error") is None
     assert verify_passcode(d, "sarah", "000000").get("error") == "io.kioskauth.WrongPasscode"
-    wait_until(lambda: len(releases(d, "idle")) == idle_before + 2, 10, message="a second idle release")
+    # A scan that waits for its touch longer than the quiet: released meanwhile, then matched.
+    count = len(releases(d, "idle"))
+    s = connect(d.socket, timeout=30)
+    try:
+        send_message(s, {"method": "io.kioskauth.VerifyFinger", "parameters": {"name": "sarah"}, "more": True})
+        assert read_message(s)["parameters"]["progress"]["state"] == "touch"
+        wait_until(lambda: len(releases(d, "idle")) > count, 10, message="a release while the scan waits")
+        scan(sensor, "sarah-finger")
+        during = read_message(s)
+    finally:
+        s.close()
+    assert "error" not in during and during["parameters"].get("ticket"), during
+
+
+def test_a_wait_shorter_than_a_second_is_a_named_configuration_error(make_daemon):
+    d = make_daemon(config=FAST_HASH_CONFIG + "\n[Daemon]\nIdleReleaseSec=0.5\n")
+    d.start(expect_ready=False)
+    assert d.wait_exit() == 78
+    assert "IdleReleaseSec=0.5: expected 0 (never), or 1 or more seconds" in d.log_text(), d.log_text()
+
+
+def test_a_release_keeps_private_copies_and_an_object_being_opened(tmp_path):
+    """The release itself, in a program of its own (tests/release_probe): a page of constants it
+    made writable, wrote and made read-only again (as a debugger's breakpoint, a uprobe or a live
+    patch writes code) keeps what was written; and a library opened, used and closed over and
+    over on another thread while releases run back to back is always read right."""
+    compiler = shutil.which("cc") or shutil.which("clang")
+    assert compiler, "no C compiler"
+    probe, library = tmp_path / "probe", tmp_path / "libprobe.so"
+    subprocess.run([compiler, "-O1", "-shared", "-fPIC", "-o", str(library),
+                    str(REPO / "tests" / "release_probe" / "library.c")], check=True)
+    subprocess.run([compiler, "-O1", "-I", str(REPO / "Sources" / "CKioskAuthSystem" / "include"), "-o", str(probe),
+                    str(REPO / "tests" / "release_probe" / "probe.c"),
+                    str(REPO / "Sources" / "CKioskAuthSystem" / "system.c"), "-lpthread", "-ldl"], check=True)
+    run = subprocess.run([str(probe), str(library), "3"], capture_output=True, text=True, timeout=60)
+    assert "written constant after a release: 42" in run.stdout, run.stdout + run.stderr
+    assert "neighbouring constants: 1 3" in run.stdout, run.stdout
+    assert re.search(r"mismatches 0;", run.stdout), run.stdout + run.stderr
+    assert run.returncode == 0, run.stdout + run.stderr
 
 
 def test_concurrent_callers_lose_nothing_while_releases_run_between_and_during_their_calls(make_daemon):
-    """Releases every 50 ms of quiet, so many land while a call is in progress (a hash on its
+    """Releases after 50 ms of quiet (a debug build's test override), so many land while a call is in progress (a hash on its
     thread, a scan waiting for its touch, an account looked up through NSS) and between calls."""
-    d, sensor = start(make_daemon, "0.05")
+    d, sensor = start(make_daemon, "1", test_seconds="0.05")
     wait_until(lambda: releases(d, "start-up"), 30, message="the start-up release")
     for name in ("sarah", "omar"):
         assert d.ctl("user", "add", name).returncode == 0
@@ -129,6 +179,7 @@ def test_concurrent_callers_lose_nothing_while_releases_run_between_and_during_t
 
     failures: list[str] = []
     counts: dict[str, int] = {}
+    counted = threading.Lock()
     stop = time.monotonic() + 10
 
     def caller(kind: str, seed: int):
@@ -158,7 +209,8 @@ def test_concurrent_callers_lose_nothing_while_releases_run_between_and_during_t
                 time.sleep(rng.uniform(0, 0.6))
         except Exception as e:  # noqa: BLE001 — reported below with the daemon's state
             failures.append(f"{kind}: {e!r}")
-        counts[kind] = counts.get(kind, 0) + n
+        with counted:
+            counts[kind] = counts.get(kind, 0) + n
 
     threads = [threading.Thread(target=caller, args=(kind, i)) for i, kind in
                enumerate(["passcode", "passcode", "status", "status", "finger", "accounts"])]
@@ -168,6 +220,6 @@ def test_concurrent_callers_lose_nothing_while_releases_run_between_and_during_t
         t.join()
     assert d.proc.poll() is None, d.log_text()[-3000:]
     assert failures == [], failures[:5]
-    assert all(counts.get(k, 0) >= 5 for k in ("passcode", "status", "finger", "accounts")), counts
+    assert all(counts.get(k, 0) >= 3 for k in ("passcode", "status", "finger", "accounts")), counts
     assert len(releases(d, "idle")) >= 10, len(releases(d, "idle"))
-    assert "refused for part of the code" not in d.log_text()
+    assert "idle memory release incomplete" not in d.log_text()

@@ -61,9 +61,51 @@ void kioskauth_release_free_memory(void) {
 struct release_pass {
     uintptr_t page;
     uintptr_t vdso;
+    int pagemap;
     long advised;
     int error;
 };
+
+static void advise(struct release_pass *pass, uintptr_t start, uintptr_t end) {
+    if (end <= start)
+        return;
+    if (madvise((void *)start, end - start, MADV_DONTNEED) == 0)
+        pass->advised += (long)(end - start);
+    else
+        pass->error = errno;
+}
+
+/// Advises the pages of [start, end) that hold what the file holds: those not present, and
+/// those present from the page cache. A page the process has a private copy of (present or
+/// swapped, and not from the file: a debugger's breakpoint, a uprobe, a live patch, anything
+/// written through an mprotect) would be thrown away and read from the file again, so it is
+/// left, and so is the whole rest of the range if `/proc/self/pagemap` cannot be read.
+static void advise_file_pages(struct release_pass *pass, uintptr_t start, uintptr_t end) {
+    uint64_t entries[512];
+    uintptr_t run = start;
+    uintptr_t at = start;
+    while (at < end) {
+        size_t wanted = (end - at) / pass->page;
+        if (wanted > sizeof(entries) / sizeof(entries[0]))
+            wanted = sizeof(entries) / sizeof(entries[0]);
+        ssize_t got = pread(pass->pagemap, entries, wanted * sizeof(entries[0]),
+                            (off_t)(at / pass->page * sizeof(entries[0])));
+        if (got < (ssize_t)sizeof(entries[0])) {
+            pass->error = got < 0 ? errno : EIO;
+            advise(pass, run, at);
+            return;
+        }
+        for (size_t i = 0; i < (size_t)got / sizeof(entries[0]); i++, at += pass->page) {
+            uint64_t entry = entries[i];
+            int present = (entry >> 63) & 1, swapped = (entry >> 62) & 1, file = (entry >> 61) & 1;
+            if ((present && !file) || swapped) {
+                advise(pass, run, at);
+                run = at + pass->page;
+            }
+        }
+    }
+    advise(pass, run, end);
+}
 
 /// Whether the object's dynamic section asks for text relocations (its code was written to).
 static int has_text_relocations(const struct dl_phdr_info *info) {
@@ -106,27 +148,24 @@ static int release_object(struct dl_phdr_info *info, size_t size, void *data) {
     int count = 0;
     for (ElfW(Half) i = 0; i < info->dlpi_phnum && count < 16; i++) {
         const ElfW(Phdr) *header = &info->dlpi_phdr[i];
-        if (header->p_type != PT_LOAD || (header->p_flags & PF_W) || header->p_memsz == 0)
+        if (header->p_type != PT_LOAD || (header->p_flags & PF_W) || header->p_filesz == 0)
             continue;
         uintptr_t first = info->dlpi_addr + header->p_vaddr;
-        uintptr_t last = first + header->p_memsz;
-        if (first < relro_end && relro_start < last)
+        if (first < relro_end && relro_start < first + header->p_memsz)
             continue;
-        // Whole pages inside the segment only: a page it shares with a neighbour is left.
+        // Whole pages of the file's part only: a page the segment shares with a neighbour is
+        // left, and so is the page where the file's part ends, which the loader zeroed past it
+        // (a private copy) when the segment is longer in memory than in the file.
         uintptr_t start = (first + pass->page - 1) & ~(pass->page - 1);
-        uintptr_t end = last & ~(pass->page - 1);
+        uintptr_t end = (first + header->p_filesz) & ~(pass->page - 1);
         if (end > start) {
             ranges[count].start = start;
             ranges[count].end = end;
             count++;
         }
     }
-    for (int i = 0; i < count; i++) {
-        if (madvise((void *)ranges[i].start, ranges[i].end - ranges[i].start, MADV_DONTNEED) == 0)
-            pass->advised += (long)(ranges[i].end - ranges[i].start);
-        else
-            pass->error = errno;
-    }
+    for (int i = 0; i < count; i++)
+        advise_file_pages(pass, ranges[i].start, ranges[i].end);
     return 0;
 }
 
@@ -156,9 +195,15 @@ void kioskauth_release_idle_memory(struct kioskauth_release_report *report) {
     struct release_pass pass = {
         .page = (uintptr_t)sysconf(_SC_PAGESIZE),
         .vdso = (uintptr_t)getauxval(AT_SYSINFO_EHDR),
+        .pagemap = open("/proc/self/pagemap", O_RDONLY | O_CLOEXEC),
     };
     resident_kib(&report->file_kib_before, &report->other_kib_before);
-    dl_iterate_phdr(release_object, &pass);
+    if (pass.pagemap >= 0) {
+        dl_iterate_phdr(release_object, &pass);
+        close(pass.pagemap);
+    } else {
+        pass.error = errno; // without it, no page can be told safe to drop
+    }
     malloc_trim(0);
     resident_kib(&report->file_kib_after, &report->other_kib_after);
     report->advised = pass.advised;

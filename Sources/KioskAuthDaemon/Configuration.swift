@@ -154,8 +154,9 @@ public struct DaemonConfiguration: Sendable {
     public var fleet = Fleet()
     /// Log level: trace, debug, info, notice, warning, error, critical.
     public var logLevel = "info"
-    /// Seconds without a call after which the daemon hands back the code pages and free memory
-    /// it holds only because it once ran (once after start-up, too); 0: never (`IdleRelease`).
+    /// Seconds after a call last began or ended after which the daemon hands back the code pages
+    /// and free memory it holds only because it once ran (once after start-up, too); 0: never,
+    /// else at least 1 (`IdleRelease`).
     public var idleRelease: TimeInterval = 30
 
     public init() {}
@@ -260,7 +261,13 @@ public struct DaemonConfiguration: Sendable {
                 throw ValueError(message: "expected one of \(levels.joined(separator: ", "))")
             }
             logLevel = value
-        case ("Daemon", "IdleReleaseSec"): idleRelease = try seconds(value)
+        case ("Daemon", "IdleReleaseSec"):
+            let seconds = try seconds(value)
+            // Shorter waits would release in the middle of ordinary bursts of calls.
+            guard seconds == 0 || seconds >= 1 else {
+                throw ValueError(message: "expected 0 (never), or 1 or more seconds")
+            }
+            idleRelease = seconds
         case ("Socket", "MaxConnections"): socket.maxConnections = try int(value, 1...4096)
         case ("Socket", "MaxConnectionsPerUID"): socket.maxConnectionsPerUID = try int(value, 1...4096)
         case ("Socket", "MaxMessageSize"): socket.maxMessageSize = try int(value, 1024...(1024 * 1024))

@@ -348,7 +348,7 @@ public enum Daemon {
 
         let (serving, servingContinuation) = AsyncStream<Void>.makeStream()
         let (swept, sweptContinuation) = AsyncStream<Void>.makeStream()
-        let idleRelease = IdleRelease(quietSeconds: configuration.idleRelease)
+        let idleRelease = IdleRelease(quiet: IdleRelease.quiet(seconds: configuration.idleRelease))
         let server = VarlinkServer(
             listener: listener, authority: authority, dispatcher: await dispatching.value,
             configuration: configuration.socket, idleRelease: idleRelease, logger: logger

@@ -1,4 +1,6 @@
 import CKioskAuthSystem
+import Dispatch
+import FoundationEssentials
 import Glibc
 import Logging
 import ServiceLifecycle
@@ -6,37 +8,55 @@ import Synchronization
 
 /// Hands back what an idle daemon holds only because it once ran: the pages of code and
 /// constants that start-up, or the last burst of calls, mapped in, and the allocator's free
-/// memory. Once when start-up's own work is done (the store sweep), as the kernel frees its
-/// init code after boot, and again each time the socket has had no call for `quiet`.
+/// memory. Once start-up's own work is done (the store sweep) and a second has passed without a
+/// call, as the kernel frees its init code after boot; and again each time `quiet` has passed
+/// since a call last began or ended.
 ///
-/// Code and constants are read-only pages of the program's and its libraries' files: unmapping
-/// them (`kioskauth_release_mapped_code`) loses nothing, since each holds what its file holds,
-/// and leaves them in the page cache, so the next call that runs one maps it again with a
-/// minor fault, without reading the disk. What the process holds resident then is what
-/// idling touches (the event loop, timers) plus its own data, not everything it ever ran; the
-/// pages no process maps are the first the kernel reclaims when memory runs short.
-/// docs/footprint.md measures both sides: the resident memory handed back, and what the first
-/// unlock after a release costs.
+/// The pages are the read-only segments of the program's and its libraries' files, unmapped
+/// with `kioskauth_release_idle_memory`, which leaves every page the process has a private copy
+/// of. They stay in the page cache: the next call that runs one maps it again with a minor
+/// fault while the cache holds it. What changes is what the process maps: its resident set
+/// (VmRSS, PSS) is then what idling touches (the event loop, timers) and its own data, not
+/// everything it ever ran. The system's memory is not freed by that alone: the pages are freed
+/// when the kernel reclaims cache, where pages nothing maps go first. The cost is that after
+/// such a reclaim, the first unlock reads its code from the disk again. docs/footprint.md
+/// ("Idle release") measures both sides (`bench/idle_release.py`).
 final class IdleRelease: Sendable {
-    /// Seconds without a call before a release (0: never, start-up's release included).
+    /// How long without a call before a release (nil: never, start-up's release included).
     let quiet: Duration?
-    /// Calls seen so far (immediate ones included).
+    /// Calls begun or ended so far (immediate ones included).
     private let calls = Atomic<UInt64>(0)
+    /// When the last call began or ended (nanoseconds of `DispatchTime`'s uptime clock).
+    private let lastCall = Atomic<UInt64>(0)
     /// Set while the service waits for the next call; that call clears it and wakes the service.
     private let waiting = Atomic<Bool>(false)
+    /// Whether a refused release was already said (once is enough).
+    private let refusalSaid = Atomic<Bool>(false)
     private let wakeups: AsyncStream<Void>
     private let wake: AsyncStream<Void>.Continuation
     /// How long start-up's release waits without a call after the store sweep (less when
     /// `quiet` is shorter).
     static let settle: Duration = .seconds(1)
 
-    init(quietSeconds: Double) {
-        quiet = quietSeconds > 0 ? .milliseconds(Int64(quietSeconds * 1000)) : nil
+    init(quiet: Duration?) {
+        self.quiet = quiet
         (wakeups, wake) = AsyncStream.makeStream(bufferingPolicy: .bufferingNewest(1))
     }
 
-    /// Counts a call; the first after a release wakes the service. Two atomic operations.
+    /// The configured wait: `[Daemon] IdleReleaseSec` (0: never). Debug builds take a shorter
+    /// one from `KIOSKAUTH_TEST_IDLE_RELEASE_SECONDS`, for tests that need many releases.
+    static func quiet(seconds: Double) -> Duration? {
+        var seconds = seconds
+        #if DEBUG
+            if let override = testHookSeconds("KIOSKAUTH_TEST_IDLE_RELEASE_SECONDS") { seconds = override }
+        #endif
+        return seconds > 0 ? .nanoseconds(Int64(seconds * 1e9)) : nil
+    }
+
+    /// Counts a call beginning or ending; the first after a release wakes the service. Reads the
+    /// clock and does three atomic operations.
     func callSeen() {
+        lastCall.store(DispatchTime.now().uptimeNanoseconds, ordering: .relaxed)
         calls.add(1, ordering: .sequentiallyConsistent)
         if waiting.load(ordering: .sequentiallyConsistent),
             waiting.exchange(false, ordering: .sequentiallyConsistent)
@@ -50,9 +70,9 @@ final class IdleRelease: Sendable {
     func release(reason: String, logger: Logger) {
         var report = kioskauth_release_report()
         kioskauth_release_idle_memory(&report)
-        if report.error != 0 {
+        if report.error != 0, !refusalSaid.exchange(true, ordering: .relaxed) {
             logger.warning(
-                "idle memory release refused for part of the code",
+                "idle memory release incomplete (said once)",
                 metadata: ["reason": "\(reason)", "error": "\(String(cString: strerror(report.error)))"])
         }
         logger.debug(
@@ -69,43 +89,49 @@ final class IdleRelease: Sendable {
     func run(startupDone: AsyncStream<Void>, logger: Logger) async {
         guard let quiet else { return }
         for await _ in startupDone.cancelOnGracefulShutdown() {}
+        lastCall.store(DispatchTime.now().uptimeNanoseconds, ordering: .relaxed)  // settles from here
         await withGracefulShutdownHandler {
             // Start-up's release waits for the services' first steps too (the reader's first
             // events, the first timers), and for a moment without calls.
-            guard var released = await quietFor(min(quiet, Self.settle)) else { return }
+            guard await quietFor(min(quiet, Self.settle)) else { return }
+            var released = calls.load(ordering: .sequentiallyConsistent)
             release(reason: "start-up", logger: logger)
             var next = wakeups.makeAsyncIterator()
             while !Task.isCancelled && !Task.isShuttingDownGracefully {
                 // Armed before the count is read again: a call between the release and here is
-                // seen by one or the other.
+                // seen by one or the other. If a call has disarmed it, its wake-up is on its way
+                // (or here): taken now, so that it cannot end a later wait with no call behind it.
                 waiting.store(true, ordering: .sequentiallyConsistent)
-                if calls.load(ordering: .sequentiallyConsistent) == released {
+                if calls.load(ordering: .sequentiallyConsistent) == released
+                    || !waiting.exchange(false, ordering: .sequentiallyConsistent)
+                {
                     guard await next.next() != nil else { return }  // finished: shutting down
-                } else {
-                    waiting.store(false, ordering: .sequentiallyConsistent)
                 }
-                guard let seen = await quietFor(quiet) else { return }
+                guard await quietFor(quiet) else { return }
+                released = calls.load(ordering: .sequentiallyConsistent)
                 release(reason: "idle", logger: logger)
-                released = seen
             }
         } onGracefulShutdown: {
             self.wake.finish()
         }
     }
 
-    /// Returns once no call has started for `duration` (the calls counted then), or nil when
+    /// Returns true once `duration` has passed since the last call began or ended, false when
     /// the daemon shuts down meanwhile.
-    private func quietFor(_ duration: Duration) async -> UInt64? {
-        var seen: UInt64
-        repeat {
-            seen = calls.load(ordering: .sequentiallyConsistent)
+    private func quietFor(_ duration: Duration) async -> Bool {
+        let span =
+            UInt64(duration.components.seconds) * 1_000_000_000
+            + UInt64(duration.components.attoseconds / 1_000_000_000)
+        while true {
+            let due = lastCall.load(ordering: .relaxed) + span
+            let now = DispatchTime.now().uptimeNanoseconds
+            if now >= due { return true }
             do {
-                try await cancelWhenGracefulShutdown { try await Task.sleep(for: duration) }
+                try await cancelWhenGracefulShutdown { try await Task.sleep(for: .nanoseconds(Int64(due - now))) }
             } catch {
-                return nil
+                return false
             }
-        } while calls.load(ordering: .sequentiallyConsistent) != seen
-        return seen
+        }
     }
 }
 

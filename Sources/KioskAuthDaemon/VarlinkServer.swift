@@ -384,7 +384,8 @@ public final class VarlinkServer: Service, Sendable {
     private let onListening: @Sendable () -> Void
     /// Returns the memory a burst of calls freed once the socket is quiet again.
     private let memory = MemoryBounds.ReleaseAfterBurst()
-    /// Told of every call, so that it releases only after the socket has been quiet.
+    /// Told of every call's beginning and end, so that it releases only once the socket has been
+    /// quiet.
     private let idleRelease: IdleRelease
     private let metrics: DaemonMetrics
 
@@ -675,6 +676,7 @@ public final class VarlinkServer: Service, Sendable {
             keepOpen = !error.closesConnection
             logger.debug("call failed", metadata: ["method": "\(call.method)", "error": "\(error.name)"])
         }
+        idleRelease.callSeen()  // ended: quiet is counted from here
         if !oneway {
             do {
                 try await outbound.write(ByteBuffer(bytes: try VarlinkCoding.frame(reply)))

@@ -38,7 +38,8 @@ void kioskauth_release_free_memory(void);
 
 /// What `kioskauth_release_idle_memory` did: resident KiB backed by files (with shared memory)
 /// and the rest, before and after (from `/proc/self/statm`; -1 when it cannot be read), the
-/// bytes of address range unmapped, and 0 or the errno of a range `madvise` refused.
+/// bytes of address range unmapped, and 0 or the errno of what failed (`/proc/self/pagemap`
+/// unreadable: nothing unmapped; a range `madvise` refused: the others still unmapped).
 struct kioskauth_release_report {
     long file_kib_before, other_kib_before, file_kib_after, other_kib_after;
     long advised;
@@ -46,17 +47,22 @@ struct kioskauth_release_report {
 };
 
 /// Unmaps from this process, without unmapping the files, the pages of code and constants of
-/// every ELF object loaded (the program and its libraries): `madvise(MADV_DONTNEED)` over each
-/// loadable segment that is not writable, so the pages leave the process's page tables (and its
-/// resident set) but stay in the page cache, and a page used again is mapped again by the next
-/// fault on it, from the cache. Nothing is lost: such a page holds exactly what the file holds.
-/// Left alone: writable segments and the part made read-only after relocation
-/// (`PT_GNU_RELRO`), whose pages are private copies; objects with text relocations; the vDSO;
-/// and the part of a page a segment shares with another. Walks the objects with
-/// `dl_iterate_phdr`, which holds the loader's lock, so no object is loaded or unloaded
-/// meanwhile. Then returns the allocator's free memory (`malloc_trim(0)`). All in C, and
-/// nothing after the release but two reads of `statm`, so that as little code as possible is
-/// mapped in again before the caller returns to idling.
+/// every ELF object loaded (the program and its libraries): `madvise(MADV_DONTNEED)` over the
+/// file's part of each loadable segment that is not writable, so its pages leave the process's
+/// page tables (and its resident set) and stay in the page cache; a page used again is mapped
+/// again by the next fault on it, from the cache while the cache holds it, else from the disk.
+/// Only pages that hold what the file holds are dropped: `/proc/self/pagemap` tells, page by
+/// page, which ones the process has a private copy of (the page where a segment's file part
+/// ends, which the loader zeroes past it; a debugger's breakpoint; a uprobe; a live patch), and
+/// those are left, as are writable segments, the part made read-only after relocation
+/// (`PT_GNU_RELRO`), objects with text relocations and the vDSO. (A page written between the
+/// pagemap read and the `madvise`, microseconds apart, would be lost: nothing in the daemon
+/// writes to its code.) Walks the objects with `dl_iterate_phdr`, under the loader's list lock:
+/// no object is unmapped meanwhile, though one being opened may be listed before it is
+/// relocated (its read-only segments are not written by relocation, or it has text
+/// relocations and is left). Then returns the allocator's free memory (`malloc_trim(0)`). All
+/// in C, and nothing after the release but a read of `statm`, so that as little code as
+/// possible is mapped in again before the caller goes back to idling.
 void kioskauth_release_idle_memory(struct kioskauth_release_report *report);
 
 /// Opens the file at `path` itself, never what a symbolic link there points to, without reading
