@@ -16,7 +16,11 @@ the toolchain's DWARF), and runs a kiosk's day in short with every daemon under 
 callgrind: cold starts with and without a reader, status calls, a person added, a passcode set
 and verified, a finger enrolled on libfprint's virtual reader and PAM unlocks through
 pamtester. Every function of the binary that callgrind saw run is written, in the order
-callgrind first reports them. Then a fleet member's start, creation of a fleet, a person
+callgrind first reports them; and before them all, those an idle daemon runs once it has handed
+its code back (docs/footprint.md, "Idle release"): the release itself, the task that waits for
+the next call, and the timers of an idle daemon; then those PAM fingerprint unlocks run. After
+a release only those are mapped again, 64 KiB around each, so packed together they are a few
+windows instead of dozens, and an unlock after a release maps in little more. Then a fleet member's start, creation of a fleet, a person
 pushed and syncs, against a PostgreSQL it starts, with the helper under callgrind (a script
 named kioskauth-fleet beside the copied daemon runs it so); the helper's functions that ran and
 are not listed yet follow the daemon's. Names are mangled: lld matches them to the binary's symbols and
@@ -35,9 +39,11 @@ import argparse
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -84,9 +90,11 @@ def functions_run(profiles: list[Path]) -> list[str]:
 # A kiosk's day, in short -------------------------------------------------------------------------
 
 
-def workload(compare, new_daemon, discard, starts: int, unlocks: int, status_calls: int) -> None:
+def workload(compare, new_daemon, discard, starts: int, unlocks: int, status_calls: int, dump) -> Path | None:
     """What a kiosk's daemon does most, through the real socket, reader and PAM stack; daemons
-    come from `new_daemon(reader=)` and go through `discard`."""
+    come from `new_daemon(reader=)` and go through `discard`. `dump(daemon)` has callgrind write
+    what the daemon ran since the last dump (and start counting again) and returns that profile:
+    called before and after the unlocks, and the second is returned (what unlocks run)."""
     from pam_support import MODULE, PamConfig, enroll
 
     for index in range(starts):
@@ -110,14 +118,37 @@ def workload(compare, new_daemon, discard, starts: int, unlocks: int, status_cal
         enroll(daemon, daemon.sensor, compare.PERSON, compare.FINGER_ID)
         config = PamConfig(Path(tempfile.mkdtemp(prefix="pam-", dir=world.root)))
         config.add("finger", f"auth required {MODULE} socket={daemon.socket} mode=verify\n")
+        dump(daemon)
         for _ in range(unlocks):
             compare.touch(daemon.sensor, compare.FINGER_ID)
             compare.pamtester(config.dir, "finger", compare.PERSON, world.env)
+        unlocking = dump(daemon)
         compare.varlink_calls(daemon.socket, [("GetStatus", {})] * status_calls)
     finally:
         discard(daemon)
         world.close()
         shutil.rmtree(work, ignore_errors=True)
+    return unlocking
+
+
+def idle_workload(compare, daemon, discard, profiles: Path, quiet: float) -> Path | None:
+    """What runs in an idle daemon after an idle release: `daemon` (under callgrind, its profiles
+    in `profiles`, with `[Daemon] IdleReleaseSec=quiet`) answers a few calls; its profile is
+    zeroed, and dumped once the release that follows and some idling have run. At the default
+    log level: a debug line would add the logging of the release to what an idle daemon runs.
+    Returns the dumped profile."""
+    try:
+        daemon.start(timeout=300)
+        time.sleep(10)  # start-up's release (a second after the sweep, slower under valgrind)
+        compare.varlink_calls(daemon.socket, [("GetStatus", {})] * 5)
+        subprocess.run(["callgrind_control", "--zero", str(daemon.proc.pid)], capture_output=True, timeout=120)
+        time.sleep(quiet + 10)  # the release, then idling
+        before = set(profiles.iterdir())
+        subprocess.run(["callgrind_control", "--dump", str(daemon.proc.pid)], capture_output=True, timeout=120)
+        dumped = sorted(set(profiles.iterdir()) - before)
+        return dumped[0] if dumped else None
+    finally:
+        discard(daemon)
 
 
 def fleet_workload(scratch: Path, helper: Path, profiles: Path, syncs: int) -> None:
@@ -133,6 +164,7 @@ def fleet_workload(scratch: Path, helper: Path, profiles: Path, syncs: int) -> N
     from fleet_support import Fleet, children, ok
 
     fleet = Fleet(["virtual_image"], fleet_config="PollIntervalSec=1\n")
+    helpers: list[int] = []
     try:
         fleet.start()
         terminal = fleet[0]
@@ -141,10 +173,17 @@ def fleet_workload(scratch: Path, helper: Path, profiles: Path, syncs: int) -> N
         for _ in range(syncs):
             ok(terminal.sync())
         ok(terminal.rpc("FleetTerminals"))
-        for pid in children(terminal.proc.pid, name=None):  # valgrind, under its own name
+        helpers = children(terminal.proc.pid, name=None)  # valgrind, under its own name
+        for pid in helpers:
             subprocess.run(["callgrind_control", "--dump", str(pid)], capture_output=True, timeout=120)
     finally:
         fleet.close()
+        # A confined helper under valgrind may outlive its daemon, spinning: never left behind.
+        for pid in helpers:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
 
 
 def main() -> int:
@@ -184,10 +223,33 @@ def main() -> int:
                 subprocess.run(["callgrind_control", "--dump", str(daemon.proc.pid)], capture_output=True, timeout=120)
             compare.discard(daemon)
 
-        workload(compare, under_callgrind, dump_then_discard, args.starts, args.unlocks, args.status_calls)
-        ran = functions_run(sorted(profiles.iterdir()))
+        def dump(daemon) -> Path | None:
+            before = set(profiles.iterdir())
+            subprocess.run(["callgrind_control", "--dump", str(daemon.proc.pid)], capture_output=True, timeout=120)
+            dumped = sorted(set(profiles.iterdir()) - before)
+            return dumped[0] if dumped else None
+
+        unlock_profile = workload(compare, under_callgrind, dump_then_discard, args.starts, args.unlocks,
+                                  args.status_calls, dump)
+        if unlock_profile is None:
+            sys.exit("callgrind dumped no profile of the unlocks: nothing written")
+        idle_profiles = scratch / "idle-profiles"
+        idle_profiles.mkdir()
+        idle_daemon = compare.kioskauth_daemon(fast_hash=True, reader=True)
+        idle_daemon.config_path.write_text(idle_daemon.config_path.read_text() + "\n[Daemon]\nIdleReleaseSec=3\n")
+        idle_daemon.prefix = ["valgrind", "--tool=callgrind", "--demangle=no", "-q",
+                              f"--callgrind-out-file={idle_profiles}/callgrind.%p"]
+        idle_profile = idle_workload(compare, idle_daemon, compare.discard, idle_profiles, 3)
+        if idle_profile is None:
+            sys.exit("callgrind dumped no profile of the idle daemon: nothing written")
         sizes = functions(binary)
-        chosen = [name for name in ran if name in sizes]
+        idle = [name for name in functions_run([idle_profile]) if name in sizes]
+        unlocking = [name for name in functions_run([unlock_profile]) if name in sizes]
+        ran = functions_run(sorted(profiles.iterdir()))
+        chosen = list(dict.fromkeys(idle + unlocking + [name for name in ran if name in sizes]))
+        print(f"functions an idle daemon ran after its release: {len(idle)}, "
+              f"{sum(sizes[name] for name in idle) / 1024:.0f} KiB; unlocks ran {len(unlocking)}, "
+              f"{sum(sizes[name] for name in unlocking) / 1024:.0f} KiB")
         print(f"functions that ran: {len(ran)}; of kioskauthd: {len(chosen)}, "
               f"{sum(sizes[name] for name in chosen) / 2**20:.2f} MiB of its {text_size(binary) / 2**20:.1f} MiB "
               "of text")
@@ -197,16 +259,29 @@ def main() -> int:
         subprocess.run(["objcopy", "--strip-debug", str(built.parent / "kioskauth-fleet"), str(helper)], check=True)
         helper_profiles = scratch / "helper-profiles"
         helper_profiles.mkdir()
-        fleet_workload(scratch, helper, helper_profiles, args.syncs)
+        listed = set(chosen)
+        try:
+            fleet_workload(scratch, helper, helper_profiles, args.syncs)
+        except subprocess.TimeoutExpired:
+            # callgrind_control reaches a process through valgrind's gdbserver, whose pipes in /tmp
+            # the helper's Landlock domain may no longer open: no profile then.
+            pass
         helper_sizes = functions(helper)
         helper_ran = [name for name in functions_run(sorted(helper_profiles.iterdir())) if name in helper_sizes]
-        listed = set(chosen)
-        added = [name for name in helper_ran if name not in listed]
-        print(f"of kioskauth-fleet: {len(helper_ran)} ran, "
-              f"{sum(helper_sizes[name] for name in helper_ran) / 2**20:.2f} MiB of its "
-              f"{text_size(helper) / 2**20:.1f} MiB of text; {len(added)} not listed for kioskauthd")
-        if not helper_ran:
-            sys.exit("callgrind reported no function of kioskauth-fleet: nothing written")
+        if helper_ran:
+            added = [name for name in helper_ran if name not in listed]
+            print(f"of kioskauth-fleet: {len(helper_ran)} ran, "
+                  f"{sum(helper_sizes[name] for name in helper_ran) / 2**20:.2f} MiB of its "
+                  f"{text_size(helper) / 2**20:.1f} MiB of text; {len(added)} not listed for kioskauthd")
+        else:
+            # Kept from the current file, so that the helper's functions stay packed.
+            current = args.output.read_text().splitlines() if args.output.exists() else []
+            kept = current[current.index(HELPER_MARKER) + 1:] if HELPER_MARKER in current else []
+            added = [name for name in kept if name and name not in listed]
+            print(f"callgrind could not profile kioskauth-fleet: its {len(added)} functions are kept from "
+                  f"{args.output.name}")
+            if not added:
+                sys.exit("no function of kioskauth-fleet to list: nothing written")
         if not args.check:
             args.output.write_text(
                 "# Written by bench/text_order.py: the functions of kioskauthd that ran in a kiosk's day in\n"

@@ -1,0 +1,130 @@
+#!/usr/bin/python3
+"""What the idle release ([Daemon] IdleReleaseSec, docs/footprint.md "Idle release") gives and
+what it costs, on the build bench/compare measures (the release build as the package links it):
+
+* idle memory: fresh copies of the binaries, daemons with libfprint's virtual reader started
+  in turn with the release off (IdleReleaseSec=0) and on (the default), VmRSS, file-backed and
+  anonymous resident memory and PSS 2 s after READY=1 (median of --starts each);
+* the first fingerprint unlock after a release: PAM (pamtester under pam_wrapper, spawn to exit,
+  pam_kioskauth mode=verify, the touch queued before each run) against one daemon with
+  IdleReleaseSec=1, alternating an unlock right after another one (no release between) with
+  one after 2 s of quiet (a release between), --unlocks of each; and pam_permit's floor;
+* memory after the unlocks, and again once the release after them has run.
+
+Run with Debian's Python, like bench/compare:
+
+    /usr/bin/python3 bench/idle_release.py [--starts 5] [--unlocks 20]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "bench" / "pam"))
+from pam_part import load_compare  # noqa: E402
+
+
+def settings(daemon, release: str) -> None:
+    daemon.config_path.write_text(daemon.config_path.read_text() + f"\n[Daemon]\nIdleReleaseSec={release}\n")
+
+
+def resident(pid: int) -> dict[str, int]:
+    """KiB: VmRSS, RssFile, RssAnon (/proc/PID/status) and Pss (smaps_rollup)."""
+    figures = {}
+    for line in open(f"/proc/{pid}/status"):
+        key, _, value = line.partition(":")
+        if key in ("VmRSS", "RssFile", "RssAnon"):
+            figures[key] = int(value.split()[0])
+    for line in open(f"/proc/{pid}/smaps_rollup"):
+        if line.startswith("Pss:"):
+            figures["Pss"] = int(line.split()[1])
+    return figures
+
+
+def median_row(rows: list[dict[str, int]]) -> dict[str, float]:
+    return {key: statistics.median(row[key] for row in rows) for key in rows[0]}
+
+
+def show(label: str, figures: dict[str, float]) -> None:
+    print(f"  {label:34} " + "  ".join(f"{key} {value / 1024:5.1f}" for key, value in figures.items()) + "  (MiB)")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--starts", type=int, default=5)
+    parser.add_argument("--unlocks", type=int, default=20)
+    args = parser.parse_args()
+    compare = load_compare()
+    compare.ensure_build()
+    sys.path.insert(0, str(REPO / "tests"))
+    from pam_support import MODULE, PamConfig, enroll, security_dir
+
+    built = Path(os.environ["KIOSKAUTH_BIN_DIR"])
+    print(f"load average before: {compare.load_average()}", flush=True)
+    idle: dict[str, list[dict[str, int]]] = {"0": [], "30": []}
+    for _ in range(args.starts):
+        for release in idle:
+            compare.fresh_copies(built)  # the same place each time: the tests' module names it once
+            daemon = compare.kioskauth_daemon(fast_hash=True)
+            settings(daemon, release)
+            try:
+                daemon.start(timeout=120)
+                time.sleep(2)
+                idle[release].append(resident(daemon.proc.pid))
+            finally:
+                compare.discard(daemon)
+    print(f"idle, 2 s after READY=1, virtual reader, median of {args.starts} fresh copies each:")
+    show("IdleReleaseSec=0 (no release)", median_row(idle["0"]))
+    show("IdleReleaseSec=30 (the default)", median_row(idle["30"]))
+
+    work = Path(tempfile.mkdtemp(prefix="kioskauth-idle-release-"))
+    work.chmod(0o755)
+    world = compare.FprintdWorld(work)
+    daemon = compare.kioskauth_daemon(fast_hash=True)
+    settings(daemon, "1")
+    samples: dict[str, list[float]] = {"floor": [], "warm": [], "after a release": []}
+    try:
+        daemon.start(timeout=120)
+        compare.varlink_calls(daemon.socket, [("AddPerson", {"name": compare.PERSON})])
+        enroll(daemon, daemon.sensor, compare.PERSON, compare.FINGER_ID)
+        config = PamConfig(Path(tempfile.mkdtemp(prefix="pam-", dir=world.root)))
+        config.add("floor", f"auth required {security_dir() / 'pam_permit.so'}\n")
+        config.add("finger", f"auth required {MODULE} socket={daemon.socket} mode=verify\n")
+
+        def unlock() -> float:
+            compare.touch(daemon.sensor, compare.FINGER_ID)
+            return compare.pamtester(config.dir, "finger", compare.PERSON, world.env) * 1000
+
+        unlock()  # warms what the first unlock of a daemon's life maps in
+        for _ in range(args.unlocks):
+            samples["floor"].append(compare.pamtester(config.dir, "floor", compare.PERSON, world.env) * 1000)
+            samples["warm"].append(unlock())
+            busy = resident(daemon.proc.pid)
+            time.sleep(2)  # quiet for a second: released
+            released = resident(daemon.proc.pid)
+            samples["after a release"].append(unlock())
+    finally:
+        compare.discard(daemon)
+        world.close()
+    print(f"load average after: {compare.load_average()}")
+    floor = statistics.median(samples["floor"])
+    print(f"PAM fingerprint unlock, {args.unlocks} of each, alternated (ms):")
+    for kind, values in samples.items():
+        median = statistics.median(values)
+        print(f"  {kind:18} median {median:7.2f}  p10 {compare.percentile(values, 0.1):7.2f}  "
+              f"p90 {compare.percentile(values, 0.9):7.2f}  above the floor {median - floor:+7.2f}")
+    print("the same daemon (IdleReleaseSec=1), after the last warm unlock and 2 s later:")
+    show("right after an unlock", busy)
+    show("after the release that followed", released)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
