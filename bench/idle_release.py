@@ -35,25 +35,15 @@ def settings(daemon, release: str) -> None:
     daemon.config_path.write_text(daemon.config_path.read_text() + f"\n[Daemon]\nIdleReleaseSec={release}\n")
 
 
-def resident(pid: int) -> dict[str, int]:
-    """KiB: VmRSS, RssFile, RssAnon (/proc/PID/status) and Pss (smaps_rollup)."""
-    figures = {}
-    for line in open(f"/proc/{pid}/status"):
-        key, _, value = line.partition(":")
-        if key in ("VmRSS", "RssFile", "RssAnon"):
-            figures[key] = int(value.split()[0])
-    for line in open(f"/proc/{pid}/smaps_rollup"):
-        if line.startswith("Pss:"):
-            figures["Pss"] = int(line.split()[1])
-    return figures
+FIGURES = ("VmRSS", "RssAnon", "RssFile", "Pss")
 
 
-def median_row(rows: list[dict[str, int]]) -> dict[str, float]:
-    return {key: statistics.median(row[key] for row in rows) for key in rows[0]}
+def median_row(rows: list[dict[str, float]]) -> dict[str, float]:
+    return {key: statistics.median(row[key] for row in rows) for key in FIGURES}
 
 
 def show(label: str, figures: dict[str, float]) -> None:
-    print(f"  {label:34} " + "  ".join(f"{key} {value / 1024:5.1f}" for key, value in figures.items()) + "  (MiB)")
+    print(f"  {label:34} " + "  ".join(f"{key} {figures[key]:5.1f}" for key in FIGURES) + "  (MiB)")
 
 
 def main() -> int:
@@ -64,11 +54,11 @@ def main() -> int:
     compare = load_compare()
     compare.ensure_build()
     sys.path.insert(0, str(REPO / "tests"))
-    from pam_support import MODULE, PamConfig, enroll, security_dir
+    from pam_support import MODULE, PamConfig, security_dir
 
     built = Path(os.environ["KIOSKAUTH_BIN_DIR"])
     print(f"load average before: {compare.load_average()}", flush=True)
-    idle: dict[str, list[dict[str, int]]] = {"0": [], "30": []}
+    idle: dict[str, list[dict[str, float]]] = {"0": [], "30": []}
     for _ in range(args.starts):
         for release in idle:
             compare.fresh_copies(built)  # the same place each time: the tests' module names it once
@@ -77,7 +67,7 @@ def main() -> int:
             try:
                 daemon.start(timeout=120)
                 time.sleep(2)
-                idle[release].append(resident(daemon.proc.pid))
+                idle[release].append(compare.memory(daemon.proc.pid))
             finally:
                 compare.discard(daemon)
     print(f"idle, 2 s after READY=1, virtual reader, median of {args.starts} fresh copies each:")
@@ -91,9 +81,7 @@ def main() -> int:
     settings(daemon, "1")
     samples: dict[str, list[float]] = {"floor": [], "warm": [], "after a release": []}
     try:
-        daemon.start(timeout=120)
-        compare.varlink_calls(daemon.socket, [("AddPerson", {"name": compare.PERSON})])
-        enroll(daemon, daemon.sensor, compare.PERSON, compare.FINGER_ID)
+        compare.start_enrolled(daemon)
         config = PamConfig(Path(tempfile.mkdtemp(prefix="pam-", dir=world.root)))
         config.add("floor", f"auth required {security_dir() / 'pam_permit.so'}\n")
         config.add("finger", f"auth required {MODULE} socket={daemon.socket} mode=verify\n")
@@ -106,9 +94,9 @@ def main() -> int:
         for _ in range(args.unlocks):
             samples["floor"].append(compare.pamtester(config.dir, "floor", compare.PERSON, world.env) * 1000)
             samples["warm"].append(unlock())
-            busy = resident(daemon.proc.pid)
+            busy = compare.memory(daemon.proc.pid)
             time.sleep(2)  # quiet for a second: released
-            released = resident(daemon.proc.pid)
+            released = compare.memory(daemon.proc.pid)
             samples["after a release"].append(unlock())
     finally:
         compare.discard(daemon)

@@ -95,7 +95,7 @@ def workload(compare, new_daemon, discard, starts: int, unlocks: int, status_cal
     come from `new_daemon(reader=)` and go through `discard`. `dump(daemon)` has callgrind write
     what the daemon ran since the last dump (and start counting again) and returns that profile:
     called before and after the unlocks, and the second is returned (what unlocks run)."""
-    from pam_support import MODULE, PamConfig, enroll
+    from pam_support import MODULE, PamConfig
 
     for index in range(starts):
         daemon = new_daemon(reader=index % 2 == 0)
@@ -113,9 +113,7 @@ def workload(compare, new_daemon, discard, starts: int, unlocks: int, status_cal
     world = compare.FprintdWorld(work)
     daemon = new_daemon(reader=True)
     try:
-        daemon.start(timeout=300)
-        compare.varlink_calls(daemon.socket, [("AddPerson", {"name": compare.PERSON})])
-        enroll(daemon, daemon.sensor, compare.PERSON, compare.FINGER_ID)
+        compare.start_enrolled(daemon, timeout=300)
         config = PamConfig(Path(tempfile.mkdtemp(prefix="pam-", dir=world.root)))
         config.add("finger", f"auth required {MODULE} socket={daemon.socket} mode=verify\n")
         dump(daemon)
