@@ -26,6 +26,7 @@
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/un.h>
+#include <time.h>
 #include <unistd.h>
 
 int kioskauth_send_datagram(int fd, const char *path, const void *data, size_t length) {
@@ -146,10 +147,14 @@ static int release_object(struct dl_phdr_info *info, size_t size, void *data) {
         uintptr_t start, end;
     } ranges[16];
     int count = 0;
-    for (ElfW(Half) i = 0; i < info->dlpi_phnum && count < 16; i++) {
+    for (ElfW(Half) i = 0; i < info->dlpi_phnum; i++) {
         const ElfW(Phdr) *header = &info->dlpi_phdr[i];
         if (header->p_type != PT_LOAD || (header->p_flags & PF_W) || header->p_filesz == 0)
             continue;
+        if (count == 16) { // more read-only segments than any linker makes: the rest are left
+            pass->error = E2BIG;
+            break;
+        }
         uintptr_t first = info->dlpi_addr + header->p_vaddr;
         if (first < relro_end && relro_start < first + header->p_memsz)
             continue;
@@ -191,23 +196,35 @@ static void resident_kib(long *file, long *other) {
     *other = (resident - shared) * page_kib;
 }
 
+long kioskauth_resident_file_kib(void) {
+    long file, other;
+    resident_kib(&file, &other);
+    return file;
+}
+
 void kioskauth_release_idle_memory(struct kioskauth_release_report *report) {
+    struct timespec started, ended;
+    clock_gettime(CLOCK_MONOTONIC, &started);
+    resident_kib(&report->file_kib_before, &report->other_kib_before);
+    // The allocator first: trimming after the code's release would map its code in again.
+    malloc_trim(0);
     struct release_pass pass = {
         .page = (uintptr_t)sysconf(_SC_PAGESIZE),
         .vdso = (uintptr_t)getauxval(AT_SYSINFO_EHDR),
         .pagemap = open("/proc/self/pagemap", O_RDONLY | O_CLOEXEC),
     };
-    resident_kib(&report->file_kib_before, &report->other_kib_before);
     if (pass.pagemap >= 0) {
         dl_iterate_phdr(release_object, &pass);
         close(pass.pagemap);
     } else {
-        pass.error = errno; // without it, no page can be told safe to drop
+        pass.error = errno; // without it, no page can be told safe to drop: no code is released
     }
-    malloc_trim(0);
     resident_kib(&report->file_kib_after, &report->other_kib_after);
+    clock_gettime(CLOCK_MONOTONIC, &ended);
     report->advised = pass.advised;
     report->error = pass.error;
+    report->elapsed_us =
+        (ended.tv_sec - started.tv_sec) * 1000000L + (ended.tv_nsec - started.tv_nsec) / 1000L;
 }
 
 int kioskauth_open_node(const char *path) {

@@ -9,8 +9,14 @@ import Synchronization
 /// Hands back what an idle daemon holds only because it once ran: the pages of code and
 /// constants that start-up, or the last burst of calls, mapped in, and the allocator's free
 /// memory. Once start-up's own work is done (the store sweep) and a second has passed without a
-/// call, as the kernel frees its init code after boot; and again each time `quiet` has passed
-/// since a call last began or ended.
+/// call, as the kernel frees its init code after boot; again each time `quiet` has passed since
+/// a call last began or ended or sent a progress reply; and when background work (a fleet poll,
+/// a refresh) has mapped a megabyte or more back in and no call came within `quiet`.
+///
+/// A call that only waits (a subscription to events, a walk-up scan waiting for any touch,
+/// which a greeter keeps open for good) does not hold a release off: holding off while any call
+/// is open would mean never releasing on a walk-up kiosk. The touch that ends such a wait then
+/// maps the matching code in again, about a millisecond (docs/footprint.md).
 ///
 /// The pages are the read-only segments of the program's and its libraries' files, unmapped
 /// with `kioskauth_release_idle_memory`, which leaves every page the process has a private copy
@@ -32,6 +38,13 @@ final class IdleRelease: Sendable {
     private let waiting = Atomic<Bool>(false)
     /// Whether a refused release was already said (once is enough).
     private let refusalSaid = Atomic<Bool>(false)
+    /// File-backed resident KiB just after the last release and what it logged (-1: none yet).
+    private let lastRelease = Atomic<Int>(-1)
+    /// One release at a time (after calls, after background work).
+    private let releasing = Mutex(())
+    /// Growth of file-backed resident memory since the last release that background work must
+    /// have caused for a release of its own.
+    static let regrowthKiB = 1024
     private let wakeups: AsyncStream<Void>
     private let wake: AsyncStream<Void>.Continuation
     /// How long start-up's release waits without a call after the store sweep (less when
@@ -65,11 +78,14 @@ final class IdleRelease: Sendable {
         }
     }
 
-    /// Releases now. Says what it handed back only at debug level: formatting the line would map
-    /// in again much of what the release just handed back.
+    /// Releases now (one at a time). Says what it handed back only at debug level: formatting the
+    /// line would map in again much of what the release just handed back.
     func release(reason: String, logger: Logger) {
-        var report = kioskauth_release_report()
-        kioskauth_release_idle_memory(&report)
+        let report = releasing.withLock { _ in
+            var report = kioskauth_release_report()
+            kioskauth_release_idle_memory(&report)
+            return report
+        }
         if report.error != 0, !refusalSaid.exchange(true, ordering: .relaxed) {
             logger.warning(
                 "idle memory release incomplete (said once)",
@@ -80,48 +96,79 @@ final class IdleRelease: Sendable {
             metadata: [
                 "reason": "\(reason)", "file_kib": "\(report.file_kib_before)->\(report.file_kib_after)",
                 "other_kib": "\(report.other_kib_before)->\(report.other_kib_after)",
-                "unmapped_kib": "\(report.advised / 1024)",
+                "unmapped_kib": "\(report.advised / 1024)", "elapsed_us": "\(report.elapsed_us)",
             ])
+        // The baseline for background work's regrowth, read after the lines above: what writing
+        // them mapped in must not look like background work (at debug level, a release each time).
+        lastRelease.store(kioskauth_resident_file_kib(), ordering: .relaxed)
     }
 
-    /// Waits, after start-up's release, for a call, then for `quiet` without one, and releases;
-    /// again and again until shutdown. Sleeps without a timer while no call comes.
+    /// Releases once start-up has settled, then after each call (`afterCalls`), and after
+    /// background work that mapped code in (`afterBackgroundWork`), until shutdown.
     func run(startupDone: AsyncStream<Void>, logger: Logger) async {
         guard let quiet else { return }
         for await _ in startupDone.cancelOnGracefulShutdown() {}
         lastCall.store(DispatchTime.now().uptimeNanoseconds, ordering: .relaxed)  // settles from here
         await withGracefulShutdownHandler {
-            // Start-up's release waits for the services' first steps too (the reader's first
-            // events, the first timers), and for a moment without calls.
-            guard await quietFor(min(quiet, Self.settle)) else { return }
-            var released = calls.load(ordering: .sequentiallyConsistent)
-            release(reason: "start-up", logger: logger)
-            var next = wakeups.makeAsyncIterator()
-            while !Task.isCancelled && !Task.isShuttingDownGracefully {
-                // Armed before the count is read again: a call between the release and here is
-                // seen by one or the other. If a call has disarmed it, its wake-up is on its way
-                // (or here): taken now, so that it cannot end a later wait with no call behind it.
-                waiting.store(true, ordering: .sequentiallyConsistent)
-                if calls.load(ordering: .sequentiallyConsistent) == released
-                    || !waiting.exchange(false, ordering: .sequentiallyConsistent)
-                {
-                    guard await next.next() != nil else { return }  // finished: shutting down
-                }
-                guard await quietFor(quiet) else { return }
-                released = calls.load(ordering: .sequentiallyConsistent)
-                release(reason: "idle", logger: logger)
+            await withTaskGroup(of: Void.self) { group in
+                group.addTask { await self.afterCalls(quiet: quiet, logger: logger) }
+                group.addTask { await self.afterBackgroundWork(quiet: quiet, logger: logger) }
             }
         } onGracefulShutdown: {
             self.wake.finish()
         }
     }
 
+    /// Start-up's release, then: waits for a call, then for `quiet` without one, and releases.
+    /// Sleeps without a timer while no call comes.
+    private func afterCalls(quiet: Duration, logger: Logger) async {
+        // Start-up's release waits for the services' first steps too (the reader's first
+        // events, the first timers), and for a moment without calls.
+        guard await quietFor(min(quiet, Self.settle)) else { return }
+        var released = calls.load(ordering: .sequentiallyConsistent)
+        release(reason: "start-up", logger: logger)
+        var next = wakeups.makeAsyncIterator()
+        while !Task.isCancelled && !Task.isShuttingDownGracefully {
+            // Armed before the count is read again: a call between the release and here is
+            // seen by one or the other. If a call has disarmed it, its wake-up is on its way (or
+            // here): taken now, so that it cannot end a later wait with no call behind it.
+            waiting.store(true, ordering: .sequentiallyConsistent)
+            if calls.load(ordering: .sequentiallyConsistent) == released
+                || !waiting.exchange(false, ordering: .sequentiallyConsistent)
+            {
+                guard await next.next() != nil else { return }  // finished: shutting down
+            }
+            guard await quietFor(quiet) else { return }
+            released = calls.load(ordering: .sequentiallyConsistent)
+            release(reason: "idle", logger: logger)
+        }
+    }
+
+    /// What no call wakes: a fleet poll, a token refresh or probe, the metrics file, a reader
+    /// plugged in map code in too. Every `quiet`, once start-up's release is done: when the
+    /// file-backed resident memory has grown by `Self.regrowth` since the last release and no
+    /// call came within `quiet`, releases again. One wake-up per `quiet` (30 s).
+    private func afterBackgroundWork(quiet: Duration, logger: Logger) async {
+        while !Task.isCancelled && !Task.isShuttingDownGracefully {
+            do {
+                try await cancelWhenGracefulShutdown { try await Task.sleep(for: quiet) }
+            } catch {
+                return
+            }
+            let after = lastRelease.load(ordering: .relaxed)
+            guard after >= 0,
+                DispatchTime.now().uptimeNanoseconds >= lastCall.load(ordering: .relaxed) + nanoseconds(quiet)
+            else { continue }
+            if kioskauth_resident_file_kib() - after >= Self.regrowthKiB {
+                release(reason: "background", logger: logger)
+            }
+        }
+    }
+
     /// Returns true once `duration` has passed since the last call began or ended, false when
     /// the daemon shuts down meanwhile.
     private func quietFor(_ duration: Duration) async -> Bool {
-        let span =
-            UInt64(duration.components.seconds) * 1_000_000_000
-            + UInt64(duration.components.attoseconds / 1_000_000_000)
+        let span = nanoseconds(duration)
         while true {
             let due = lastCall.load(ordering: .relaxed) + span
             let now = DispatchTime.now().uptimeNanoseconds
@@ -132,6 +179,10 @@ final class IdleRelease: Sendable {
                 return false
             }
         }
+    }
+
+    private func nanoseconds(_ duration: Duration) -> UInt64 {
+        UInt64(duration.components.seconds) * 1_000_000_000 + UInt64(duration.components.attoseconds / 1_000_000_000)
     }
 }
 

@@ -384,8 +384,8 @@ public final class VarlinkServer: Service, Sendable {
     private let onListening: @Sendable () -> Void
     /// Returns the memory a burst of calls freed once the socket is quiet again.
     private let memory = MemoryBounds.ReleaseAfterBurst()
-    /// Told of every call's beginning and end, so that it releases only once the socket has been
-    /// quiet.
+    /// Told of every call's beginning and end and of every progress reply, so that it releases
+    /// only once the socket has been quiet that long (a call that only waits does not hold it off).
     private let idleRelease: IdleRelease
     private let metrics: DaemonMetrics
 
@@ -658,8 +658,9 @@ public final class VarlinkServer: Service, Sendable {
         let oneway = call.oneway == true
         let wantsMore = call.more == true && !oneway
         let sink = ReplySink(
-            send: { reply in
+            send: { [idleRelease] reply in
                 guard wantsMore else { return }
+                idleRelease.callSeen()  // a scan's or an enrolment's progress is activity too
                 try await outbound.write(ByteBuffer(bytes: try VarlinkCoding.frame(reply)))
             }, wantsMore: wantsMore)
         let reply: VarlinkReply

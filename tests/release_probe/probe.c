@@ -5,8 +5,9 @@
  *   probe LIBRARY SECONDS
  *
  * 1. A page of this program's constants is made writable, written and made read-only again (as
- *    a debugger's breakpoint or a live patch writes code): after a release it must still hold
- *    what was written, not what the file holds.
+ *    a debugger's breakpoint or a live patch writes code): after a release it must still be
+ *    mapped and hold what was written, not what the file holds, while the constant pages beside
+ *    it that only were read are unmapped.
  * 2. For SECONDS, one thread opens LIBRARY, checks its constants and a call into it, and closes
  *    it, over and over, while another releases over and over.
  * Prints one line per check and exits 0 when all hold. */
@@ -14,6 +15,7 @@
 #include "kioskauth_system.h"
 
 #include <dlfcn.h>
+#include <fcntl.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdint.h>
@@ -24,9 +26,24 @@
 #include <time.h>
 #include <unistd.h>
 
-#define PAGE_BYTES 4096
-static const unsigned char constants[3 * PAGE_BYTES]
-    __attribute__((aligned(PAGE_BYTES))) = {[0] = 1, [PAGE_BYTES] = 2, [2 * PAGE_BYTES] = 3};
+// Three pages of the largest page size Linux uses (64 KiB); `page` is the real one.
+#define MAX_PAGE 65536
+static const unsigned char constants[3 * MAX_PAGE]
+    __attribute__((aligned(MAX_PAGE))) = {[0] = 1, [MAX_PAGE] = 2, [2 * MAX_PAGE] = 3};
+static size_t page;
+
+/// This process's pagemap entry for the page at `address`: bit 63 present, bit 61 from a file.
+static uint64_t pagemap_entry(const void *address) {
+    uint64_t entry = 0;
+    int fd = open("/proc/self/pagemap", O_RDONLY);
+    if (fd >= 0) {
+        if (pread(fd, &entry, sizeof(entry), (off_t)((uintptr_t)address / page * sizeof(entry))) !=
+            sizeof(entry))
+            entry = 0;
+        close(fd);
+    }
+    return entry;
+}
 
 static atomic_int stop;
 static atomic_long opened, releases, mismatches;
@@ -66,23 +83,34 @@ int main(int argc, char **argv) {
         fprintf(stderr, "usage: probe LIBRARY SECONDS\n");
         return 2;
     }
-    unsigned char *page = (unsigned char *)constants + PAGE_BYTES;
-    if (mprotect(page, PAGE_BYTES, PROT_READ | PROT_WRITE) != 0)
+    page = (size_t)sysconf(_SC_PAGESIZE);
+    // Pages 0 and 2 of the constants are read (so resident, from the file); page 1 is written
+    // through an mprotect, as a debugger's breakpoint or a live patch writes code.
+    const volatile unsigned char *seen = constants;
+    unsigned char *written = (unsigned char *)constants + MAX_PAGE;
+    if (seen[0] != 1 || seen[2 * MAX_PAGE] != 3)
+        return fprintf(stderr, "constants not as built\n"), 1;
+    if (mprotect(written, page, PROT_READ | PROT_WRITE) != 0)
         return perror("mprotect"), 1;
-    page[0] = 42;
-    if (mprotect(page, PAGE_BYTES, PROT_READ) != 0)
+    written[0] = 42;
+    if (mprotect(written, page, PROT_READ) != 0)
         return perror("mprotect"), 1;
     struct kioskauth_release_report report;
     kioskauth_release_idle_memory(&report);
-    printf("release: error %d, unmapped %ld KiB, file-backed %ld -> %ld KiB\n", report.error,
-           report.advised / 1024, report.file_kib_before, report.file_kib_after);
-    printf("written constant after a release: %d (written 42, the file holds 2)\n",
-           *(volatile const unsigned char *)page);
-    printf("neighbouring constants: %d %d\n", *(volatile const unsigned char *)constants,
-           *(volatile const unsigned char *)(constants + 2 * PAGE_BYTES));
-    // Read through volatile: the compiler may otherwise take the constants' initial values.
-    const volatile unsigned char *seen = constants;
-    int kept = seen[PAGE_BYTES] == 42 && seen[0] == 1 && seen[2 * PAGE_BYTES] == 3;
+    // Before reading anything again: the file's pages gone, the written one kept.
+    uint64_t first = pagemap_entry(constants), copy = pagemap_entry(written),
+             third = pagemap_entry(constants + 2 * MAX_PAGE);
+    int dropped = !(first >> 63 & 1) && !(third >> 63 & 1);
+    int copy_kept = (copy >> 63 & 1) && !(copy >> 61 & 1);
+    printf("release: error %d, unmapped %ld KiB, file-backed %ld -> %ld KiB, %ld us\n",
+           report.error, report.advised / 1024, report.file_kib_before, report.file_kib_after,
+           report.elapsed_us);
+    printf("after a release: file pages %s, the written page %s\n",
+           dropped ? "unmapped" : "still mapped", copy_kept ? "kept" : "not kept");
+    printf("written constant after a release: %d (written 42, the file holds 2)\n", seen[MAX_PAGE]);
+    printf("neighbouring constants: %d %d\n", seen[0], seen[2 * MAX_PAGE]);
+    int kept =
+        dropped && copy_kept && seen[MAX_PAGE] == 42 && seen[0] == 1 && seen[2 * MAX_PAGE] == 3;
 
     pthread_t opener;
     pthread_create(&opener, NULL, open_and_close, argv[1]);

@@ -38,13 +38,19 @@ void kioskauth_release_free_memory(void);
 
 /// What `kioskauth_release_idle_memory` did: resident KiB backed by files (with shared memory)
 /// and the rest, before and after (from `/proc/self/statm`; -1 when it cannot be read), the
-/// bytes of address range unmapped, and 0 or the errno of what failed (`/proc/self/pagemap`
-/// unreadable: nothing unmapped; a range `madvise` refused: the others still unmapped).
+/// bytes of address range unmapped, the microseconds the whole release took, and 0 or the errno
+/// of what failed (`/proc/self/pagemap` unreadable: no code unmapped, or none from where a read
+/// of it failed on; a range `madvise` refused, or more than 16 read-only segments in an object:
+/// the others still unmapped).
 struct kioskauth_release_report {
     long file_kib_before, other_kib_before, file_kib_after, other_kib_after;
     long advised;
+    long elapsed_us;
     int error;
 };
+
+/// Resident KiB backed by files (with shared memory), from `/proc/self/statm`; -1 if unreadable.
+long kioskauth_resident_file_kib(void);
 
 /// Unmaps from this process, without unmapping the files, the pages of code and constants of
 /// every ELF object loaded (the program and its libraries): `madvise(MADV_DONTNEED)` over the
@@ -60,7 +66,7 @@ struct kioskauth_release_report {
 /// writes to its code.) Walks the objects with `dl_iterate_phdr`, under the loader's list lock:
 /// no object is unmapped meanwhile, though one being opened may be listed before it is
 /// relocated (its read-only segments are not written by relocation, or it has text
-/// relocations and is left). Then returns the allocator's free memory (`malloc_trim(0)`). All
+/// relocations and is left). Returns the allocator's free memory first (`malloc_trim(0)`). All
 /// in C, and nothing after the release but a read of `statm`, so that as little code as
 /// possible is mapped in again before the caller goes back to idling.
 void kioskauth_release_idle_memory(struct kioskauth_release_report *report);
