@@ -7,8 +7,10 @@ what it costs, on the build bench/compare measures (the release build as the pac
   anonymous resident memory and PSS 2 s after READY=1 (median of --starts each);
 * the first fingerprint unlock after a release: PAM (pamtester under pam_wrapper, spawn to exit,
   pam_kioskauth mode=verify, the touch queued before each run) against one daemon with
-  IdleReleaseSec=1, alternating an unlock right after another one (no release between) with
-  one after 2 s of quiet (a release between), --unlocks of each; and pam_permit's floor;
+  IdleReleaseSec=1, in turn: an unlock right after another one (no release between); one after
+  its release; and one after its release and after the files it maps were dropped from the page
+  cache (POSIX_FADV_DONTNEED on each; pages another process maps stay), which the kernel may do
+  to unmapped pages when memory runs short; --unlocks of each; and pam_permit's floor;
 * memory after the unlocks, and again once the release after them has run.
 
 Run with Debian's Python, like bench/compare:
@@ -36,6 +38,26 @@ def settings(daemon, release: str) -> None:
 
 
 FIGURES = ("VmRSS", "RssAnon", "RssFile", "Pss")
+
+
+def drop_cache(pid: int) -> None:
+    """Drops from the page cache what it holds of every file process `pid` maps, except pages some
+    process maps (POSIX_FADV_DONTNEED leaves those). Prints nothing; `fincore` shows the effect."""
+    paths = set()
+    for line in open(f"/proc/{pid}/maps"):
+        fields = line.split(maxsplit=5)
+        if len(fields) == 6 and fields[5].startswith("/"):
+            paths.add(fields[5].strip())
+    for path in paths:
+        try:
+            fd = os.open(path, os.O_RDONLY)
+        except OSError:
+            continue  # deleted, or not a file
+        try:
+            os.fsync(fd)  # a fresh copy's pages are dirty still, and dirty pages are not dropped
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
 
 
 def median_row(rows: list[dict[str, float]]) -> dict[str, float]:
@@ -79,7 +101,8 @@ def main() -> int:
     world = compare.FprintdWorld(work)
     daemon = compare.kioskauth_daemon(fast_hash=True)
     settings(daemon, "1")
-    samples: dict[str, list[float]] = {"floor": [], "warm": [], "after a release": []}
+    samples: dict[str, list[float]] = {"floor": [], "warm": [], "after a release": [],
+                                       "after a release, cache dropped": []}
     try:
         compare.start_enrolled(daemon)
         config = PamConfig(Path(tempfile.mkdtemp(prefix="pam-", dir=world.root)))
@@ -95,9 +118,12 @@ def main() -> int:
             samples["floor"].append(compare.pamtester(config.dir, "floor", compare.PERSON, world.env) * 1000)
             samples["warm"].append(unlock())
             busy = compare.memory(daemon.proc.pid)
-            time.sleep(2)  # quiet for a second: released
+            compare.wait_for_release(daemon.proc.pid, busy["RssFile"])
             released = compare.memory(daemon.proc.pid)
             samples["after a release"].append(unlock())
+            compare.wait_for_release(daemon.proc.pid, compare.memory(daemon.proc.pid)["RssFile"])
+            drop_cache(daemon.proc.pid)
+            samples["after a release, cache dropped"].append(unlock())
     finally:
         compare.discard(daemon)
         world.close()
@@ -106,9 +132,9 @@ def main() -> int:
     print(f"PAM fingerprint unlock, {args.unlocks} of each, alternated (ms):")
     for kind, values in samples.items():
         median = statistics.median(values)
-        print(f"  {kind:18} median {median:7.2f}  p10 {compare.percentile(values, 0.1):7.2f}  "
+        print(f"  {kind:30} median {median:7.2f}  p10 {compare.percentile(values, 0.1):7.2f}  "
               f"p90 {compare.percentile(values, 0.9):7.2f}  above the floor {median - floor:+7.2f}")
-    print("the same daemon (IdleReleaseSec=1), after the last warm unlock and 2 s later:")
+    print("the same daemon (IdleReleaseSec=1), after the last warm unlock and after the release that followed:")
     show("right after an unlock", busy)
     show("after the release that followed", released)
     return 0

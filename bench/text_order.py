@@ -162,7 +162,6 @@ def fleet_workload(scratch: Path, helper: Path, profiles: Path, syncs: int) -> N
     from fleet_support import Fleet, children, ok
 
     fleet = Fleet(["virtual_image"], fleet_config="PollIntervalSec=1\n")
-    helpers: list[int] = []
     try:
         fleet.start()
         terminal = fleet[0]
@@ -171,16 +170,17 @@ def fleet_workload(scratch: Path, helper: Path, profiles: Path, syncs: int) -> N
         for _ in range(syncs):
             ok(terminal.sync())
         ok(terminal.rpc("FleetTerminals"))
-        helpers = children(terminal.proc.pid, name=None)  # valgrind, under its own name
-        for pid in helpers:
+        for pid in children(terminal.proc.pid, name=None):  # valgrind, under its own name
             subprocess.run(["callgrind_control", "--dump", str(pid)], capture_output=True, timeout=120)
     finally:
         fleet.close()
-        # A confined helper under valgrind may outlive its daemon, spinning: never left behind.
-        for pid in helpers:
+        # A confined helper under valgrind may outlive its daemon, spinning (and the daemon may
+        # have started another): none is left behind.
+        for entry in Path("/proc").iterdir():
             try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
+                if entry.name.isdigit() and str(helper).encode() in (entry / "cmdline").read_bytes():
+                    os.kill(int(entry.name), signal.SIGKILL)
+            except (OSError, ProcessLookupError):
                 pass
 
 
