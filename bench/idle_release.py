@@ -33,22 +33,15 @@ sys.path.insert(0, str(REPO / "bench" / "pam"))
 from pam_part import load_compare  # noqa: E402
 
 
-def settings(daemon, release: str) -> None:
-    daemon.config_path.write_text(daemon.config_path.read_text() + f"\n[Daemon]\nIdleReleaseSec={release}\n")
-
-
 FIGURES = ("VmRSS", "RssAnon", "RssFile", "Pss")
 
 
 def drop_cache(pid: int) -> None:
     """Drops from the page cache what it holds of every file process `pid` maps, except pages some
     process maps (POSIX_FADV_DONTNEED leaves those). Prints nothing; `fincore` shows the effect."""
-    paths = set()
-    for line in open(f"/proc/{pid}/maps"):
-        fields = line.split(maxsplit=5)
-        if len(fields) == 6 and fields[5].startswith("/"):
-            paths.add(fields[5].strip())
-    for path in paths:
+    from elf_residency import mapped
+
+    for path in mapped(pid):
         try:
             fd = os.open(path, os.O_RDONLY)
         except OSError:
@@ -84,8 +77,7 @@ def main() -> int:
     for _ in range(args.starts):
         for release in idle:
             compare.fresh_copies(built)  # the same place each time: the tests' module names it once
-            daemon = compare.kioskauth_daemon(fast_hash=True)
-            settings(daemon, release)
+            daemon = compare.kioskauth_daemon(fast_hash=True, idle_release=release)
             try:
                 daemon.start(timeout=120)
                 time.sleep(2)
@@ -99,8 +91,7 @@ def main() -> int:
     work = Path(tempfile.mkdtemp(prefix="kioskauth-idle-release-"))
     work.chmod(0o755)
     world = compare.FprintdWorld(work)
-    daemon = compare.kioskauth_daemon(fast_hash=True)
-    settings(daemon, "1")
+    daemon = compare.kioskauth_daemon(fast_hash=True, idle_release="1")
     samples: dict[str, list[float]] = {"floor": [], "warm": [], "after a release": [],
                                        "after a release, cache dropped": []}
     try:

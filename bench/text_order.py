@@ -141,12 +141,18 @@ def idle_workload(compare, daemon, discard, profiles: Path, quiet: float) -> Pat
         compare.varlink_calls(daemon.socket, [("GetStatus", {})] * 5)
         subprocess.run(["callgrind_control", "--zero", str(daemon.proc.pid)], capture_output=True, timeout=120)
         time.sleep(quiet + 10)  # the release, then idling
-        before = set(profiles.iterdir())
-        subprocess.run(["callgrind_control", "--dump", str(daemon.proc.pid)], capture_output=True, timeout=120)
-        dumped = sorted(set(profiles.iterdir()) - before)
-        return dumped[0] if dumped else None
+        return dump_profile(daemon, profiles)
     finally:
         discard(daemon)
+
+
+def dump_profile(daemon, profiles: Path) -> Path | None:
+    """Has callgrind write what `daemon` ran since its last dump (and count from zero again) into
+    `profiles`; returns that profile."""
+    before = set(profiles.iterdir())
+    subprocess.run(["callgrind_control", "--dump", str(daemon.proc.pid)], capture_output=True, timeout=120)
+    dumped = sorted(set(profiles.iterdir()) - before)
+    return dumped[0] if dumped else None
 
 
 def fleet_workload(scratch: Path, helper: Path, profiles: Path, syncs: int) -> None:
@@ -221,20 +227,13 @@ def main() -> int:
                 subprocess.run(["callgrind_control", "--dump", str(daemon.proc.pid)], capture_output=True, timeout=120)
             compare.discard(daemon)
 
-        def dump(daemon) -> Path | None:
-            before = set(profiles.iterdir())
-            subprocess.run(["callgrind_control", "--dump", str(daemon.proc.pid)], capture_output=True, timeout=120)
-            dumped = sorted(set(profiles.iterdir()) - before)
-            return dumped[0] if dumped else None
-
         unlock_profile = workload(compare, under_callgrind, dump_then_discard, args.starts, args.unlocks,
-                                  args.status_calls, dump)
+                                  args.status_calls, lambda daemon: dump_profile(daemon, profiles))
         if unlock_profile is None:
             sys.exit("callgrind dumped no profile of the unlocks: nothing written")
         idle_profiles = scratch / "idle-profiles"
         idle_profiles.mkdir()
-        idle_daemon = compare.kioskauth_daemon(fast_hash=True, reader=True)
-        idle_daemon.config_path.write_text(idle_daemon.config_path.read_text() + "\n[Daemon]\nIdleReleaseSec=3\n")
+        idle_daemon = compare.kioskauth_daemon(fast_hash=True, reader=True, idle_release="3")
         idle_daemon.prefix = ["valgrind", "--tool=callgrind", "--demangle=no", "-q",
                               f"--callgrind-out-file={idle_profiles}/callgrind.%p"]
         idle_profile = idle_workload(compare, idle_daemon, compare.discard, idle_profiles, 3)

@@ -1,5 +1,6 @@
 """Which pages of a running program's own ELF sections are resident, from /proc/PID/pagemap
-(root only): used by tests/test_footprint.py and bench/rss_breakdown.py."""
+(root only), and which files it maps: used by tests/test_footprint.py, bench/rss_breakdown.py and
+bench/idle_release.py."""
 
 from __future__ import annotations
 
@@ -8,6 +9,16 @@ import re
 import subprocess
 from collections import Counter
 from pathlib import Path
+
+
+def mapped(pid: int) -> set[str]:
+    """The files mapped into process `pid` (from /proc/PID/maps)."""
+    names = set()
+    for line in Path(f"/proc/{pid}/maps").read_text().splitlines():
+        fields = line.split(maxsplit=5)
+        if len(fields) == 6 and fields[5].startswith("/"):
+            names.add(fields[5])
+    return names
 
 
 def elf_sections(binary: str) -> list[tuple[int, int, str]]:

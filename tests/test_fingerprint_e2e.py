@@ -201,14 +201,16 @@ def test_completion_offers_a_persons_enrolled_fingers(make_daemon):
     assert (r.returncode, r.stdout.split()) == (0, ["left-ring"]), r
 
 
-def verify_on(s, sensor, finger, name="sarah"):
-    """One VerifyFinger on the open connection `s`, touching `finger` when asked."""
+def verify_on(s, sensor, finger, name="sarah", wait: float = 0):
+    """One VerifyFinger on the open connection `s`, touching `finger` when asked (`wait` seconds
+    after)."""
     send_message(s, {"method": "io.kioskauth.VerifyFinger", "parameters": {"name": name}, "more": True})
     first = read_message(s)
     if "error" in first:
         return first
     assert first["parameters"]["progress"] == {"state": "touch", "hint": "Touch the fingerprint reader"}
     assert first["continues"] is True
+    time.sleep(wait)
     scan(sensor, finger)
     return read_message(s)
 

@@ -10,7 +10,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from elf_residency import binary_sections
+from elf_residency import binary_sections, mapped
 from idp_testing import wait_until
 from kioskauth_testing import KIOSKAUTHCTL, KIOSKAUTHD
 from test_audit_delivery import delivery, make_delivery_daemon
@@ -150,16 +150,6 @@ def test_a_hashing_thread_starts_with_the_first_passcode_check(daemon):
     assert "error" not in r, r
     # The worker that hashed it waits for more work for a while before it exits.
     assert any(n.startswith("argon2") for n in thread_names(daemon.proc.pid))
-
-
-def mapped(pid: int) -> set[str]:
-    """The files mapped into process `pid` (from /proc/PID/maps)."""
-    names = set()
-    for line in Path(f"/proc/{pid}/maps").read_text().splitlines():
-        fields = line.split(maxsplit=5)
-        if len(fields) == 6 and fields[5].startswith("/"):
-            names.add(fields[5])
-    return names
 
 
 # The HTTP stack of FoundationNetworking, curl, gnutls, krb5 and LDAP stays out of the daemon.

@@ -20,7 +20,8 @@ from fprint_virtual import environment, scan
 from idp_testing import wait_until
 from elf_residency import binary_sections
 from kioskauth_testing import FAST_HASH_CONFIG, KIOSKAUTHD, connect, read_message, send_message
-from test_fingerprint_e2e import enroll
+from socket_fuzz import rss_kib
+from test_fingerprint_e2e import enroll, verify_on
 
 RELEASED = re.compile(r"idle memory released .*file_kib=(-?\d+)->(-?\d+) .*reason=([a-z-]+)")
 
@@ -43,15 +44,6 @@ def releases(d, reason: str | None = None) -> list[tuple[int, int]]:
     return [(int(m[1]), int(m[2])) for m in RELEASED.finditer(d.log_text()) if reason in (None, m[3])]
 
 
-def resident(pid: int) -> dict[str, int]:
-    fields = {}
-    for line in open(f"/proc/{pid}/status"):
-        key, _, value = line.partition(":")
-        if key in ("VmRSS", "RssFile", "RssAnon"):
-            fields[key] = int(value.split()[0])
-    return fields
-
-
 def text_resident(pid: int) -> int:
     sections = binary_sections(pid, str(KIOSKAUTHD))
     assert sections is not None, "/proc/PID/pagemap cannot be read"
@@ -65,14 +57,7 @@ def verify_passcode(d, name: str, passcode: str) -> dict:
 def verify_finger(d, sensor, name: str, finger_id: str, wait: float = 0) -> dict:
     s = connect(d.socket, timeout=30)
     try:
-        send_message(s, {"method": "io.kioskauth.VerifyFinger", "parameters": {"name": name}, "more": True})
-        first = read_message(s)
-        if "error" in first:
-            return first
-        assert first["parameters"]["progress"]["state"] == "touch", first
-        time.sleep(wait)  # the scan waits for its touch meanwhile
-        scan(sensor, finger_id)
-        return read_message(s)
+        return verify_on(s, sensor, finger_id, name, wait=wait)
     finally:
         s.close()
 
@@ -84,8 +69,8 @@ def test_start_up_hands_back_the_code_it_ran(make_daemon):
     wait_until(lambda: "store rows checked" in kept.log_text(), 30, message="the store sweep")
     time.sleep(1)  # both settle: what idling touches comes back
     assert releases(kept) == [], "IdleReleaseSec=0 released"
-    k, r = resident(kept.proc.pid), resident(released.proc.pid)
-    assert r["RssFile"] < 0.6 * k["RssFile"], (k, r)
+    k, r = rss_kib(kept.proc.pid, "RssFile"), rss_kib(released.proc.pid, "RssFile")
+    assert r < 0.6 * k, (k, r)
     assert text_resident(released.proc.pid) < 0.6 * text_resident(kept.proc.pid)
     for d in (kept, released):
         assert "error" not in d.call("io.kioskauth.GetStatus")

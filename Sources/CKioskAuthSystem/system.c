@@ -207,7 +207,7 @@ void kioskauth_release_idle_memory(struct kioskauth_release_report *report) {
     clock_gettime(CLOCK_MONOTONIC, &started);
     resident_kib(&report->file_kib_before, &report->other_kib_before);
     // The allocator first: trimming after the code's release would map its code in again.
-    malloc_trim(0);
+    kioskauth_release_free_memory();
     struct release_pass pass = {
         .page = (uintptr_t)sysconf(_SC_PAGESIZE),
         .vdso = (uintptr_t)getauxval(AT_SYSINFO_EHDR),

@@ -156,9 +156,7 @@ final class IdleRelease: Sendable {
                 return
             }
             let after = lastRelease.load(ordering: .relaxed)
-            guard after >= 0,
-                DispatchTime.now().uptimeNanoseconds >= lastCall.load(ordering: .relaxed) + nanoseconds(quiet)
-            else { continue }
+            guard after >= 0, untilQuiet(nanoseconds(quiet)) == 0 else { continue }
             if kioskauth_resident_file_kib() - after >= Self.regrowthKiB {
                 release(reason: "background", logger: logger)
             }
@@ -170,15 +168,21 @@ final class IdleRelease: Sendable {
     private func quietFor(_ duration: Duration) async -> Bool {
         let span = nanoseconds(duration)
         while true {
-            let due = lastCall.load(ordering: .relaxed) + span
-            let now = DispatchTime.now().uptimeNanoseconds
-            if now >= due { return true }
+            let left = untilQuiet(span)
+            if left == 0 { return true }
             do {
-                try await cancelWhenGracefulShutdown { try await Task.sleep(for: .nanoseconds(Int64(due - now))) }
+                try await cancelWhenGracefulShutdown { try await Task.sleep(for: .nanoseconds(Int64(left))) }
             } catch {
                 return false
             }
         }
+    }
+
+    /// Nanoseconds until `span` will have passed since the last call began or ended (0: it has).
+    private func untilQuiet(_ span: UInt64) -> UInt64 {
+        let due = lastCall.load(ordering: .relaxed) + span
+        let now = DispatchTime.now().uptimeNanoseconds
+        return now >= due ? 0 : due - now
     }
 
     private func nanoseconds(_ duration: Duration) -> UInt64 {
