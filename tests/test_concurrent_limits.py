@@ -165,9 +165,10 @@ def test_a_passcode_storm_from_another_uid_cannot_starve_a_legitimate_unlock(mak
     import sys
     import time
 
-    from kioskauth_testing import as_user
+    from kioskauth_testing import as_user, ensure_group
     from test_core_e2e import add, set_passcode
 
+    ensure_group("kioskauth")  # the storm runs in it; not left to another test to have made it
     d = make_daemon(config="[Store]\nPasscodeHashWorkers=1\nPasscodeHashMemoryKiB=65536\nPasscodeHashIterations=3\n")
     d.start()
     clients = 6
