@@ -81,6 +81,7 @@ class NotifyListener:
         self.path = path
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
         self.sock.bind(str(path))
+        path.chmod(0o777)  # as systemd's: a daemon run as another user can send to it
         self.messages: list[tuple[float, str]] = []
 
     def wait_for(self, text: str, timeout: float) -> bool:

@@ -8,8 +8,10 @@
 #include <elf.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <link.h>
 #include <linux/audit.h>
+#include <linux/capability.h>
 #include <linux/filter.h>
 #include <linux/landlock.h>
 #include <linux/seccomp.h>
@@ -57,6 +59,34 @@ void kioskauth_bound_allocator(int arenas, int threshold) {
 
 void kioskauth_release_free_memory(void) {
     malloc_trim(0);
+}
+
+int kioskauth_thread_id(void) {
+    return (int)syscall(SYS_gettid);
+}
+
+int kioskauth_may_lower_nice_to(int nice) {
+    struct __user_cap_header_struct header = {.version = _LINUX_CAPABILITY_VERSION_3, .pid = 0};
+    struct __user_cap_data_struct data[_LINUX_CAPABILITY_U32S_3];
+    if (syscall(SYS_capget, &header, data) == 0 &&
+        (data[CAP_TO_INDEX(CAP_SYS_NICE)].effective & CAP_TO_MASK(CAP_SYS_NICE)))
+        return 1;
+    struct rlimit limit;
+    if (getrlimit(RLIMIT_NICE, &limit) != 0)
+        return 0;
+    if (limit.rlim_cur == RLIM_INFINITY)
+        return 1;
+    return 20 - (long long)limit.rlim_cur <= nice;
+}
+
+int kioskauth_set_thread_nice(int thread, int nice) {
+    return setpriority(PRIO_PROCESS, (id_t)thread, nice) == 0 ? 0 : -errno;
+}
+
+int kioskauth_thread_nice(int thread) {
+    errno = 0;
+    int nice = getpriority(PRIO_PROCESS, (id_t)thread);
+    return nice == -1 && errno != 0 ? INT_MIN : nice;
 }
 
 struct release_pass {

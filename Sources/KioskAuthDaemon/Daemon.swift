@@ -1,3 +1,4 @@
+import CKioskAuthSystem
 public import FoundationEssentials
 import KioskAuthFingerprint
 import KioskAuthIdentity
@@ -111,6 +112,8 @@ public enum Daemon {
         let readerStart = startReader(configuration: loaded.configuration, logger: logger)
         let eventLoops = MultiThreadedEventLoopGroup(numberOfThreads: 1)
         let listening = Task { try await VarlinkListener.bind(target: target, group: eventLoops, logger: logger) }
+        // The event loop's thread id, for stepping it back while passcodes are hashed.
+        let eventLoopThread = Task { try? await eventLoops.next().submit { kioskauth_thread_id() }.get() }
         // Start-up ends here without serving: whatever was started is stopped again.
         func abandon() async {
             if let listener = try? await listening.value { await listener.abandon() }
@@ -146,7 +149,8 @@ public enum Daemon {
         timeline.mark("socket")
         try await serve(
             paths: paths, loaded: loaded, store: store, keySource: source, clock: clock, notifier: notifier,
-            reader: await readerStart?.value, listener: listener, eventLoops: eventLoops, timeline: timeline)
+            reader: await readerStart?.value, listener: listener, eventLoops: eventLoops,
+            eventLoopThread: await eventLoopThread.value, timeline: timeline)
     }
 
     /// Starts the fingerprint reader service in the background when fingerprints are enabled;
@@ -278,7 +282,7 @@ public enum Daemon {
     static func serve(
         paths: DaemonPaths, loaded: LoadedConfiguration, store: Store, keySource source: StoreKeySource,
         clock: DaemonClock, notifier: SystemdNotifier, reader: FingerprintReader?, listener: VarlinkListener,
-        eventLoops: MultiThreadedEventLoopGroup, timeline: StartupTimeline
+        eventLoops: MultiThreadedEventLoopGroup, eventLoopThread: Int32?, timeline: StartupTimeline
     ) async throws {
         var timeline = timeline
         timeline.mark("reader")
@@ -291,7 +295,10 @@ public enum Daemon {
         let hashingPool = HashingPool(
             workers: configuration.store.passcodeHashWorkers > 0
                 ? configuration.store.passcodeHashWorkers : HashingPool.defaultWorkers,
-            queueLimit: configuration.store.passcodeHashQueue)
+            queueLimit: configuration.store.passcodeHashQueue,
+            priority: eventLoopThread.flatMap {
+                HashingPriority.make(eventLoopThread: $0, steps: configuration.store.passcodeHashYield, logger: logger)
+            })
         let groups = AccessGroups.resolve(
             admin: configuration.access.adminGroup, authenticator: configuration.access.authenticatorGroup)
         timeline.mark("groups")

@@ -79,14 +79,18 @@ public final class HashingPool: @unchecked Sendable {
     private var threadsStarted = 0
     /// Seconds one hash took most recently (a hint for `retryAfter`).
     private var lastDuration = 0.1
+    /// Hashes running now, and what steps the event loop back while there are any.
+    private var running = 0
+    private let priority: HashingPriority?
 
     /// One fewer than the processors online, at least one.
     static var defaultWorkers: Int { max(1, ProcessInfo.processInfo.activeProcessorCount - 1) }
 
-    public init(workers: Int, queueLimit: Int, idleTimeout: Duration = .seconds(30)) {
+    init(workers: Int, queueLimit: Int, idleTimeout: Duration = .seconds(30), priority: HashingPriority? = nil) {
         self.workers = max(1, workers)
         self.queueLimit = max(0, queueLimit)
         self.idleTimeout = idleTimeout
+        self.priority = priority
     }
 
     /// Worker threads alive now, and jobs waiting for one (for tests).
@@ -119,12 +123,19 @@ public final class HashingPool: @unchecked Sendable {
                 let job = Job(
                     flow: flow,
                     work: { [self] in
+                        condition.lock()
+                        if running == 0 { priority?.hashing(true) }
+                        running += 1
+                        condition.unlock()
                         let started = ContinuousClock.now
                         let result = Result { try body() }
                         let elapsed = ContinuousClock.now - started
                         condition.lock()
                         lastDuration =
                             Double(elapsed.components.seconds) + Double(elapsed.components.attoseconds) / 1e18
+                        // Back before the caller resumes, so that its reply is written at full priority.
+                        running -= 1
+                        if running == 0 { priority?.hashing(false) }
                         condition.unlock()
                         continuation.resume(with: result)
                     }, cancel: { continuation.resume(throwing: CancellationError()) })

@@ -36,6 +36,21 @@ void kioskauth_bound_allocator(int arenas, int threshold);
 /// Returns free memory in every arena to the kernel (`malloc_trim(0)`).
 void kioskauth_release_free_memory(void);
 
+/// The calling thread's id (`gettid`), which `setpriority(PRIO_PROCESS, id, ...)` takes to set
+/// one thread's nice value.
+int kioskauth_thread_id(void);
+
+/// Whether the calling process may set a thread's nice value back down to `nice` once it has
+/// raised it: it holds CAP_SYS_NICE, or its RLIMIT_NICE reaches `nice` (a limit of `r` allows
+/// down to 20 - r; the default limit of 0 allows only raising). 1 or 0.
+int kioskauth_may_lower_nice_to(int nice);
+
+/// Sets thread `thread`'s nice value: 0, or minus an errno value.
+int kioskauth_set_thread_nice(int thread, int nice);
+
+/// Thread `thread`'s nice value, or INT_MIN when it cannot be read.
+int kioskauth_thread_nice(int thread);
+
 /// What `kioskauth_release_idle_memory` did: resident KiB backed by files (with shared memory)
 /// and the rest, before and after (from `/proc/self/statm`; -1 when it cannot be read), the
 /// bytes of address range unmapped, the microseconds the whole release took, and 0 or the errno
