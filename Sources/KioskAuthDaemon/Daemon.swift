@@ -74,6 +74,16 @@ public enum Daemon {
         let loaded = try loadConfiguration(paths: paths, logger: baseLogger)
         timeline.mark("configuration")
         let logger = loaded.logger
+        // Looked up while the store opens: the access groups (a group missing from /etc/group
+        // sends NSS on to systemd's module, or a directory's: about a millisecond here) and the
+        // hashing workers by default (one fewer than the processors the cgroup allows).
+        let access = loaded.configuration.access
+        let lookups = Task {
+            (
+                groups: AccessGroups.resolve(admin: access.adminGroup, authenticator: access.authenticatorGroup),
+                hashWorkers: HashingPool.defaultWorkers
+            )
+        }
         let clock = DaemonClock.system()
         if clock.isTestClock {
             logger.warning(
@@ -150,7 +160,7 @@ public enum Daemon {
         try await serve(
             paths: paths, loaded: loaded, store: store, keySource: source, clock: clock, notifier: notifier,
             reader: await readerStart?.value, listener: listener, eventLoops: eventLoops,
-            eventLoopThread: await eventLoopThread.value, timeline: timeline)
+            eventLoopThread: await eventLoopThread.value, lookups: await lookups.value, timeline: timeline)
     }
 
     /// Starts the fingerprint reader service in the background when fingerprints are enabled;
@@ -282,7 +292,8 @@ public enum Daemon {
     static func serve(
         paths: DaemonPaths, loaded: LoadedConfiguration, store: Store, keySource source: StoreKeySource,
         clock: DaemonClock, notifier: SystemdNotifier, reader: FingerprintReader?, listener: VarlinkListener,
-        eventLoops: MultiThreadedEventLoopGroup, eventLoopThread: Int32?, timeline: StartupTimeline
+        eventLoops: MultiThreadedEventLoopGroup, eventLoopThread: Int32?,
+        lookups: (groups: AccessGroups, hashWorkers: Int), timeline: StartupTimeline
     ) async throws {
         var timeline = timeline
         timeline.mark("reader")
@@ -294,13 +305,11 @@ public enum Daemon {
         PasscodeVerifier.usesHugePages = configuration.store.passcodeHashHugePages
         let hashingPool = HashingPool(
             workers: configuration.store.passcodeHashWorkers > 0
-                ? configuration.store.passcodeHashWorkers : HashingPool.defaultWorkers,
+                ? configuration.store.passcodeHashWorkers : lookups.hashWorkers,
             queueLimit: configuration.store.passcodeHashQueue,
             priority: eventLoopThread.flatMap {
                 HashingPriority.make(eventLoopThread: $0, steps: configuration.store.passcodeHashYield, logger: logger)
             })
-        let groups = AccessGroups.resolve(
-            admin: configuration.access.adminGroup, authenticator: configuration.access.authenticatorGroup)
         timeline.mark("groups")
         // The reader was started before the socket is served, so READY=1 means readers present are usable.
         var provider: IdentityProviderClient?
@@ -327,7 +336,7 @@ public enum Daemon {
         }
         let onlineServices = OnlineServices(clock: clock, provider: provider, auditDelivery: auditMonitor)
         let authority = Authority(
-            store: store, configuration: configuration, groups: groups, hashingPool: hashingPool,
+            store: store, configuration: configuration, groups: lookups.groups, hashingPool: hashingPool,
             isSocketActivated: listener.isInherited,
             usesDevelopmentKey: { if case .developmentKeyFile = source { true } else { false } }(),
             reader: reader, logger: logger, services: onlineServices,
