@@ -1,8 +1,9 @@
-"""While a passcode is hashed, the event loop's thread steps back ([Store] PasscodeHashYield,
-default 10 nice steps) and returns to the daemon's own nice value before the reply is written,
-so that a flood of socket calls on a small machine does not slow a passcode unlock down; only
-when the daemon can set it back (CAP_SYS_NICE, or RLIMIT_NICE as the unit's LimitNICE=+0 gives),
-and never otherwise (docs/design.md, "Argon2id pool")."""
+"""A passcode hash runs above the rest of the daemon ([Store] PasscodeHashPriority, default 10
+nice steps): the worker's thread is raised while it hashes and set back before the caller
+resumes, so that a flood of socket calls on a small machine does not slow a passcode unlock
+down, and nothing else the daemon runs is ever raised; only when the daemon may (CAP_SYS_NICE,
+or RLIMIT_NICE as the unit's LimitNICE=-10 gives), and otherwise said once (docs/design.md,
+"Argon2id pool")."""
 
 from __future__ import annotations
 
@@ -12,30 +13,26 @@ import time
 
 from kioskauth_testing import connect, read_message, send_message
 
-
-
-def hash_config(store: str = "") -> str:
-    """Real Argon2id costs (about 0.1 s a hash here), long enough to watch the event loop's nice
-    value while one runs, `store` lines more in [Store]; no reader."""
-    return f"[Store]\nPasscodeHashMemoryKiB=65536\nPasscodeHashIterations=3\n{store}[Fingerprint]\nEnabled=no\n"
-
-
 NAME, PASSCODE = "ada", "482913"
 NOBODY = 65534
 
 
-def event_loop_thread(pid: int) -> int:
-    """The id of kioskauthd's event loop thread (NIO names it NIO-ELT-…)."""
+def hash_config(store: str = "") -> str:
+    """Real Argon2id costs (about 0.1 s a hash here), long enough to watch the threads' nice
+    values while one runs, `store` lines more in [Store]; no reader."""
+    return f"[Store]\nPasscodeHashMemoryKiB=65536\nPasscodeHashIterations=3\n{store}[Fingerprint]\nEnabled=no\n"
+
+
+def thread_nices(pid: int) -> dict[int, tuple[str, int]]:
+    """Every thread of `pid`: its name and nice value (threads that exit meanwhile left out)."""
+    found = {}
     for task in os.listdir(f"/proc/{pid}/task"):
-        with open(f"/proc/{pid}/task/{task}/comm") as comm:
-            if comm.read().startswith("NIO-ELT-"):
-                return int(task)
-    raise AssertionError(f"kioskauthd {pid} has no event loop thread")
-
-
-def thread_nice(pid: int, tid: int) -> int:
-    with open(f"/proc/{pid}/task/{tid}/stat") as stat:
-        return int(stat.read().rsplit(")", 1)[1].split()[16])  # field 19, nice
+        try:
+            with open(f"/proc/{pid}/task/{task}/comm") as comm, open(f"/proc/{pid}/task/{task}/stat") as stat:
+                found[int(task)] = (comm.read().strip(), int(stat.read().rsplit(")", 1)[1].split()[16]))  # field 19
+        except (FileNotFoundError, ProcessLookupError):
+            pass
+    return found
 
 
 def add_people(d, count: int = 1) -> None:
@@ -53,14 +50,27 @@ def add_people(d, count: int = 1) -> None:
         s.close()
 
 
-def nice_while_verifying(d, callers: int = 1, rounds: int = 2) -> tuple[list[int], list[int]]:
+def status_flood(d, stop: threading.Event) -> None:
+    """GetStatus, pipelined on one connection, until `stop`: work that resumes continuations and
+    may start threads of the cooperative pool while hashes run."""
+    s = connect(d.socket, timeout=30)
+    try:
+        while not stop.is_set():
+            for _ in range(16):
+                send_message(s, {"method": "io.kioskauth.GetStatus"})
+            for _ in range(16):
+                assert "error" not in read_message(s)
+    finally:
+        s.close()
+
+
+def nices_while_verifying(d, callers: int = 1, rounds: int = 2, flood: bool = False):
     """`callers` connections each verify a passcode of their own (`add_people(d, callers)`)
-    `rounds` times, concurrently, while the
-    event loop's nice value is sampled every half millisecond. Returns the values seen while
-    any call was out, and the value read by each caller right after each of its replies."""
+    `rounds` times, concurrently (with a GetStatus flood beside them if `flood`), while every
+    thread's nice value is sampled. Returns the values seen on hashing threads (`argon2-N`), those
+    seen on every other thread, and each hashing thread's value right after each reply."""
     pid = d.proc.pid
-    tid = event_loop_thread(pid)
-    after: list[int] = []
+    hashing, others, after = [], [], []
     failures: list[object] = []
     lock = threading.Lock()
 
@@ -71,97 +81,103 @@ def nice_while_verifying(d, callers: int = 1, rounds: int = 2) -> tuple[list[int
                 send_message(s, {"method": "io.kioskauth.VerifyPasscode",
                                  "parameters": {"name": name, "passcode": PASSCODE}})
                 reply = read_message(s)
-                nice = thread_nice(pid, tid)
+                if callers == 1:  # with one caller no other hash can be running now
+                    after.extend(nice for comm, nice in thread_nices(pid).values() if comm.startswith("argon2-"))
                 with lock:
                     if reply is None or "error" in reply:
                         failures.append(reply)
-                    after.append(nice)
         finally:
             s.close()
 
+    stop = threading.Event()
+    flooding = threading.Thread(target=status_flood, args=(d, stop)) if flood else None
+    if flooding:
+        flooding.start()
     threads = [threading.Thread(target=caller, args=(f"{NAME}{i}",)) for i in range(callers)]
     for thread in threads:
         thread.start()
-    seen = []
     while any(thread.is_alive() for thread in threads):
-        seen.append(thread_nice(pid, tid))
+        for comm, nice in thread_nices(pid).values():
+            (hashing if comm.startswith("argon2-") else others).append(nice)
         time.sleep(0.0005)
     for thread in threads:
         thread.join()
+    stop.set()
+    if flooding:
+        flooding.join()
     assert not failures, failures
-    return seen, after
+    return hashing, others, after
 
 
-def test_the_event_loop_steps_back_while_a_passcode_is_hashed_and_is_back_before_the_reply(make_daemon):
+def test_a_hash_runs_raised_and_its_thread_is_set_back_before_the_reply(make_daemon):
     d = make_daemon(config=hash_config()).start()
     add_people(d)
-    tid = event_loop_thread(d.proc.pid)
-    assert thread_nice(d.proc.pid, tid) == 0
-    seen, after = nice_while_verifying(d)
-    assert 10 in seen, seen
-    assert set(seen) <= {0, 10}, seen
-    # Set back by the time each reply arrives.
+    hashing, others, after = nices_while_verifying(d)
+    assert -10 in hashing, hashing
+    assert set(hashing) <= {0, -10}, hashing
+    # Nothing but the hash is raised. (libdispatch sets some of its threads' values by their
+    # quality of service: -4, 2.)
+    assert -10 not in others, others
     assert after == [0, 0], after
-    assert "steps back" not in d.log_text(), d.log_text()
+    assert "own priority" not in d.log_text(), d.log_text()
 
 
-def test_concurrent_hashes_keep_the_event_loop_back_until_the_last_one_ends(make_daemon):
-    """Two workers, four callers with two passcodes each: the transitions are counted, so the
-    event loop is at 10 while any hash runs and at 0 once all have ended."""
+def test_nothing_but_hashes_is_ever_raised_under_concurrent_hashes_and_a_status_flood(make_daemon):
+    """Two workers, four callers with three passcodes each, and a GetStatus flood: threads the
+    daemon starts meanwhile (the cooperative pool's, as continuations resume) are never raised,
+    and once the calls are answered no thread is."""
     d = make_daemon(config=hash_config("PasscodeHashWorkers=2\n")).start()
     add_people(d, 4)
-    seen, after = nice_while_verifying(d, callers=4, rounds=2)
-    assert len(after) == 8
-    assert seen.count(10) > seen.count(0), seen  # mostly stepped back while calls were out
-    assert set(seen) <= {0, 10}, seen
-    assert thread_nice(d.proc.pid, event_loop_thread(d.proc.pid)) == 0
-    # Another hash later still steps it back: nothing was left disabled.
-    seen, after = nice_while_verifying(d)
-    assert 10 in seen and after[-1] == 0, (seen, after)
+    hashing, others, _ = nices_while_verifying(d, callers=4, rounds=3, flood=True)
+    assert -10 in hashing, hashing
+    assert -10 not in others, others
+    assert -10 not in {nice for _, nice in thread_nices(d.proc.pid).values()}
 
 
-def test_yield_zero_leaves_the_event_loop_alone(make_daemon):
-    d = make_daemon(config=hash_config("PasscodeHashYield=0\n")).start()
+def test_priority_zero_leaves_hashes_at_the_daemons_own(make_daemon):
+    d = make_daemon(config=hash_config("PasscodeHashPriority=0\n")).start()
     add_people(d)
-    seen, after = nice_while_verifying(d)
-    assert set(seen) == {0} and after == [0, 0], (seen, after)
+    hashing, others, after = nices_while_verifying(d)
+    assert set(hashing) == {0} and -10 not in others and after == [0, 0], (hashing, after)
 
 
-def test_a_yield_beyond_nineteen_is_a_named_configuration_error(make_daemon):
-    d = make_daemon(config=hash_config("PasscodeHashYield=20\n"))
+def test_a_priority_beyond_twenty_is_a_named_configuration_error(make_daemon):
+    d = make_daemon(config=hash_config("PasscodeHashPriority=21\n"))
     d.start(expect_ready=False)
     assert d.wait_exit() == 78
-    assert "PasscodeHashYield=20: expected a whole number in 0...19" in d.log_text(), d.log_text()
+    assert "PasscodeHashPriority=21: expected a whole number in 0...20" in d.log_text(), d.log_text()
 
 
 def unprivileged(d, *, nice_capability: bool, wrapper: tuple[str, ...] = ()) -> None:
     """Runs `d` as nobody with no capabilities but, if `nice_capability`, CAP_SYS_NICE (ambient),
-    inside `wrapper` (a seccomp harness, say)."""
+    with RLIMIT_NICE 0 (lowering a limit needs no privilege), inside `wrapper` (a seccomp
+    harness, say)."""
     os.chown(d.root, NOBODY, NOBODY)
     caps = ["--inh-caps=+sys_nice", "--ambient-caps=+sys_nice"] if nice_capability else ["--inh-caps=-all"]
-    d.prefix = ["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups", *caps, "--", *wrapper]
+    d.prefix = ["prlimit", "--nice=0:0", "--", "setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups",
+                *caps, "--", *wrapper]
 
 
-def test_without_a_way_back_nothing_is_stepped_back_and_the_start_says_so(make_daemon):
-    """As nobody with the default RLIMIT_NICE of 0 and no CAP_SYS_NICE, raising the nice value
-    would be for good: the daemon leaves it alone, says why at start, and passcodes verify."""
+def test_a_daemon_that_may_not_raise_hashes_runs_them_at_its_own_priority_and_says_so(make_daemon):
     d = make_daemon(config=hash_config())
     unprivileged(d, nice_capability=False)
     d.start()
     add_people(d)
-    seen, after = nice_while_verifying(d)
-    assert set(seen) == {0} and after == [0, 0], (seen, after)
-    assert "the event loop does not step back while passcodes are hashed" in d.log_text(), d.log_text()
-    assert "LimitNICE=+0" in d.log_text()
+    hashing, others, after = nices_while_verifying(d)
+    assert set(hashing) == {0} and -10 not in others and after == [0, 0], (hashing, after)
+    log = d.log_text()
+    assert log.count("passcode hashes run at the daemon's own priority: a nice value of -10 needs CAP_SYS_NICE "
+                     "or LimitNICE=-10") == 1, log
 
 
-def test_an_unprivileged_daemon_that_may_set_it_back_steps_back_and_returns(make_daemon):
-    """Nobody with CAP_SYS_NICE. (The unit's way, RLIMIT_NICE from LimitNICE=+0, cannot be set up
-    here: raising a hard resource limit needs CAP_SYS_RESOURCE, which these machines' root lacks.)"""
+def test_an_unprivileged_daemon_that_may_raise_hashes_does(make_daemon):
+    """Nobody with CAP_SYS_NICE. (The unit's way, RLIMIT_NICE 30 from LimitNICE=-10, cannot be set
+    up here: raising a hard resource limit needs CAP_SYS_RESOURCE, which these machines' root
+    lacks.)"""
     d = make_daemon(config=hash_config())
     unprivileged(d, nice_capability=True)
     d.start()
     add_people(d)
-    seen, after = nice_while_verifying(d)
-    assert 10 in seen and after == [0, 0], (seen, after)
-    assert "steps back" not in d.log_text(), d.log_text()
+    hashing, others, after = nices_while_verifying(d)
+    assert -10 in hashing and -10 not in others and after == [0, 0], (hashing, after)
+    assert "own priority" not in d.log_text(), d.log_text()

@@ -440,25 +440,25 @@ def test_service_letsTheFleetHelperConfineItself(units):
     assert without.returncode == 64 and "Landlock" in without.stderr, without
 
 
-def test_service_letsTheEventLoopStepBackWhilePasscodesAreHashed(units, make_daemon):
-    """Under the unit's system-call filter, as an unprivileged user that may set its nice value
-    back (CAP_SYS_NICE here; the unit's LimitNICE=+0 in service), the daemon steps its event loop
-    back while a passcode is hashed (test_hashing_priority.py). Without the unit's `setpriority`
-    line, @resources' denial would make it fail: said once, and passcodes still verify."""
-    from test_hashing_priority import add_people, hash_config, nice_while_verifying, unprivileged
+def test_service_letsAPasscodeHashRunRaised(units, make_daemon):
+    """Under the unit's system-call filter, as an unprivileged user that may lower a nice value
+    (CAP_SYS_NICE here; the unit's LimitNICE=-10 in service), a passcode hash runs at -10
+    (test_hashing_priority.py). Without the unit's `setpriority` line, @resources' denial would
+    refuse it: said once, and passcodes still verify at the daemon's own priority."""
+    from test_hashing_priority import add_people, hash_config, nices_while_verifying, unprivileged
 
     service = units["kioskauthd.service"]["Service"]
-    assert service["LimitNICE"] == ["+0"]
+    assert service["LimitNICE"] == ["-10"]
     lines = service["SystemCallFilter"]
-    for allowed, steps_back in ((unit_syscalls(lines), True),
-                                (unit_syscalls([line for line in lines if line != "setpriority"]), False)):
+    for allowed, raised in ((unit_syscalls(lines), True),
+                            (unit_syscalls([line for line in lines if line != "setpriority"]), False)):
         d = make_daemon(config=hash_config())
         unprivileged(d, nice_capability=True,
                      wrapper=("/usr/bin/python3", "-c", SECCOMP_HARNESS, ",".join(sorted(allowed))))
         d.start()
         add_people(d)
-        seen, after = nice_while_verifying(d)
-        assert after == [0, 0], after
-        assert (10 in seen) == steps_back, seen
-        assert ("setpriority failed" in d.log_text()) == (not steps_back), d.log_text()
+        hashing, others, after = nices_while_verifying(d)
+        assert after == [0, 0] and -10 not in others, (after, others)
+        assert (-10 in hashing) == raised, hashing
+        assert ("run at the daemon's own priority" in d.log_text()) == (not raised), d.log_text()
         d.stop()

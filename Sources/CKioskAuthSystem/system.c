@@ -11,7 +11,6 @@
 #include <limits.h>
 #include <link.h>
 #include <linux/audit.h>
-#include <linux/capability.h>
 #include <linux/filter.h>
 #include <linux/landlock.h>
 #include <linux/seccomp.h>
@@ -63,20 +62,6 @@ void kioskauth_release_free_memory(void) {
 
 int kioskauth_thread_id(void) {
     return (int)syscall(SYS_gettid);
-}
-
-int kioskauth_may_lower_nice_to(int nice) {
-    struct __user_cap_header_struct header = {.version = _LINUX_CAPABILITY_VERSION_3, .pid = 0};
-    struct __user_cap_data_struct data[_LINUX_CAPABILITY_U32S_3];
-    if (syscall(SYS_capget, &header, data) == 0 &&
-        (data[CAP_TO_INDEX(CAP_SYS_NICE)].effective & CAP_TO_MASK(CAP_SYS_NICE)))
-        return 1;
-    struct rlimit limit;
-    if (getrlimit(RLIMIT_NICE, &limit) != 0)
-        return 0;
-    if (limit.rlim_cur == RLIM_INFINITY)
-        return 1;
-    return 20 - (long long)limit.rlim_cur <= nice;
 }
 
 int kioskauth_set_thread_nice(int thread, int nice) {

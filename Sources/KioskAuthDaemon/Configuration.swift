@@ -76,9 +76,9 @@ public struct DaemonConfiguration: Sendable {
         public var passcodeHashWorkers = 0
         /// Hashes that may wait for a worker; beyond that a passcode call is refused (`Busy`).
         public var passcodeHashQueue = 16
-        /// Nice steps the event loop's thread steps back by while a hash runs (0: never), so that
-        /// a flood of socket calls does not slow a passcode unlock down (`HashingPriority`).
-        public var passcodeHashYield = 10
+        /// Nice steps a hash runs above the rest of the daemon (0: none), so that a flood of
+        /// socket calls does not slow a passcode unlock down (`HashingPriority`).
+        public var passcodeHashPriority = 10
     }
 
     /// Passcode rules and lockout.
@@ -292,7 +292,7 @@ public struct DaemonConfiguration: Sendable {
         case ("Store", "AuditVerifyInterval"): store.auditVerifyInterval = try seconds(value)
         case ("Store", "PasscodeHashWorkers"): store.passcodeHashWorkers = try int(value, 0...64)
         case ("Store", "PasscodeHashQueue"): store.passcodeHashQueue = try int(value, 0...4096)
-        case ("Store", "PasscodeHashYield"): store.passcodeHashYield = try int(value, 0...19)
+        case ("Store", "PasscodeHashPriority"): store.passcodeHashPriority = try int(value, 0...20)
         case ("Passcode", "MinimumLength"): passcode.minimumLength = try int(value, 4...64)
         case ("Passcode", "MaximumLength"): passcode.maximumLength = try int(value, 4...64)
         case ("Passcode", "LockoutDelaysSec"): passcode.lockoutDelays = try words(value).map(seconds)

@@ -1,4 +1,3 @@
-import CKioskAuthSystem
 public import FoundationEssentials
 import KioskAuthFingerprint
 import KioskAuthIdentity
@@ -74,16 +73,6 @@ public enum Daemon {
         let loaded = try loadConfiguration(paths: paths, logger: baseLogger)
         timeline.mark("configuration")
         let logger = loaded.logger
-        // Looked up while the store opens: the access groups (a group missing from /etc/group
-        // sends NSS on to systemd's module, or a directory's: about a millisecond here) and the
-        // hashing workers by default (one fewer than the processors the cgroup allows).
-        let access = loaded.configuration.access
-        let lookups = Task {
-            (
-                groups: AccessGroups.resolve(admin: access.adminGroup, authenticator: access.authenticatorGroup),
-                hashWorkers: HashingPool.defaultWorkers
-            )
-        }
         let clock = DaemonClock.system()
         if clock.isTestClock {
             logger.warning(
@@ -119,11 +108,19 @@ public enum Daemon {
             }
         }
         defer { pathLock?.release() }
+        // Looked up while the store opens: the access groups (a group missing from /etc/group
+        // sends NSS on to systemd's module, or a directory's: about a millisecond here) and the
+        // hashing workers by default (one fewer than the processors the cgroup allows).
+        let access = loaded.configuration.access
+        let lookups = Task {
+            (
+                groups: AccessGroups.resolve(admin: access.adminGroup, authenticator: access.authenticatorGroup),
+                hashWorkers: HashingPool.defaultWorkers
+            )
+        }
         let readerStart = startReader(configuration: loaded.configuration, logger: logger)
         let eventLoops = MultiThreadedEventLoopGroup(numberOfThreads: 1)
         let listening = Task { try await VarlinkListener.bind(target: target, group: eventLoops, logger: logger) }
-        // The event loop's thread id, for stepping it back while passcodes are hashed.
-        let eventLoopThread = Task { try? await eventLoops.next().submit { kioskauth_thread_id() }.get() }
         // Start-up ends here without serving: whatever was started is stopped again.
         func abandon() async {
             if let listener = try? await listening.value { await listener.abandon() }
@@ -160,7 +157,7 @@ public enum Daemon {
         try await serve(
             paths: paths, loaded: loaded, store: store, keySource: source, clock: clock, notifier: notifier,
             reader: await readerStart?.value, listener: listener, eventLoops: eventLoops,
-            eventLoopThread: await eventLoopThread.value, lookups: await lookups.value, timeline: timeline)
+            lookups: await lookups.value, timeline: timeline)
     }
 
     /// Starts the fingerprint reader service in the background when fingerprints are enabled;
@@ -292,8 +289,8 @@ public enum Daemon {
     static func serve(
         paths: DaemonPaths, loaded: LoadedConfiguration, store: Store, keySource source: StoreKeySource,
         clock: DaemonClock, notifier: SystemdNotifier, reader: FingerprintReader?, listener: VarlinkListener,
-        eventLoops: MultiThreadedEventLoopGroup, eventLoopThread: Int32?,
-        lookups: (groups: AccessGroups, hashWorkers: Int), timeline: StartupTimeline
+        eventLoops: MultiThreadedEventLoopGroup, lookups: (groups: AccessGroups, hashWorkers: Int),
+        timeline: StartupTimeline
     ) async throws {
         var timeline = timeline
         timeline.mark("reader")
@@ -307,9 +304,7 @@ public enum Daemon {
             workers: configuration.store.passcodeHashWorkers > 0
                 ? configuration.store.passcodeHashWorkers : lookups.hashWorkers,
             queueLimit: configuration.store.passcodeHashQueue,
-            priority: eventLoopThread.flatMap {
-                HashingPriority.make(eventLoopThread: $0, steps: configuration.store.passcodeHashYield, logger: logger)
-            })
+            priority: HashingPriority(steps: configuration.store.passcodeHashPriority, logger: logger))
         timeline.mark("groups")
         // The reader was started before the socket is served, so READY=1 means readers present are usable.
         var provider: IdentityProviderClient?

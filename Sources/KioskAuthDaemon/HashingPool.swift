@@ -79,8 +79,7 @@ public final class HashingPool: @unchecked Sendable {
     private var threadsStarted = 0
     /// Seconds one hash took most recently (a hint for `retryAfter`).
     private var lastDuration = 0.1
-    /// Hashes running now, and what steps the event loop back while there are any.
-    private var running = 0
+    /// What raises a worker's thread while it hashes.
     private let priority: HashingPriority?
 
     /// One fewer than the processors online, at least one.
@@ -123,19 +122,16 @@ public final class HashingPool: @unchecked Sendable {
                 let job = Job(
                     flow: flow,
                     work: { [self] in
-                        condition.lock()
-                        if running == 0 { priority?.hashing(true) }
-                        running += 1
-                        condition.unlock()
+                        let raised = priority?.raise() ?? false
                         let started = ContinuousClock.now
                         let result = Result { try body() }
                         let elapsed = ContinuousClock.now - started
+                        // Back before the caller resumes: a thread started from this one
+                        // would inherit the raised value (HashingPriority).
+                        if raised { priority?.lower() }
                         condition.lock()
                         lastDuration =
                             Double(elapsed.components.seconds) + Double(elapsed.components.attoseconds) / 1e18
-                        // Back before the caller resumes, so that its reply is written at full priority.
-                        running -= 1
-                        if running == 0 { priority?.hashing(false) }
                         condition.unlock()
                         continuation.resume(with: result)
                     }, cancel: { continuation.resume(throwing: CancellationError()) })

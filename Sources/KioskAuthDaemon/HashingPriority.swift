@@ -2,71 +2,61 @@ import CKioskAuthSystem
 import Logging
 import Synchronization
 
-/// While Argon2id runs, the event loop's thread steps back: its nice value rises by
-/// `[Store] PasscodeHashYield` steps (10 by default) as the first hash starts and returns as the
-/// last one ends.
+/// Argon2id runs above the rest of the daemon: while a worker hashes a passcode, its thread's
+/// nice value is `[Store] PasscodeHashPriority` steps (10 by default) below the daemon's own, and
+/// it is set back before the caller resumes.
 ///
 /// Why: on a terminal with few processors, a flood of socket calls (32 connections of GetStatus,
 /// say) keeps the event loop and its clients busy on every processor, and a passcode unlock's
-/// hash then gets a third of a processor instead of one, and takes two to three times as long.
-/// Stepped back by 10, the event loop gets about a tenth of a processor it shares with a hash
-/// (the kernel weighs nice 10 at 110 against nice 0 at 1024), so a hash runs at nearly its
-/// unloaded speed, and the flood is served by the processors the pool leaves free (it runs at
-/// most processors − 1 hashes). Nothing changes while no hash runs: the event loop is at the
-/// daemon's own nice value then, so the replies of fingerprint unlocks and status calls are not
-/// slowed by other programs, and the reply to the passcode call itself is written after the
-/// hash, at full priority.
+/// hash then got a third to a half of a processor and took up to two or three times as long. At
+/// nice −10 the kernel weighs the hash at 9548 against 1024 for each thread at nice 0, so it runs
+/// at nearly its unloaded speed; the pool runs at most processors − 1 hashes, so a passcode storm
+/// still leaves a processor to everything else.
 ///
-/// Only when the daemon can undo it: raising a nice value needs nothing, lowering it again needs
-/// CAP_SYS_NICE or an RLIMIT_NICE that reaches the daemon's nice value (the unit sets
-/// `LimitNICE=+0`). Without either, nothing is stepped back (a daemon stuck at nice 10 would be
-/// worse than a slow hash under a flood), and a line says so at start.
+/// Only the hash is raised. Threads inherit their creator's nice value, so nothing else may run
+/// on the raised thread: a continuation resumed from it could start a thread of the cooperative
+/// pool at −10 for good. The worker is set back to the daemon's value before it resumes the
+/// caller, and raising a nice value needs no privilege, so that cannot fail. Lowering it does:
+/// CAP_SYS_NICE, or an RLIMIT_NICE that reaches the value (the unit sets `LimitNICE=-10`).
+/// Without either, hashes run at the daemon's own priority, as before, and a line says so once.
 final class HashingPriority: Sendable {
-    private let thread: Int32
-    private let base: Int32
-    private let yielded: Int32
+    /// The daemon's nice value, and the one a hash runs at.
+    let base: Int32
+    let raised: Int32
     private let logger: Logger
-    /// Set after a `setpriority` failed: nothing is changed from then on.
-    private let failed = Atomic<Bool>(false)
+    /// Set once raising was refused: hashes run at `base` from then on.
+    private let refused = Atomic<Bool>(false)
 
-    private init(thread: Int32, base: Int32, yielded: Int32, logger: Logger) {
-        self.thread = thread
+    /// Raises hashes by `steps` from the calling thread's nice value; nil when `steps` is 0 or
+    /// there is nothing below the calling thread's value.
+    init?(steps: Int, logger: Logger) {
+        let base = kioskauth_thread_nice(kioskauth_thread_id())
+        guard steps > 0, base != Int32.min, base > -20 else { return nil }
         self.base = base
-        self.yielded = yielded
+        self.raised = max(-20, base - Int32(steps))
         self.logger = logger
     }
 
-    /// The priority control for event loop thread `thread`, or nil when `steps` is 0 or the
-    /// daemon could not set the thread back to its nice value (logged).
-    static func make(eventLoopThread thread: Int32, steps: Int, logger: Logger) -> HashingPriority? {
-        guard steps > 0 else { return nil }
-        let base = kioskauth_thread_nice(thread)
-        guard base != Int32.min else { return nil }
-        guard kioskauth_may_lower_nice_to(base) == 1 else {
+    /// On a worker, before a hash: true when its thread now runs at `raised`.
+    func raise() -> Bool {
+        guard !refused.load(ordering: .relaxed) else { return false }
+        let result = kioskauth_set_thread_nice(kioskauth_thread_id(), raised)
+        if result == 0 { return true }
+        if !refused.exchange(true, ordering: .relaxed) {
             logger.info(
-                "the event loop does not step back while passcodes are hashed: setting its nice value back needs CAP_SYS_NICE or LimitNICE=+\(base) ([Store] PasscodeHashYield)"
-            )
-            return nil
+                "passcode hashes run at the daemon's own priority: a nice value of \(raised) needs CAP_SYS_NICE or LimitNICE=\(raised) ([Store] PasscodeHashPriority)",
+                metadata: ["errno": "\(-result)"])
         }
-        return HashingPriority(thread: thread, base: base, yielded: min(19, base + Int32(steps)), logger: logger)
+        return false
     }
 
-    /// The event loop's nice value now (for tests and the log).
-    var current: Int32 { kioskauth_thread_nice(thread) }
-
-    /// The first hash starts (`true`) or the last one ends (`false`). Called with the pool's
-    /// lock held, so that the changes are made in the order of the transitions.
-    func hashing(_ running: Bool) {
-        guard !failed.load(ordering: .relaxed) else { return }
-        let result = kioskauth_set_thread_nice(thread, running ? yielded : base)
+    /// After a raised hash, before the caller resumes: back to the daemon's value.
+    func lower() {
+        let result = kioskauth_set_thread_nice(kioskauth_thread_id(), base)
         guard result != 0 else { return }
-        failed.store(true, ordering: .relaxed)
-        // Back to the daemon's own priority if it can be; from now on nothing is changed.
-        let restored = running ? true : kioskauth_set_thread_nice(thread, base) == 0
+        refused.store(true, ordering: .relaxed)
         logger.warning(
-            "the event loop no longer steps back while passcodes are hashed: setpriority failed",
-            metadata: [
-                "errno": "\(-result)", "nice": "\(kioskauth_thread_nice(thread))", "restored": "\(restored)",
-            ])
+            "a passcode hashing thread could not return to the daemon's priority",
+            metadata: ["errno": "\(-result)", "nice": "\(kioskauth_thread_nice(kioskauth_thread_id()))"])
     }
 }

@@ -40,11 +40,6 @@ void kioskauth_release_free_memory(void);
 /// one thread's nice value.
 int kioskauth_thread_id(void);
 
-/// Whether the calling process may set a thread's nice value back down to `nice` once it has
-/// raised it: it holds CAP_SYS_NICE, or its RLIMIT_NICE reaches `nice` (a limit of `r` allows
-/// down to 20 - r; the default limit of 0 allows only raising). 1 or 0.
-int kioskauth_may_lower_nice_to(int nice);
-
 /// Sets thread `thread`'s nice value: 0, or minus an errno value.
 int kioskauth_set_thread_nice(int thread, int nice);
 
