@@ -44,7 +44,7 @@ final class HashingPriority: Sendable {
         if result == 0 { return true }
         if !refused.exchange(true, ordering: .relaxed) {
             logger.info(
-                "passcode hashes run at the daemon's own priority: a nice value of \(raised) needs CAP_SYS_NICE or LimitNICE=\(raised) ([Store] PasscodeHashPriority)",
+                "passcode hashes run at the daemon's own priority: a nice value of \(raised) needs CAP_SYS_NICE or LimitNICE=\(raised < 0 ? "" : "+")\(raised) ([Store] PasscodeHashPriority)",
                 metadata: ["errno": "\(-result)"])
         }
         return false
