@@ -161,7 +161,7 @@ let package = Package(
         .testTarget(
             name: "KioskAuthDaemonTests",
             dependencies: [
-                "KioskAuthDaemon", "KioskAuthCore", "KioskAuthStore", "KioskAuthProtocol",
+                "KioskAuthDaemon", "KioskAuthCore", "KioskAuthStore", "KioskAuthProtocol", "CKioskAuthSystem",
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "NIOPosix", package: "swift-nio"),
             ]),

@@ -115,30 +115,45 @@ def test_a_hash_runs_raised_and_its_thread_is_set_back_before_the_reply(make_dae
     hashing, others, after = nices_while_verifying(d)
     assert -10 in hashing, hashing
     assert set(hashing) <= {0, -10}, hashing
-    # Nothing but the hash is raised. (libdispatch sets some of its threads' values by their
-    # quality of service: -4, 2.)
-    assert -10 not in others, others
+    # Nothing but the hash is raised. (libdispatch sets its threads' values by their quality of
+    # service: -4 for its manager thread at the lowest.)
+    assert min(others) >= -4, others
     assert after == [0, 0], after
     assert "own priority" not in d.log_text(), d.log_text()
 
 
 def test_nothing_but_hashes_is_ever_raised_under_concurrent_hashes_and_a_status_flood(make_daemon):
-    """Two workers, four callers with three passcodes each, and a GetStatus flood: threads the
-    daemon starts meanwhile (the cooperative pool's, as continuations resume) are never raised,
-    and once the calls are answered no thread is."""
-    d = make_daemon(config=hash_config("PasscodeHashWorkers=2\n")).start()
+    """Four callers with three passcodes each (queued for the one worker), and a GetStatus flood:
+    threads the daemon starts meanwhile (the cooperative pool's, as continuations resume) are
+    never raised, and once the calls are answered no thread is."""
+    d = make_daemon(config=hash_config()).start()
     add_people(d, 4)
     hashing, others, _ = nices_while_verifying(d, callers=4, rounds=3, flood=True)
     assert -10 in hashing, hashing
-    assert -10 not in others, others
-    assert -10 not in {nice for _, nice in thread_nices(d.proc.pid).values()}
+    assert min(others) >= -4, others
+    assert min(nice for _, nice in thread_nices(d.proc.pid).values()) >= -4
+
+
+def test_hashes_on_several_lanes_or_workers_for_every_processor_are_not_raised(make_daemon):
+    """A hash on two lanes starts Argon2id threads that would inherit the value; as many workers
+    as processors would leave none to the rest: neither is raised, and the second is said."""
+    d = make_daemon(config=hash_config("PasscodeHashParallelism=2\n")).start()
+    add_people(d)  # its verifier has two lanes
+    hashing, others, after = nices_while_verifying(d)
+    assert min(hashing + others) >= -4, (hashing, others)
+    processors = len(os.sched_getaffinity(0))
+    d = make_daemon(config=hash_config(f"PasscodeHashWorkers={processors}\n")).start()
+    add_people(d)
+    hashing, others, after = nices_while_verifying(d)
+    assert min(hashing + others) >= -4, (hashing, others)
+    assert f"{processors} hashing workers would leave no processor of {processors} to the rest" in d.log_text()
 
 
 def test_priority_zero_leaves_hashes_at_the_daemons_own(make_daemon):
     d = make_daemon(config=hash_config("PasscodeHashPriority=0\n")).start()
     add_people(d)
     hashing, others, after = nices_while_verifying(d)
-    assert set(hashing) == {0} and -10 not in others and after == [0, 0], (hashing, after)
+    assert set(hashing) == {0} and min(others) >= -4 and after == [0, 0], (hashing, after)
 
 
 def test_a_priority_beyond_twenty_is_a_named_configuration_error(make_daemon):
@@ -164,10 +179,10 @@ def test_a_daemon_that_may_not_raise_hashes_runs_them_at_its_own_priority_and_sa
     d.start()
     add_people(d)
     hashing, others, after = nices_while_verifying(d)
-    assert set(hashing) == {0} and -10 not in others and after == [0, 0], (hashing, after)
+    assert set(hashing) == {0} and min(others) >= -4 and after == [0, 0], (hashing, after)
     log = d.log_text()
     assert log.count("passcode hashes run at the daemon's own priority: a nice value of -10 needs CAP_SYS_NICE "
-                     "or LimitNICE=-10") == 1, log
+                     "or LimitNICE=-10") == 1, log  # once, for two hashes
 
 
 def test_an_unprivileged_daemon_that_may_raise_hashes_does(make_daemon):
@@ -179,5 +194,5 @@ def test_an_unprivileged_daemon_that_may_raise_hashes_does(make_daemon):
     d.start()
     add_people(d)
     hashing, others, after = nices_while_verifying(d)
-    assert -10 in hashing and -10 not in others and after == [0, 0], (hashing, after)
+    assert -10 in hashing and min(others) >= -4 and after == [0, 0], (hashing, after)
     assert "own priority" not in d.log_text(), d.log_text()

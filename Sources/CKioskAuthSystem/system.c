@@ -74,6 +74,15 @@ int kioskauth_thread_nice(int thread) {
     return nice == -1 && errno != 0 ? INT_MIN : nice;
 }
 
+int kioskauth_nice_floor(void) {
+    struct rlimit limit;
+    if (getrlimit(RLIMIT_NICE, &limit) != 0)
+        return 20;
+    if (limit.rlim_cur == RLIM_INFINITY || limit.rlim_cur >= 40)
+        return -20;
+    return 20 - (int)limit.rlim_cur;
+}
+
 struct release_pass {
     uintptr_t page;
     uintptr_t vdso;

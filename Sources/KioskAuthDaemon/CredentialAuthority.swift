@@ -164,13 +164,15 @@ final class CredentialAuthority: AuthorityPart {
 
     /// Hashes off the actor and off the event loops, on the bounded pool: Argon2id takes a tenth
     /// of a second.
+    /// `lanes`: the threads Argon2id runs the hash on (its parallelism).
     func hash<T: Sendable>(
-        _ caller: Caller, permit: HashingPool.Permit? = nil, _ body: @escaping @Sendable () throws(StoreError) -> T
+        _ caller: Caller, permit: HashingPool.Permit? = nil, lanes: Int,
+        _ body: @escaping @Sendable () throws(StoreError) -> T
     ) async throws(APIError) -> T {
         let taken: HashingPool.Permit
         if let permit { taken = permit } else { taken = try reserveHash(caller) }
         do {
-            return try await context.hashingPool.run(taken) { () throws -> T in try body() }
+            return try await context.hashingPool.run(taken, lanes: lanes) { () throws -> T in try body() }
         } catch is CancellationError {
             throw APIError.own("InternalError", ["reason": .string("hashing cancelled")])
         } catch let error as StoreError {
@@ -197,7 +199,7 @@ final class CredentialAuthority: AuthorityPart {
     /// The Argon2id verifier of a new passcode, hashed on the bounded pool.
     func makeVerifier(_ caller: Caller, _ passcode: String) async throws(APIError) -> PasscodeVerifier {
         let parameters = hashParameters
-        return try await hash(caller) { () throws(StoreError) in
+        return try await hash(caller, lanes: parameters.parallelism) { () throws(StoreError) in
             try PasscodeVerifier.make(passcode: passcode, parameters: parameters)
         }
     }
@@ -374,7 +376,9 @@ final class CredentialAuthority: AuthorityPart {
             }
         }
         let passcode = input.passcode
-        let matched = try await hash(caller, permit: permit) { () throws(StoreError) in try verifier.matches(passcode) }
+        let matched = try await hash(caller, permit: permit, lanes: verifier.parameters.parallelism) {
+            () throws(StoreError) in try verifier.matches(passcode)
+        }
         if matched {
             var cleared = before
             _ = credentialGuard.recordPasscode(matched: true, in: &cleared, now: started)

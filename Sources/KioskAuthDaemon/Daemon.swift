@@ -110,12 +110,12 @@ public enum Daemon {
         defer { pathLock?.release() }
         // Looked up while the store opens: the access groups (a group missing from /etc/group
         // sends NSS on to systemd's module, or a directory's: about a millisecond here) and the
-        // hashing workers by default (one fewer than the processors the cgroup allows).
+        // processors the cgroup allows (the hashing pool's default size and its priority).
         let access = loaded.configuration.access
         let lookups = Task {
             (
                 groups: AccessGroups.resolve(admin: access.adminGroup, authenticator: access.authenticatorGroup),
-                hashWorkers: HashingPool.defaultWorkers
+                processors: ProcessInfo.processInfo.activeProcessorCount
             )
         }
         let readerStart = startReader(configuration: loaded.configuration, logger: logger)
@@ -289,7 +289,7 @@ public enum Daemon {
     static func serve(
         paths: DaemonPaths, loaded: LoadedConfiguration, store: Store, keySource source: StoreKeySource,
         clock: DaemonClock, notifier: SystemdNotifier, reader: FingerprintReader?, listener: VarlinkListener,
-        eventLoops: MultiThreadedEventLoopGroup, lookups: (groups: AccessGroups, hashWorkers: Int),
+        eventLoops: MultiThreadedEventLoopGroup, lookups: (groups: AccessGroups, processors: Int),
         timeline: StartupTimeline
     ) async throws {
         var timeline = timeline
@@ -300,11 +300,14 @@ public enum Daemon {
         let identityProviderConfiguration = loaded.identityProvider
         let auditEndpoint = loaded.auditEndpoint
         PasscodeVerifier.usesHugePages = configuration.store.passcodeHashHugePages
+        let hashWorkers =
+            configuration.store.passcodeHashWorkers > 0
+            ? configuration.store.passcodeHashWorkers : HashingPool.defaultWorkers(processors: lookups.processors)
         let hashingPool = HashingPool(
-            workers: configuration.store.passcodeHashWorkers > 0
-                ? configuration.store.passcodeHashWorkers : lookups.hashWorkers,
-            queueLimit: configuration.store.passcodeHashQueue,
-            priority: HashingPriority(steps: configuration.store.passcodeHashPriority, logger: logger))
+            workers: hashWorkers, queueLimit: configuration.store.passcodeHashQueue,
+            priority: HashingPriority(
+                steps: configuration.store.passcodeHashPriority, workers: hashWorkers, processors: lookups.processors,
+                logger: logger))
         timeline.mark("groups")
         // The reader was started before the socket is served, so READY=1 means readers present are usable.
         var provider: IdentityProviderClient?

@@ -82,8 +82,8 @@ public final class HashingPool: @unchecked Sendable {
     /// What raises a worker's thread while it hashes.
     private let priority: HashingPriority?
 
-    /// One fewer than the processors online, at least one.
-    static var defaultWorkers: Int { max(1, ProcessInfo.processInfo.activeProcessorCount - 1) }
+    /// One fewer than the processors online (`activeProcessorCount`), at least one.
+    static func defaultWorkers(processors: Int) -> Int { max(1, processors - 1) }
 
     init(workers: Int, queueLimit: Int, idleTimeout: Duration = .seconds(30), priority: HashingPriority? = nil) {
         self.workers = max(1, workers)
@@ -112,8 +112,14 @@ public final class HashingPool: @unchecked Sendable {
         return Permit(pool: self, flow: flow)
     }
 
-    /// Runs `body` on a worker with a place taken by `reserve(flow:)`.
-    func run<T: Sendable>(_ permit: Permit, _ body: @escaping @Sendable () throws -> T) async throws -> T {
+    /// Runs `body` on a worker with a place taken by `reserve(flow:)`. `lanes`: the threads the
+    /// hash runs on; only a hash on its worker's thread alone is raised (`HashingPriority`), so
+    /// that raised threads never outnumber the workers.
+    func run<T: Sendable>(
+        _ permit: Permit, lanes: Int = 1, _ body: @escaping @Sendable () throws -> T
+    ) async throws
+        -> T
+    {
         permit.used = true
         let flow = permit.flow
         let box = JobBox()
@@ -122,13 +128,13 @@ public final class HashingPool: @unchecked Sendable {
                 let job = Job(
                     flow: flow,
                     work: { [self] in
-                        let raised = priority?.raise() ?? false
+                        let previous = lanes == 1 ? priority?.raise() : nil
                         let started = ContinuousClock.now
                         let result = Result { try body() }
                         let elapsed = ContinuousClock.now - started
                         // Back before the caller resumes: a thread started from this one
                         // would inherit the raised value (HashingPriority).
-                        if raised { priority?.lower() }
+                        if let previous { priority?.lower(to: previous) }
                         condition.lock()
                         lastDuration =
                             Double(elapsed.components.seconds) + Double(elapsed.components.attoseconds) / 1e18

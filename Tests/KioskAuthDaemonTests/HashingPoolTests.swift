@@ -1,4 +1,6 @@
+import CKioskAuthSystem
 import Foundation
+import Logging
 import Synchronization
 import Testing
 
@@ -158,5 +160,30 @@ struct HashingPoolTests {
         }
         #expect(outcomes.all == ["cancelled", "cancelled", "cancelled"])
         #expect(throws: HashingPool.Full.self) { try pool.reserve(flow: 2) }
+    }
+
+    /// A raised hash (root may raise): the worker's thread runs 10 steps below the daemon while it
+    /// hashes and is back at its own value once the caller has its result, job after job; a hash
+    /// on two lanes (its threads would inherit the value) and a pool with as many workers as
+    /// processors are never raised.
+    @Test func aHashIsRaisedWhileItRunsAndOnlyThen() async throws {
+        guard geteuid() == 0 else { return }  // raising needs CAP_SYS_NICE (or RLIMIT_NICE)
+        let logger = Logger(label: "test")
+        let priority = try #require(HashingPriority(steps: 10, workers: 1, processors: 2, logger: logger))
+        #expect(priority.raised == priority.base - 10)
+        let pool = HashingPool(workers: 1, queueLimit: 16, priority: priority)
+        for _ in 0..<50 {
+            let (thread, during) = try await pool.run(flow: 0) {
+                (kioskauth_thread_id(), kioskauth_thread_nice(kioskauth_thread_id()))
+            }
+            #expect(during == priority.raised)
+            #expect(kioskauth_thread_nice(thread) != priority.raised)
+        }
+        let permit = try pool.reserve(flow: 0)
+        let onTwoLanes = try await pool.run(permit, lanes: 2) { kioskauth_thread_nice(kioskauth_thread_id()) }
+        #expect(onTwoLanes != priority.raised)
+        pool.shutdown()
+        #expect(HashingPriority(steps: 10, workers: 2, processors: 2, logger: logger) == nil)
+        #expect(HashingPriority(steps: 0, workers: 1, processors: 2, logger: logger) == nil)
     }
 }

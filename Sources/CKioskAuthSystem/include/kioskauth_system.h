@@ -46,6 +46,10 @@ int kioskauth_set_thread_nice(int thread, int nice);
 /// Thread `thread`'s nice value, or INT_MIN when it cannot be read.
 int kioskauth_thread_nice(int thread);
 
+/// The lowest nice value RLIMIT_NICE lets this process set without CAP_SYS_NICE (20 - limit;
+/// -20 when unlimited).
+int kioskauth_nice_floor(void);
+
 /// What `kioskauth_release_idle_memory` did: resident KiB backed by files (with shared memory)
 /// and the rest, before and after (from `/proc/self/statm`; -1 when it cannot be read), the
 /// bytes of address range unmapped, the microseconds the whole release took, and 0 or the errno
