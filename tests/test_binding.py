@@ -38,8 +38,8 @@ def su(pam, d, target, invoking_uid, service="su"):
 
 
 def test_an_admin_who_is_not_root_cannot_bind_root_system_uids_or_other_accounts(make_daemon, unix_user):
+    ensure_group("kioskauth-admin")  # before the daemon starts: it looks its groups up then
     d, _ = start(make_daemon)
-    ensure_group("kioskauth-admin")
     admin, admin_uid = unix_user()
     other, other_uid = unix_user()
 
