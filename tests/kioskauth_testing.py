@@ -223,15 +223,17 @@ class Daemon:
         return raw_call(self.socket, method, parameters, user=user, groups=groups)
 
 
-def as_user(cmd: list[str], user: str | None, groups: list[str] | None = None) -> list[str]:
-    """Runs `cmd` as another Unix user (with exactly `groups` as supplementary groups) via setpriv."""
+def as_user(cmd: list[str], user: str | None, groups: list[str] | None = None,
+            options: list[str] | None = None) -> list[str]:
+    """Runs `cmd` as another Unix user (with exactly `groups` as supplementary groups) via setpriv,
+    with setpriv's `options` more (capabilities, say)."""
     if user is None:
         return cmd
     entry = pwd.getpwnam(user)
     group_ids = [str(grp.getgrnam(g).gr_gid) for g in (groups or [])]
     prefix = ["setpriv", f"--reuid={entry.pw_uid}", f"--regid={entry.pw_gid}"]
     prefix += [f"--groups={','.join(group_ids)}"] if group_ids else ["--clear-groups"]
-    return prefix + ["--"] + cmd
+    return prefix + (options or []) + ["--"] + cmd
 
 
 def raw_call(socket_path: str, method: str, parameters: dict | None = None, more: bool = False,

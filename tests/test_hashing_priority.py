@@ -8,13 +8,14 @@ or RLIMIT_NICE as the unit's LimitNICE=-10 gives), and otherwise said once (docs
 from __future__ import annotations
 
 import os
+import pwd
 import threading
 import time
 
-from kioskauth_testing import connect, read_message, send_message
+from kioskauth_testing import as_user, connect, read_message, send_message
 
 NAME, PASSCODE = "ada", "482913"
-NOBODY = 65534
+NOBODY = pwd.getpwnam("nobody").pw_uid
 
 
 def hash_config(store: str = "") -> str:
@@ -169,8 +170,7 @@ def unprivileged(d, *, nice_capability: bool, wrapper: tuple[str, ...] = ()) -> 
     harness, say)."""
     os.chown(d.root, NOBODY, NOBODY)
     caps = ["--inh-caps=+sys_nice", "--ambient-caps=+sys_nice"] if nice_capability else ["--inh-caps=-all"]
-    d.prefix = ["prlimit", "--nice=0:0", "--", "setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups",
-                *caps, "--", *wrapper]
+    d.prefix = ["prlimit", "--nice=0:0", "--", *as_user(list(wrapper), "nobody", options=caps)]
 
 
 def test_a_daemon_that_may_not_raise_hashes_runs_them_at_its_own_priority_and_says_so(make_daemon):
@@ -196,3 +196,4 @@ def test_an_unprivileged_daemon_that_may_raise_hashes_does(make_daemon):
     hashing, others, after = nices_while_verifying(d)
     assert -10 in hashing and min(others) >= -4 and after == [0, 0], (hashing, after)
     assert "own priority" not in d.log_text(), d.log_text()
+

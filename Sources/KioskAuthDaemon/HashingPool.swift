@@ -117,8 +117,8 @@ public final class HashingPool: @unchecked Sendable {
     /// that raised threads never outnumber the workers.
     func run<T: Sendable>(
         _ permit: Permit, lanes: Int = 1, _ body: @escaping @Sendable () throws -> T
-    ) async throws
-        -> T
+    )
+        async throws -> T
     {
         permit.used = true
         let flow = permit.flow
@@ -128,7 +128,7 @@ public final class HashingPool: @unchecked Sendable {
                 let job = Job(
                     flow: flow,
                     work: { [self] in
-                        let previous = lanes == 1 ? priority?.raise() : nil
+                        let previous = priority?.raise(lanes: lanes)
                         let started = ContinuousClock.now
                         let result = Result { try body() }
                         let elapsed = ContinuousClock.now - started

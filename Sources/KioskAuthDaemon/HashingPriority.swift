@@ -51,17 +51,17 @@ final class HashingPriority: Sendable {
         self.logger = logger
     }
 
-    /// On a worker, before a hash: its thread's nice value before it was raised, or nil when it
-    /// was not.
-    func raise() -> Int32? {
-        guard !refused.load(ordering: .relaxed) else { return nil }
+    /// On a worker, before a hash on `lanes` threads: its thread's nice value before it was
+    /// raised, or nil when it was not (a hash on more than one lane never is).
+    func raise(lanes: Int) -> Int32? {
+        guard lanes == 1, !refused.load(ordering: .relaxed) else { return nil }
         let thread = kioskauth_thread_id()
         let previous = kioskauth_thread_nice(thread)
         guard previous != Int32.min, previous > raised else { return nil }
         var result = kioskauth_set_thread_nice(thread, raised)
-        let floor = kioskauth_nice_floor()
-        if result == -EACCES, floor > raised, floor < previous {
-            result = kioskauth_set_thread_nice(thread, floor)  // as far as RLIMIT_NICE goes
+        if result == -EACCES {
+            let floor = kioskauth_nice_floor()  // as far as RLIMIT_NICE goes
+            if floor > raised, floor < previous { result = kioskauth_set_thread_nice(thread, floor) }
         }
         if result == 0 { return previous }
         if !refused.exchange(true, ordering: .relaxed) {
