@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import os
 import pwd
+import subprocess
+import sys
 import threading
 import time
 
@@ -197,3 +199,35 @@ def test_an_unprivileged_daemon_that_may_raise_hashes_does(make_daemon):
     assert -10 in hashing and min(others) >= -4 and after == [0, 0], (hashing, after)
     assert "own priority" not in d.log_text(), d.log_text()
 
+
+def test_a_storm_from_the_kiosk_app_group_raises_only_the_worker_and_status_is_still_served(make_daemon):
+    """The attack: a kiosk app (the authenticator group, an unprivileged uid) storms VerifyPasscode
+    with right passcodes (no lockout stops it) over six connections at once. The one worker's
+    thread is raised while it hashes, no other thread ever is, and root's status call is still
+    answered while the storm runs."""
+    from kioskauth_testing import ensure_group
+    from test_concurrent_limits import STORM_CLIENT
+
+    ensure_group("kioskauth")
+    d = make_daemon(config=hash_config("PasscodeHashWorkers=1\n")).start()
+    add_people(d, 6)
+    seconds = 4
+    storm = [subprocess.Popen(as_user([sys.executable, "-c", STORM_CLIENT, d.socket, f"{NAME}{i}", PASSCODE, str(seconds)],
+                                      "nobody", ["kioskauth"]), stdout=subprocess.PIPE, text=True)
+             for i in range(6)]
+    raised_at_once, others = [], []
+    try:
+        deadline = time.monotonic() + seconds - 0.5
+        while time.monotonic() < deadline:
+            nices = thread_nices(d.proc.pid).values()
+            raised_at_once.append(sum(1 for comm, nice in nices if comm.startswith("argon2-") and nice == -10))
+            others += [nice for comm, nice in nices if not comm.startswith("argon2-")]
+            time.sleep(0.001)
+        status = d.call("io.kioskauth.GetStatus")
+    finally:
+        outputs = [p.communicate(timeout=seconds + 30)[0] for p in storm]
+    assert "error" not in status, status
+    answers = [line.split()[1] for out in outputs for line in out.splitlines() if line.strip()]
+    assert answers and set(answers) == {"ok"}, answers[:5]
+    assert max(raised_at_once) == 1, raised_at_once  # the one worker, raised while the storm hashed
+    assert min(others) >= -4, others
