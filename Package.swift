@@ -8,6 +8,22 @@ let strictSettings: [SwiftSetting] = [
     .enableUpcomingFeature("InternalImportsByDefault"),
 ]
 
+// Where libfprint's and GLib's headers are (what `pkg-config --cflags libfprint-2` says on Debian):
+// CFPrint includes them but links nothing, for libfprint is loaded when the reader starts
+// (Sources/CFPrint/include/CFPrint.h), and a system-library target with pkg-config would also
+// link it. GLib's configuration header is in the architecture's library directory.
+#if arch(arm64)
+    let multiarch = "aarch64-linux-gnu"
+#elseif arch(arm)
+    let multiarch = "arm-linux-gnueabihf"
+#else
+    let multiarch = "x86_64-linux-gnu"
+#endif
+let libfprintIncludes = [
+    "-I/usr/include/libfprint-2", "-I/usr/include/glib-2.0", "-I/usr/lib/\(multiarch)/glib-2.0/include",
+]
+let importsLibfprint: [SwiftSetting] = [.unsafeFlags(libfprintIncludes.flatMap { ["-Xcc", $0] })]
+
 let package = Package(
     name: "kioskauth",
     products: [
@@ -32,9 +48,8 @@ let package = Package(
         .target(name: "CKioskAuthSystem"),
         .systemLibrary(name: "CSQLite3", pkgConfig: "sqlite3", providers: [.apt(["libsqlite3-dev"])]),
         .systemLibrary(name: "CArgon2", pkgConfig: "libargon2", providers: [.apt(["libargon2-dev"])]),
-        .systemLibrary(
-            name: "CFPrint", pkgConfig: "libfprint-2",
-            providers: [.apt(["libfprint-2-dev", "libglib2.0-dev"])]),
+        // libfprint's and GLib's headers, and the loader that reaches their functions.
+        .target(name: "CFPrint", cSettings: [.unsafeFlags(libfprintIncludes)]),
 
         // The domain: people, credentials, policies and the decision state machines. No I/O.
         .target(name: "KioskAuthCore", swiftSettings: strictSettings),
@@ -62,7 +77,7 @@ let package = Package(
                 "CFPrint",
                 .product(name: "Logging", package: "swift-log"),
             ],
-            swiftSettings: strictSettings),
+            swiftSettings: strictSettings + importsLibfprint),
 
         // OAuth 2.0 / OpenID Connect client and the audit endpoint's client, over one HTTP
         // transport (async-http-client on NIO, BoringSSL from swift-nio-ssl; docs/footprint.md).
@@ -167,7 +182,8 @@ let package = Package(
             ]),
         .testTarget(
             name: "KioskAuthFingerprintTests",
-            dependencies: ["KioskAuthFingerprint", "CFPrint", .product(name: "Logging", package: "swift-log")]),
+            dependencies: ["KioskAuthFingerprint", "CFPrint", .product(name: "Logging", package: "swift-log")],
+            swiftSettings: importsLibfprint),
         .testTarget(
             name: "KioskAuthIdentityTests",
             dependencies: [

@@ -8,7 +8,7 @@ extension Engine {
     /// start is open (or failed to open).
     func start(completion: @escaping @Sendable () -> Void) {
         assertOnLoop()
-        let context = fp_context_new()!
+        let context = lib.fp_context_new()!
         self.context = context
         contextHandlers = [
             connectSignal(context, "device-added", deviceAddedHandler, userData: unretained),
@@ -16,7 +16,7 @@ extension Engine {
         ]
         startCompletion = completion
         isEnumerating = true
-        fp_context_enumerate(context)  // iterates the loop; emits device-added for each device
+        lib.fp_context_enumerate(context)  // iterates the loop; emits device-added for each device
         isEnumerating = false
         completeStartIfSettled()
         guard startCompletion != nil else { return }
@@ -42,7 +42,7 @@ extension Engine {
 
     func deviceAdded(_ device: UnsafeMutablePointer<FpDevice>) {
         guard !isShuttingDown, !readers.contains(where: { $0.device == device }) else { return }
-        g_object_ref(device)
+        lib.g_object_ref(device)
         let reader = Reader(device: device)
         reader.handlers = [
             connectSignal(device, "removed", deviceRemovedHandler, userData: unretained),
@@ -50,11 +50,11 @@ extension Engine {
         ]
         readers.append(reader)
         logger.debug("opening fingerprint reader", metadata: ["reader": "\(reader.info.id)"])
-        fp_device_open(
+        lib.fp_device_open(
             device, nil, asyncReadyTrampoline,
             CallbackBox<OpaquePointer?> { [self] result in
                 var error: UnsafeMutablePointer<GError>?
-                let opened = fp_device_open_finish(device, result, &error) != 0
+                let opened = lib.fp_device_open_finish(device, result, &error) != 0
                 if opened && !reader.isRemoved && !isShuttingDown {
                     reader.phase = .open
                     reader.info = Reader.describe(device)  // some drivers settle stages on open
@@ -99,17 +99,17 @@ extension Engine {
 
     func fingerStatusChanged(_ device: UnsafeMutablePointer<FpDevice>) {
         guard let scan, scan.reader.device == device else { return }
-        scan.observeFingerStatus(.init(rawValue: fp_device_get_finger_status(device).rawValue))
+        scan.observeFingerStatus(.init(rawValue: lib.fp_device_get_finger_status(device).rawValue))
     }
 
     /// Closes an open reader and forgets it once the close finished.
     private func close(_ reader: Reader) {
         reader.phase = .closing
-        fp_device_close(
+        lib.fp_device_close(
             reader.device, nil, asyncReadyTrampoline,
             CallbackBox<OpaquePointer?> { [self] result in
                 var error: UnsafeMutablePointer<GError>?
-                if fp_device_close_finish(reader.device, result, &error) == 0 {
+                if lib.fp_device_close_finish(reader.device, result, &error) == 0 {
                     // A removed device often fails to close; it is gone either way.
                     logger.debug(
                         "closing fingerprint reader failed",
@@ -122,10 +122,10 @@ extension Engine {
     private func detach(_ reader: Reader) {
         guard readers.contains(where: { $0 === reader }) else { return }
         if printCacheDevice == reader.device { clearPrintCache() }
-        for handler in reader.handlers { g_signal_handler_disconnect(reader.device, handler) }
+        for handler in reader.handlers { lib.g_signal_handler_disconnect(reader.device, handler) }
         reader.handlers = []
         readers.removeAll { $0 === reader }
-        g_object_unref(reader.device)
+        lib.g_object_unref(reader.device)
         completeShutdownIfSettled()
     }
 
@@ -133,7 +133,7 @@ extension Engine {
     func beginShutdown() {
         assertOnLoop()
         isShuttingDown = true
-        if let scan { g_cancellable_cancel(scan.control.cancellable) }
+        if let scan { lib.g_cancellable_cancel(scan.control.cancellable) }
     }
 
     /// Closes every reader and drops the context once no open or close is in flight. Call after
@@ -155,7 +155,7 @@ extension Engine {
             logger.warning(
                 "fingerprint readers did not close in time; abandoning them", metadata: ["count": "\(readers.count)"])
             for reader in readers {
-                for handler in reader.handlers { g_signal_handler_disconnect(reader.device, handler) }
+                for handler in reader.handlers { lib.g_signal_handler_disconnect(reader.device, handler) }
             }
             readers = []  // their late close callbacks find nothing to detach; the objects leak
             completeShutdownIfSettled()
@@ -169,9 +169,9 @@ extension Engine {
         guard let completion = shutdownCompletion, readers.isEmpty else { return }
         shutdownCompletion = nil
         clearPrintCache()
-        for handler in contextHandlers { g_signal_handler_disconnect(context, handler) }
+        for handler in contextHandlers { lib.g_signal_handler_disconnect(context, handler) }
         contextHandlers = []
-        if let context { g_object_unref(context) }
+        if let context { lib.g_object_unref(context) }
         context = nil
         completion()
     }

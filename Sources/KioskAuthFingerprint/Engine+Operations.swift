@@ -62,8 +62,8 @@ extension Engine {
         assertOnLoop()
         return templates.map { template in
             guard case .success(let print) = Self.deserialize(template) else { return nil }
-            defer { g_object_unref(gpointer(print)) }
-            return "\(string(from: fp_print_get_driver(print))):\(string(from: fp_print_get_device_id(print)))"
+            defer { lib.g_object_unref(gpointer(print)) }
+            return "\(string(from: lib.fp_print_get_driver(print))):\(string(from: lib.fp_print_get_device_id(print)))"
         }
     }
 
@@ -74,8 +74,8 @@ extension Engine {
         case .success(let decoded): print = decoded
         case .failure(let error): return .failure(error)
         }
-        guard fp_print_compatible(print, reader.device) != 0 else {
-            g_object_unref(gpointer(print))
+        guard lib.fp_print_compatible(print, reader.device) != 0 else {
+            lib.g_object_unref(gpointer(print))
             return .failure(FingerprintError(.invalidTemplate, "template was enrolled on a different reader"))
         }
         return .success(print)
@@ -119,20 +119,20 @@ extension Engine {
                 ])
             completion(.success(match != nil))
         }
-        fp_device_verify(
+        lib.fp_device_verify(
             reader.device, print, control.cancellable, matchReportTrampoline, report.retainedPointer(),
             releaseMatchReport, asyncReadyTrampoline,
             CallbackBox<OpaquePointer?> { [self] result in
                 var matched: gboolean = 0
                 var scanned: OpaquePointer?
                 var error: UnsafeMutablePointer<GError>?
-                let succeeded = fp_device_verify_finish(reader.device, result, &matched, &scanned, &error) != 0
-                if let scanned { g_object_unref(gpointer(scanned)) }
-                g_object_unref(gpointer(print))
+                let succeeded = lib.fp_device_verify_finish(reader.device, result, &matched, &scanned, &error) != 0
+                if let scanned { lib.g_object_unref(gpointer(scanned)) }
+                lib.g_object_unref(gpointer(print))
                 end(state)
                 if state.answered {
                     // Answered at the match report; the rest (the finger lifted, or not) changes nothing.
-                    if let error { g_error_free(error) }
+                    if let error { lib.g_error_free(error) }
                     return
                 }
                 guard succeeded else { return completion(.failure(state.failure(error))) }
@@ -162,8 +162,8 @@ extension Engine {
         }
         let preparing = ContinuousClock.now
         let (entries, firstPass) = galleryPrints(gallery, layout: layout, for: reader)
-        let prints = g_ptr_array_new_with_free_func(g_object_unref)!
-        for entry in entries { g_ptr_array_add(prints, g_object_ref(gpointer(entry.print))) }
+        let prints = lib.g_ptr_array_new_with_free_func(lib.g_object_unref)!
+        for entry in entries { lib.g_ptr_array_add(prints, lib.g_object_ref(gpointer(entry.print))) }
         let prepared = preparing.duration(to: .now)
         let state = begin("identify", on: reader, control: control)
         func result(_ match: OpaquePointer?) -> MatchResult {
@@ -191,29 +191,29 @@ extension Engine {
             logFinished(match)
             completion(.success(result(match)))
         }
-        fp_device_identify(
+        lib.fp_device_identify(
             reader.device, prints, control.cancellable, matchReportTrampoline, report.retainedPointer(),
             releaseMatchReport, asyncReadyTrampoline,
             CallbackBox<OpaquePointer?> { [self] asyncResult in
                 var match: OpaquePointer?
                 var scanned: OpaquePointer?
                 var error: UnsafeMutablePointer<GError>?
-                let succeeded = fp_device_identify_finish(reader.device, asyncResult, &match, &scanned, &error) != 0
+                let succeeded = lib.fp_device_identify_finish(reader.device, asyncResult, &match, &scanned, &error) != 0
                 let outcome = result(match)
                 let matched = match
-                defer { if let matched { g_object_unref(gpointer(matched)) } }
-                if let scanned { g_object_unref(gpointer(scanned)) }
-                g_ptr_array_unref(prints)
+                defer { if let matched { lib.g_object_unref(gpointer(matched)) } }
+                if let scanned { lib.g_object_unref(gpointer(scanned)) }
+                lib.g_ptr_array_unref(prints)
                 end(state)
                 if state.answered {
                     // Answered at the match report; the rest (the finger lifted, or not) changes nothing.
-                    if let error { g_error_free(error) }
+                    if let error { lib.g_error_free(error) }
                     return
                 }
                 if !succeeded {
                     // Storage readers report a finger that is not on the sensor this way.
                     if let error, FingerprintError.isDataNotFound(error) {
-                        g_error_free(error)
+                        lib.g_error_free(error)
                     } else {
                         return completion(.failure(state.failure(error)))
                     }
@@ -253,7 +253,7 @@ extension Engine {
                     }
                 }
                 if let failure {
-                    decoded.forEach { g_object_unref(gpointer($0)) }
+                    decoded.forEach { lib.g_object_unref(gpointer($0)) }
                     logger.warning(
                         "identify: skipping gallery entry", metadata: ["id": "\(entry.id)", "error": "\(failure)"])
                     continue
@@ -267,7 +267,7 @@ extension Engine {
             }
         }
         for (template, pieces) in previous where current[template] == nil {
-            pieces.forEach { g_object_unref(gpointer($0)) }
+            pieces.forEach { lib.g_object_unref(gpointer($0)) }
         }
         printCache[key] = current
         return (passes.flatMap { $0 }, passes.first?.count ?? 0)
@@ -275,7 +275,7 @@ extension Engine {
 
     func clearPrintCache() {
         for pieces in printCache.values.flatMap(\.values) {
-            pieces.forEach { g_object_unref(gpointer($0)) }
+            pieces.forEach { lib.g_object_unref(gpointer($0)) }
         }
         printCache = [:]
         printCacheDevice = nil
@@ -292,7 +292,7 @@ extension Engine {
         } catch {
             return completion(.failure(error))
         }
-        let stages = Int(fp_device_get_nr_enroll_stages(reader.device))
+        let stages = Int(lib.fp_device_get_nr_enroll_stages(reader.device))
         guard !duplicateGallery.isEmpty else {
             return enrollTouches(
                 finger: finger, username: username, reader: reader, control: control, emit: emit, completion: completion
@@ -331,10 +331,10 @@ extension Engine {
         guard reader.isUsable, !isShuttingDown else {
             return completion(.failure(FingerprintError(.removed, "the reader went away before enrolment")))
         }
-        let stages = Int(fp_device_get_nr_enroll_stages(reader.device))
-        let template = fp_print_new(reader.device)  // floating; fp_device_enroll sinks it
-        fp_print_set_finger(template, finger.fpFinger)
-        fp_print_set_username(template, username)
+        let stages = Int(lib.fp_device_get_nr_enroll_stages(reader.device))
+        let template = lib.fp_print_new(reader.device)  // floating; fp_device_enroll sinks it
+        lib.fp_print_set_finger(template, finger.fpFinger)
+        lib.fp_print_set_username(template, username)
         let state = begin("enroll", on: reader, control: control)
         emit(.progress(stage: 0, of: stages, hint: nil))
         let progress = CallbackBox<(Int, UnsafeMutablePointer<GError>?)> { stage, error in
@@ -342,15 +342,15 @@ extension Engine {
             let hint = error.map { FingerprintError(gError: $0).message }
             emit(.progress(stage: stage, of: stages, hint: hint))
         }
-        fp_device_enroll(
+        lib.fp_device_enroll(
             reader.device, template, control.cancellable, enrollProgressTrampoline,
             progress.retainedPointer(), releaseProgressBox, asyncReadyTrampoline,
             CallbackBox<OpaquePointer?> { [self] result in
                 var error: UnsafeMutablePointer<GError>?
-                let print = fp_device_enroll_finish(reader.device, result, &error)
+                let print = lib.fp_device_enroll_finish(reader.device, result, &error)
                 end(state)
                 guard let print else { return completion(.failure(state.failure(error))) }
-                defer { g_object_unref(gpointer(print)) }
+                defer { lib.g_object_unref(gpointer(print)) }
                 logger.info("enroll finished", metadata: ["finger": "\(finger.rawValue)"])
                 completion(serialize(print))
             }.retainedPointer())
@@ -377,16 +377,16 @@ extension Engine {
             return completion(.failure(error))
         }
         let state = begin("delete", on: reader, control: control)
-        fp_device_delete_print(
+        lib.fp_device_delete_print(
             reader.device, print, control.cancellable, asyncReadyTrampoline,
             CallbackBox<OpaquePointer?> { [self] result in
                 var error: UnsafeMutablePointer<GError>?
-                let succeeded = fp_device_delete_print_finish(reader.device, result, &error) != 0
-                g_object_unref(gpointer(print))
+                let succeeded = lib.fp_device_delete_print_finish(reader.device, result, &error) != 0
+                lib.g_object_unref(gpointer(print))
                 end(state)
                 if succeeded { return completion(.success(())) }
                 if let error, FingerprintError.isDataNotFound(error) {
-                    g_error_free(error)
+                    lib.g_error_free(error)
                     return completion(.success(()))  // already gone: the goal is reached
                 }
                 completion(.failure(state.failure(error)))
@@ -406,14 +406,14 @@ extension Engine {
             return completion(.failure(FingerprintError(.notSupported, "this reader cannot list stored prints")))
         }
         let state = begin("list", on: reader, control: control)
-        fp_device_list_prints(
+        lib.fp_device_list_prints(
             reader.device, control.cancellable, asyncReadyTrampoline,
             CallbackBox<OpaquePointer?> { [self] result in
                 var error: UnsafeMutablePointer<GError>?
-                let list = fp_device_list_prints_finish(reader.device, result, &error)
+                let list = lib.fp_device_list_prints_finish(reader.device, result, &error)
                 end(state)
                 guard let list else { return completion(.failure(state.failure(error))) }
-                defer { g_ptr_array_unref(list) }
+                defer { lib.g_ptr_array_unref(list) }
                 var templates: [[UInt8]] = []
                 for index in 0..<Int(list.pointee.len) {
                     switch serialize(OpaquePointer(list.pointee.pdata[index]!)) {
@@ -429,10 +429,10 @@ extension Engine {
     func areSamePrint(_ first: [UInt8], _ second: [UInt8]) -> Bool {
         assertOnLoop()
         guard case .success(let a) = Self.deserialize(first) else { return false }
-        defer { g_object_unref(gpointer(a)) }
+        defer { lib.g_object_unref(gpointer(a)) }
         guard case .success(let b) = Self.deserialize(second) else { return false }
-        defer { g_object_unref(gpointer(b)) }
-        return fp_print_equal(a, b) != 0
+        defer { lib.g_object_unref(gpointer(b)) }
+        return lib.fp_print_equal(a, b) != 0
     }
 
     /// `fp_print_deserialize`, which asserts (aborting the process) on input shorter than its
@@ -443,7 +443,7 @@ extension Engine {
         }
         var error: UnsafeMutablePointer<GError>?
         let print = template.withUnsafeBufferPointer { bytes in
-            fp_print_deserialize(bytes.baseAddress, gsize(bytes.count), &error)
+            lib.fp_print_deserialize(bytes.baseAddress, gsize(bytes.count), &error)
         }
         guard let print else {
             return .failure(FingerprintError(.invalidTemplate, "template cannot be decoded: \(consume(error).message)"))
@@ -455,10 +455,10 @@ extension Engine {
         var data: UnsafeMutablePointer<guchar>?
         var length: gsize = 0
         var error: UnsafeMutablePointer<GError>?
-        guard fp_print_serialize(print, &data, &length, &error) != 0, let data else {
+        guard lib.fp_print_serialize(print, &data, &length, &error) != 0, let data else {
             return .failure(consume(error))
         }
-        defer { g_free(data) }
+        defer { lib.g_free(data) }
         return .success(Array(UnsafeBufferPointer(start: data, count: Int(length))))
     }
 }

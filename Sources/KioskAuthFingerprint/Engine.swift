@@ -7,15 +7,15 @@ final class ScanControl: @unchecked Sendable {
     let cancellable: UnsafeMutablePointer<GCancellable>
 
     init() {
-        cancellable = g_cancellable_new()
+        cancellable = lib.g_cancellable_new()!
     }
 
     deinit {
-        g_object_unref(cancellable)
+        lib.g_object_unref(cancellable)
     }
 
     func cancel(on loop: MainLoopThread) {
-        loop.perform { [self] in g_cancellable_cancel(cancellable) }
+        loop.perform { [self] in lib.g_cancellable_cancel(cancellable) }
     }
 }
 
@@ -39,19 +39,19 @@ final class Reader: @unchecked Sendable {
     var isUsable: Bool { phase == .open && !isRemoved }
 
     func has(_ feature: FpDeviceFeature) -> Bool {
-        fp_device_has_feature(device, feature) != 0
+        lib.fp_device_has_feature(device, feature) != 0
     }
 
     static func describe(_ device: UnsafeMutablePointer<FpDevice>) -> ReaderInfo {
-        let driver = string(from: fp_device_get_driver(device))
+        let driver = string(from: lib.fp_device_get_driver(device))
         return ReaderInfo(
-            id: "\(driver):\(string(from: fp_device_get_device_id(device)))",
+            id: "\(driver):\(string(from: lib.fp_device_get_device_id(device)))",
             driver: driver,
-            name: string(from: fp_device_get_name(device)),
-            canIdentify: fp_device_has_feature(device, FP_DEVICE_FEATURE_IDENTIFY) != 0,
-            hasStorage: fp_device_has_feature(device, FP_DEVICE_FEATURE_STORAGE) != 0,
-            enrollStages: Int(fp_device_get_nr_enroll_stages(device)),
-            scanType: fp_device_get_scan_type(device) == FP_SCAN_TYPE_SWIPE ? "swipe" : "press")
+            name: string(from: lib.fp_device_get_name(device)),
+            canIdentify: lib.fp_device_has_feature(device, FP_DEVICE_FEATURE_IDENTIFY) != 0,
+            hasStorage: lib.fp_device_has_feature(device, FP_DEVICE_FEATURE_STORAGE) != 0,
+            enrollStages: Int(lib.fp_device_get_nr_enroll_stages(device)),
+            scanType: lib.fp_device_get_scan_type(device) == FP_SCAN_TYPE_SWIPE ? "swipe" : "press")
     }
 }
 
@@ -75,7 +75,8 @@ final class ScanState: @unchecked Sendable {
         self.control = control
         self.operation = operation
         self.timeoutMilliseconds = timeoutMilliseconds
-        self.freshness = TouchFreshness(initial: .init(rawValue: fp_device_get_finger_status(reader.device).rawValue))
+        self.freshness = TouchFreshness(
+            initial: .init(rawValue: lib.fp_device_get_finger_status(reader.device).rawValue))
     }
 
     /// (Re)starts the per-touch timeout: when it fires the scan is cancelled and reported as
@@ -86,13 +87,13 @@ final class ScanState: @unchecked Sendable {
             guard let self else { return }
             self.timeoutSource = 0
             self.timedOut = true
-            g_cancellable_cancel(self.control.cancellable)
+            lib.g_cancellable_cancel(self.control.cancellable)
         }
     }
 
     func disarmTimeout() {
         if timeoutSource != 0 {
-            g_source_remove(timeoutSource)
+            lib.g_source_remove(timeoutSource)
             timeoutSource = 0
         }
     }

@@ -76,14 +76,14 @@ extension FingerprintError {
         let code = error.pointee.code
         let text = error.pointee.message.map { String(cString: $0) } ?? "unknown error"
         let mapped: (Code, String)
-        if domain == fp_device_retry_quark() {
+        if domain == lib.fp_device_retry_quark() {
             switch FpDeviceRetry(rawValue: UInt32(bitPattern: code)) {
             case FP_DEVICE_RETRY_TOO_SHORT: mapped = (.retry, RetryHint.tooShort)
             case FP_DEVICE_RETRY_CENTER_FINGER: mapped = (.retry, RetryHint.centreFinger)
             case FP_DEVICE_RETRY_REMOVE_FINGER: mapped = (.retry, RetryHint.removeFinger)
             default: mapped = (.retry, RetryHint.general)
             }
-        } else if domain == fp_device_error_quark() {
+        } else if domain == lib.fp_device_error_quark() {
             switch FpDeviceError(rawValue: UInt32(bitPattern: code)) {
             case FP_DEVICE_ERROR_NOT_SUPPORTED: mapped = (.notSupported, text)
             case FP_DEVICE_ERROR_NOT_OPEN: mapped = (.noReader, text)
@@ -96,7 +96,7 @@ extension FingerprintError {
             case FP_DEVICE_ERROR_TOO_HOT: mapped = (.tooHot, text)
             default: mapped = (.deviceFailure, text)
             }
-        } else if domain == g_io_error_quark() {
+        } else if domain == lib.g_io_error_quark() {
             switch GIOErrorEnum(rawValue: UInt32(bitPattern: code)) {
             case G_IO_ERROR_CANCELLED: mapped = (.cancelled, text)
             case G_IO_ERROR_TIMED_OUT: mapped = (.timeout, text)
@@ -113,7 +113,7 @@ extension FingerprintError {
     /// Whether `error` is libfprint's "print not on the sensor", which identify and delete treat
     /// as an answer rather than a failure.
     static func isDataNotFound(_ error: UnsafePointer<GError>) -> Bool {
-        error.pointee.domain == fp_device_error_quark()
+        error.pointee.domain == lib.fp_device_error_quark()
             && UInt32(bitPattern: error.pointee.code) == FP_DEVICE_ERROR_DATA_NOT_FOUND.rawValue
     }
 }

@@ -39,7 +39,7 @@ private let sourceOnceTrampoline: GSourceFunc = { userData in
 /// Schedules `body` on GLib's global default main context. Thread-safe: `g_idle_add_full` wakes
 /// the context, so the loop thread runs it promptly.
 func scheduleOnDefaultContext(_ body: @escaping () -> Void) {
-    _ = g_idle_add_full(
+    _ = lib.g_idle_add_full(
         G_PRIORITY_DEFAULT, sourceOnceTrampoline, CallbackBox<Void>(body).retainedPointer(),
         releaseVoidBox)
 }
@@ -47,7 +47,7 @@ func scheduleOnDefaultContext(_ body: @escaping () -> Void) {
 /// Runs `body` once after `milliseconds` on the default main context; returns the source id for
 /// `g_source_remove`. Loop thread only (the id must not outlive its source).
 func scheduleTimeout(milliseconds: UInt32, _ body: @escaping () -> Void) -> guint {
-    g_timeout_add_full(
+    lib.g_timeout_add_full(
         G_PRIORITY_DEFAULT, milliseconds, sourceOnceTrampoline,
         CallbackBox<Void>(body).retainedPointer(), releaseVoidBox)
 }
@@ -58,7 +58,7 @@ func connectSignal<Handler>(
     _ instance: gpointer, _ signal: String, _ handler: Handler, userData: gpointer?
 ) -> gulong {
     let callback = unsafeBitCast(handler, to: (@convention(c) () -> Void).self)
-    return g_signal_connect_data(instance, signal, callback, userData, nil, GConnectFlags(0))
+    return lib.g_signal_connect_data(instance, signal, callback, userData, nil, GConnectFlags(0))
 }
 
 /// The message and mapping of a `GError`, which is then freed.
@@ -68,11 +68,23 @@ func consume(
     -> FingerprintError
 {
     guard let error else { return FingerprintError(.deviceFailure, "libfprint reported failure without an error") }
-    defer { g_error_free(error) }
+    defer { lib.g_error_free(error) }
     return FingerprintError(gError: error, file: file, line: line)
 }
 
 /// A borrowed C string as a Swift string; `""` for NULL.
 func string(from pointer: UnsafePointer<gchar>?) -> String {
     pointer.map { String(cString: $0) } ?? ""
+}
+
+/// libfprint's functions and the GLib ones this module calls, as `lib.fp_device_open(...)`:
+/// libfprint is not linked but loaded by `loadLibfprint()`, which the reader's thread calls
+/// first (see CFPrint.h). Calling one before that succeeded is a call through a null pointer.
+var lib: kioskauth_fprint_functions { kioskauth_fprint.pointee }
+
+/// Loads libfprint and resolves `lib`; once per process (later calls report the first result).
+func loadLibfprint() throws(FingerprintError) {
+    if let failure = kioskauth_fprint_load() {
+        throw FingerprintError(.deviceFailure, String(cString: failure))
+    }
 }

@@ -22,16 +22,9 @@ final class MainLoopThread: Sendable {
 
     private let phase = Mutex(Phase.idle)
     private let loopThreadID = Mutex<pthread_t?>(nil)
-    // GMainLoop is reference-counted and `g_main_loop_quit` is thread-safe.
-    private nonisolated(unsafe) let loop: OpaquePointer
-
-    init() {
-        loop = g_main_loop_new(g_main_context_default(), 0)
-    }
-
-    deinit {
-        g_main_loop_unref(loop)
-    }
+    /// The loop, made on the loop thread once libfprint (and GLib with it) is loaded; read only
+    /// there (`g_main_loop_quit` runs from a closure that thread dispatches).
+    private nonisolated(unsafe) var loop: OpaquePointer?
 
     /// Whether the caller runs on the loop thread.
     var isCurrent: Bool {
@@ -76,32 +69,40 @@ final class MainLoopThread: Sendable {
                 continuation.resume()
             } else {
                 // Quit from inside the loop so that everything scheduled before stop() runs first.
-                let loop = UncheckedLoop(loop: self.loop)
-                perform { g_main_loop_quit(loop.loop) }
+                perform { [self] in lib.g_main_loop_quit(loop) }
             }
         }
     }
 
-    private struct UncheckedLoop: @unchecked Sendable { let loop: OpaquePointer }
-
     private func run() {
-        let context = g_main_context_default()
-        guard g_main_context_acquire(context) != 0 else {
+        // libfprint is loaded here, on the thread that will drive it, while the daemon's start-up
+        // goes on elsewhere (CFPrint.h). Nothing in this process has used GLib before.
+        do { try loadLibfprint() } catch {
+            Self.contextClaimed.withLock { $0 = false }
+            finishStart(with: error)
+            return
+        }
+        let context = lib.g_main_context_default()
+        guard lib.g_main_context_acquire(context) != 0 else {
             Self.contextClaimed.withLock { $0 = false }
             finishStart(
                 with: FingerprintError(
                     .deviceFailure, "GLib's default main context is owned by another thread"))
             return
         }
+        let loop = lib.g_main_loop_new(context, 0)
+        self.loop = loop
         loopThreadID.withLock { $0 = pthread_self() }
         perform { [self] in finishStart(with: nil) }
-        g_main_loop_run(loop)
+        lib.g_main_loop_run(loop)
         // Dispatch what is already due (libfprint's idle clean-ups) while its objects still
         // exist, rather than in the next owner's loop.
         var budget = 1000
-        while budget > 0, g_main_context_iteration(context, 0) != 0 { budget -= 1 }
+        while budget > 0, lib.g_main_context_iteration(context, 0) != 0 { budget -= 1 }
         loopThreadID.withLock { $0 = nil }
-        g_main_context_release(context)
+        self.loop = nil
+        lib.g_main_loop_unref(loop)
+        lib.g_main_context_release(context)
         Self.contextClaimed.withLock { $0 = false }
         let waiter = phase.withLock { phase -> CheckedContinuation<Void, Never>? in
             defer { phase = .stopped }

@@ -26,18 +26,20 @@ struct NBISTemplate {
     /// The number of fields of the outer tuple; the print data is the last.
     private static let fieldCount = 10
 
-    /// Reads `template`; nil when it is not a well-formed NBIS template.
+    /// Reads `template`; nil when it is not a well-formed NBIS template (or libfprint, whose
+    /// GVariant code reads it, cannot be loaded).
     init?(_ template: [UInt8]) {
         guard
+            (try? loadLibfprint()) != nil,
             let sizes = Self.withImpressions(
                 of: template,
                 { _, impressions in
-                    (0..<g_variant_n_children(impressions)).map { index in
-                        let impression = g_variant_get_child_value(impressions, index)!
-                        defer { g_variant_unref(impression) }
-                        let xColumn = g_variant_get_child_value(impression, 0)!
-                        defer { g_variant_unref(xColumn) }
-                        return Int(g_variant_n_children(xColumn))
+                    (0..<lib.g_variant_n_children(impressions)).map { index in
+                        let impression = lib.g_variant_get_child_value(impressions, index)!
+                        defer { lib.g_variant_unref(impression) }
+                        let xColumn = lib.g_variant_get_child_value(impression, 0)!
+                        defer { lib.g_variant_unref(xColumn) }
+                        return Int(lib.g_variant_n_children(xColumn))
                     }
                 })
         else { return nil }
@@ -54,22 +56,22 @@ struct NBISTemplate {
         precondition(!indices.isEmpty && indices.allSatisfy(impressionSizes.indices.contains), "bad impression indices")
         guard indices != Array(impressionSizes.indices) else { return template }
         return Self.withImpressions(of: template) { fields, impressions in
-            var kept: [OpaquePointer?] = indices.map { g_variant_get_child_value(impressions, gsize($0)) }
-            defer { kept.forEach { g_variant_unref($0) } }
-            let elementType = g_variant_type_new("(aiaiai)")
-            defer { g_variant_type_free(elementType) }
+            var kept: [OpaquePointer?] = indices.map { lib.g_variant_get_child_value(impressions, gsize($0)) }
+            defer { kept.forEach { lib.g_variant_unref($0) } }
+            let elementType = lib.g_variant_type_new("(aiaiai)")
+            defer { lib.g_variant_type_free(elementType) }
             // Floating results are consumed by the container that takes them.
-            let list = g_variant_new_array(elementType, &kept, gsize(kept.count))
+            let list = lib.g_variant_new_array(elementType, &kept, gsize(kept.count))
             var listTuple: [OpaquePointer?] = [list]
-            let data = g_variant_new_variant(g_variant_new_tuple(&listTuple, 1))
+            let data = lib.g_variant_new_variant(lib.g_variant_new_tuple(&listTuple, 1))
             var outer: [OpaquePointer?] = (0..<(Self.fieldCount - 1)).map {
-                g_variant_get_child_value(fields, gsize($0))
+                lib.g_variant_get_child_value(fields, gsize($0))
             }
-            defer { outer.forEach { g_variant_unref($0) } }
+            defer { outer.forEach { lib.g_variant_unref($0) } }
             outer.append(data)
-            let rewritten = g_variant_ref_sink(g_variant_new_tuple(&outer, gsize(outer.count)))!
+            let rewritten = lib.g_variant_ref_sink(lib.g_variant_new_tuple(&outer, gsize(outer.count)))!
             outer.removeLast()  // consumed by the tuple
-            defer { g_variant_unref(rewritten) }
+            defer { lib.g_variant_unref(rewritten) }
             return Self.store(rewritten)
         }!
     }
@@ -80,53 +82,53 @@ struct NBISTemplate {
         of template: [UInt8], _ body: (_ fields: OpaquePointer, _ impressions: OpaquePointer) -> T
     ) -> T? {
         guard template.count > magic.count, template.starts(with: magic) else { return nil }
-        let printType = g_variant_type_new(printSignature)
-        let dataType = g_variant_type_new(nbisDataSignature)
+        let printType = lib.g_variant_type_new(printSignature)
+        let dataType = lib.g_variant_type_new(nbisDataSignature)
         defer {
-            g_variant_type_free(printType)
-            g_variant_type_free(dataType)
+            lib.g_variant_type_free(printType)
+            lib.g_variant_type_free(dataType)
         }
         let bytes = template.withUnsafeBufferPointer { buffer in
-            g_bytes_new(buffer.baseAddress! + magic.count, gsize(buffer.count - magic.count))
+            lib.g_bytes_new(buffer.baseAddress! + magic.count, gsize(buffer.count - magic.count))
         }
-        defer { g_bytes_unref(bytes) }
-        let raw = g_variant_ref_sink(g_variant_new_from_bytes(printType, bytes, 0))!
-        defer { g_variant_unref(raw) }
+        defer { lib.g_bytes_unref(bytes) }
+        let raw = lib.g_variant_ref_sink(lib.g_variant_new_from_bytes(printType, bytes, 0))!
+        defer { lib.g_variant_unref(raw) }
         // As fp_print_deserialize: the normal form, byte-swapped on big-endian hosts.
         #if _endian(big)
-            let fields = g_variant_byteswap(raw)!
+            let fields = lib.g_variant_byteswap(raw)!
         #else
-            let fields = g_variant_get_normal_form(raw)!
+            let fields = lib.g_variant_get_normal_form(raw)!
         #endif
-        defer { g_variant_unref(fields) }
-        guard g_variant_n_children(fields) == gsize(fieldCount) else { return nil }
-        let typeField = g_variant_get_child_value(fields, 0)!
-        let type = g_variant_get_int32(typeField)
-        g_variant_unref(typeField)
+        defer { lib.g_variant_unref(fields) }
+        guard lib.g_variant_n_children(fields) == gsize(fieldCount) else { return nil }
+        let typeField = lib.g_variant_get_child_value(fields, 0)!
+        let type = lib.g_variant_get_int32(typeField)
+        lib.g_variant_unref(typeField)
         guard type == nbisType else { return nil }
-        let boxed = g_variant_get_child_value(fields, gsize(fieldCount - 1))!
-        defer { g_variant_unref(boxed) }
-        let data = g_variant_get_variant(boxed)!
-        defer { g_variant_unref(data) }
-        guard g_variant_is_of_type(data, dataType) != 0 else { return nil }
-        let impressions = g_variant_get_child_value(data, 0)!
-        defer { g_variant_unref(impressions) }
-        guard g_variant_n_children(impressions) > 0 else { return nil }
+        let boxed = lib.g_variant_get_child_value(fields, gsize(fieldCount - 1))!
+        defer { lib.g_variant_unref(boxed) }
+        let data = lib.g_variant_get_variant(boxed)!
+        defer { lib.g_variant_unref(data) }
+        guard lib.g_variant_is_of_type(data, dataType) != 0 else { return nil }
+        let impressions = lib.g_variant_get_child_value(data, 0)!
+        defer { lib.g_variant_unref(impressions) }
+        guard lib.g_variant_n_children(impressions) > 0 else { return nil }
         return body(fields, impressions)
     }
 
     /// `"FP3"` and the serialised value, as fp_print_serialize writes it.
     private static func store(_ value: OpaquePointer) -> [UInt8] {
         #if _endian(big)
-            let value = g_variant_byteswap(value)!
-            defer { g_variant_unref(value) }
+            let value = lib.g_variant_byteswap(value)!
+            defer { lib.g_variant_unref(value) }
         #endif
         // Serialised by GLib into its own (aligned) buffer, then copied: g_variant_store into an
         // unaligned destination fails GLib's checks.
-        let bytes = g_variant_get_data_as_bytes(value)!
-        defer { g_bytes_unref(bytes) }
+        let bytes = lib.g_variant_get_data_as_bytes(value)!
+        defer { lib.g_bytes_unref(bytes) }
         var size: gsize = 0
-        let data = g_bytes_get_data(bytes, &size)
+        let data = lib.g_bytes_get_data(bytes, &size)
         return magic + Array(UnsafeRawBufferPointer(start: data, count: Int(size)))
     }
 }

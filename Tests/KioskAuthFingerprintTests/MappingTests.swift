@@ -5,9 +5,11 @@ import Testing
 
 /// The one GError → FingerprintError mapping, and the fresh-touch rule, without a device.
 struct MappingTests {
+    init() throws { try loadLibfprint() }
+
     private static func map(_ domain: GQuark, _ code: Int32) -> FingerprintError {
-        let error = g_error_new_literal(domain, code, "from libfprint")!
-        defer { g_error_free(error) }
+        let error = lib.g_error_new_literal(domain, code, "from libfprint")!
+        defer { lib.g_error_free(error) }
         return FingerprintError(gError: error)
     }
 
@@ -19,7 +21,7 @@ struct MappingTests {
             (FP_DEVICE_RETRY_REMOVE_FINGER, "remove your finger and try again"),
         ])
     func retryErrors_becomeRetryWithAHint(code: FpDeviceRetry, hint: String) {
-        let error = Self.map(fp_device_retry_quark(), Int32(code.rawValue))
+        let error = Self.map(lib.fp_device_retry_quark(), Int32(code.rawValue))
         #expect(error.code == .retry)
         #expect(error.message == hint)
     }
@@ -39,16 +41,16 @@ struct MappingTests {
             (FP_DEVICE_ERROR_TOO_HOT, .tooHot),
         ])
     func deviceErrors_mapToOneCodeEach(code: FpDeviceError, expected: FingerprintError.Code) {
-        let error = Self.map(fp_device_error_quark(), Int32(code.rawValue))
+        let error = Self.map(lib.fp_device_error_quark(), Int32(code.rawValue))
         #expect(error.code == expected)
         if expected != .retry { #expect(error.message == "from libfprint") }
     }
 
     @Test func ioErrors_cancelledAndTimedOut() {
-        #expect(Self.map(g_io_error_quark(), Int32(G_IO_ERROR_CANCELLED.rawValue)).code == .cancelled)
-        #expect(Self.map(g_io_error_quark(), Int32(G_IO_ERROR_TIMED_OUT.rawValue)).code == .timeout)
-        #expect(Self.map(g_io_error_quark(), Int32(G_IO_ERROR_PERMISSION_DENIED.rawValue)).code == .deviceFailure)
-        #expect(Self.map(g_quark_from_string("elsewhere"), 1).code == .deviceFailure)
+        #expect(Self.map(lib.g_io_error_quark(), Int32(G_IO_ERROR_CANCELLED.rawValue)).code == .cancelled)
+        #expect(Self.map(lib.g_io_error_quark(), Int32(G_IO_ERROR_TIMED_OUT.rawValue)).code == .timeout)
+        #expect(Self.map(lib.g_io_error_quark(), Int32(G_IO_ERROR_PERMISSION_DENIED.rawValue)).code == .deviceFailure)
+        #expect(Self.map(lib.g_quark_from_string("elsewhere"), 1).code == .deviceFailure)
     }
 
     @Test func fingerPlacedAfterTheReaderWaited_isFresh() {

@@ -1,0 +1,98 @@
+"""libfprint is loaded by the reader's thread when the reader starts, not linked (issue #15, cold
+start): the loader maps neither it nor GLib and the twenty-odd libraries beneath it before main().
+
+* kioskauthd names no libfprint or GLib library among those it needs;
+* a daemon with fingerprints turned off never maps them; one with a reader maps them and serves it;
+* a libfprint that cannot be loaded, or that lacks a function kioskauth calls, leaves a daemon
+  that says why once and serves passcodes, with fingerprint calls refused by name.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+from pathlib import Path
+
+from fprint_virtual import environment
+from kioskauth_testing import FAST_HASH_CONFIG, KIOSKAUTHD
+
+FPRINT_TREE = re.compile(r"lib(fprint-2|glib-2\.0|gobject-2\.0|gio-2\.0|gusb|usb-1\.0|gudev)")
+
+
+def mapped_libraries(pid: int) -> set[str]:
+    libraries = set()
+    for line in Path(f"/proc/{pid}/maps").read_text().splitlines():
+        fields = line.split()
+        if len(fields) >= 6 and ".so" in fields[5]:
+            libraries.add(Path(fields[5]).name)
+    return libraries
+
+
+def passcodes_work(d) -> None:
+    assert d.ctl("user", "add", "sarah").returncode == 0
+    assert d.ctl("passcode", "set", "sarah", input="482913\n482913\n").returncode == 0
+    assert d.ctl("passcode", "verify", "sarah", input="482913\n").returncode == 0
+    assert d.ctl("passcode", "verify", "sarah", input="000000\n").returncode != 0
+
+
+def test_the_daemon_links_neither_libfprint_nor_glib():
+    dynamic = subprocess.run(["readelf", "-d", KIOSKAUTHD], capture_output=True, text=True, check=True).stdout
+    needed = re.findall(r"\(NEEDED\)\s+Shared library: \[(\S+)\]", dynamic)
+    assert needed, dynamic
+    assert [library for library in needed if FPRINT_TREE.search(library)] == [], needed
+
+
+def test_with_fingerprints_off_libfprint_is_never_mapped(make_daemon):
+    d = make_daemon(config=FAST_HASH_CONFIG + "\n[Fingerprint]\nEnabled=no\n").start()
+    passcodes_work(d)
+    mapped = mapped_libraries(d.proc.pid)
+    assert any(library.startswith("libsqlite3.so") for library in mapped), mapped
+    assert [library for library in mapped if FPRINT_TREE.search(library)] == [], mapped
+
+
+def test_the_reader_loads_libfprint_and_is_served(make_daemon, tmp_path):
+    d = make_daemon(config=FAST_HASH_CONFIG)
+    sensor = tmp_path / "sensor.sock"
+    d.extra_env.update(environment("virtual_device", sensor, base={}))
+    d.start()
+    assert any(library.startswith("libfprint-2.so") for library in mapped_libraries(d.proc.pid))
+    readers = json.loads(d.ctl("reader", "--json").stdout)["readers"]
+    assert [reader["driver"] for reader in readers] == ["virtual_device"]
+    # Enrolment, verify and identify through the loaded library: test_fingerprint_e2e.py.
+
+
+def broken_libfprint_daemon(make_daemon, directory: Path):
+    d = make_daemon(config=FAST_HASH_CONFIG)
+    d.extra_env["LD_LIBRARY_PATH"] = str(directory)
+    return d.start()
+
+
+def assert_passcodes_only(d, reason: str) -> None:
+    log = d.log_text()
+    lines = [line for line in log.splitlines() if "fingerprint support unavailable; passcodes only" in line]
+    assert len(lines) == 1, log
+    assert reason in lines[0], lines[0]
+    assert json.loads(d.ctl("reader", "--json").stdout)["readers"] == []
+    passcodes_work(d)
+    assert d.call("io.kioskauth.EnrollFinger", {"name": "sarah"})["error"] == "io.kioskauth.NoReader"
+    assert d.call("io.kioskauth.Identify", {})["error"] in ("io.kioskauth.NoReader", "io.kioskauth.NotIdentified")
+
+
+def test_a_libfprint_that_cannot_be_loaded_leaves_passcodes(make_daemon, tmp_path):
+    # What the loader finds first by that name is not a library (a damaged or truncated file).
+    (tmp_path / "libfprint-2.so.2").write_bytes(b"")
+    d = broken_libfprint_daemon(make_daemon, tmp_path)
+    assert_passcodes_only(d, "cannot load libfprint-2.so.2")
+    assert not any(library.startswith("libglib-2.0") for library in mapped_libraries(d.proc.pid))
+
+
+def test_a_libfprint_without_a_function_kioskauth_calls_is_not_used(make_daemon, tmp_path):
+    # A library by that name with only some of the functions (an older or foreign build).
+    source = tmp_path / "partial.c"
+    source.write_text("void *fp_context_new(void) { return 0; }\n")
+    subprocess.run(
+        ["cc", "-shared", "-fPIC", "-Wl,-soname,libfprint-2.so.2", "-o", tmp_path / "libfprint-2.so.2", source],
+        check=True)
+    d = broken_libfprint_daemon(make_daemon, tmp_path)
+    assert_passcodes_only(d, "libfprint-2.so.2 has no function fp_context_enumerate")
