@@ -8,17 +8,32 @@ let strictSettings: [SwiftSetting] = [
     .enableUpcomingFeature("InternalImportsByDefault"),
 ]
 
-// Where libfprint's and GLib's headers are (what `pkg-config --cflags libfprint-2` says on Debian):
-// CFPrint includes them but links nothing, for libfprint is loaded when the reader starts
-// (Sources/CFPrint/include/CFPrint.h), and a system-library target with pkg-config would also
-// link it. GLib's configuration header is in the architecture's library directory.
-#if arch(arm64)
-    let multiarch = "aarch64-linux-gnu"
-#elseif arch(arm)
-    let multiarch = "arm-linux-gnueabihf"
-#else
-    let multiarch = "x86_64-linux-gnu"
-#endif
+// Where libfprint's and GLib's headers are: the directories of `pkg-config --cflags libfprint-2`
+// on Debian that its headers need. CFPrint includes them but links nothing, for libfprint is
+// loaded when the reader starts (Sources/CFPrint/include/CFPrint.h), and a system-library target
+// with pkg-config would also link it. GLib's configuration header is in the architecture's own
+// library directory: DEB_HOST_MULTIARCH when the package is built (debian/rules), else this
+// machine's.
+let multiarch: String = {
+    if let named = Context.environment["DEB_HOST_MULTIARCH"], !named.isEmpty { return named }
+    #if arch(x86_64)
+        return "x86_64-linux-gnu"
+    #elseif arch(arm64)
+        return "aarch64-linux-gnu"
+    #elseif arch(arm)
+        return "arm-linux-gnueabihf"
+    #elseif arch(i386)
+        return "i386-linux-gnu"
+    #elseif arch(powerpc64le)
+        return "powerpc64le-linux-gnu"
+    #elseif arch(s390x)
+        return "s390x-linux-gnu"
+    #elseif arch(riscv64)
+        return "riscv64-linux-gnu"
+    #else
+        fatalError("kioskauth: no Debian multiarch name known for this architecture; set DEB_HOST_MULTIARCH")
+    #endif
+}()
 let libfprintIncludes = [
     "-I/usr/include/libfprint-2", "-I/usr/include/glib-2.0", "-I/usr/lib/\(multiarch)/glib-2.0/include",
 ]

@@ -23,11 +23,15 @@ static void load(void) {
     // Resolved into a copy first: the table is either whole or untouched.
     struct kioskauth_fprint_functions resolved;
 #define KIOSKAUTH_FPRINT_RESOLVE(name)                                                             \
-    *(void **)&resolved.name = dlsym(library, #name);                                              \
-    if (resolved.name == NULL) {                                                                   \
-        snprintf(failure, sizeof failure, "%s has no function %s", KIOSKAUTH_FPRINT_LIBRARY,       \
-                 #name);                                                                           \
-        return;                                                                                    \
+    {                                                                                              \
+        void *symbol = dlsym(library, #name);                                                      \
+        if (symbol == NULL) {                                                                      \
+            snprintf(failure, sizeof failure, "%s has no function %s", KIOSKAUTH_FPRINT_LIBRARY,   \
+                     #name);                                                                       \
+            dlclose(library);                                                                      \
+            return;                                                                                \
+        }                                                                                          \
+        resolved.name = (__typeof__(resolved.name))symbol;                                         \
     }
     KIOSKAUTH_FPRINT_FUNCTIONS(KIOSKAUTH_FPRINT_RESOLVE)
 #undef KIOSKAUTH_FPRINT_RESOLVE
@@ -37,13 +41,4 @@ static void load(void) {
 const char *kioskauth_fprint_load(void) {
     pthread_once(&once, load);
     return failure[0] != '\0' ? failure : NULL;
-}
-
-int kioskauth_fprint_is_mapped(void) {
-    void *library = dlopen(KIOSKAUTH_FPRINT_LIBRARY, RTLD_NOW | RTLD_LOCAL | RTLD_NOLOAD);
-    if (library == NULL) {
-        return 0;
-    }
-    dlclose(library);
-    return 1;
 }

@@ -52,7 +52,16 @@ public final class FingerprintReader: Sendable {
         }
     }
 
-    private enum Lifecycle { case created, running, stopped }
+    /// `starting` until the loop runs with libfprint loaded (its table is filled then): nothing
+    /// schedules onto the loop before `running`, and a `shutdown()` meanwhile waits in `waiters`.
+    private enum Lifecycle {
+        case created
+        case starting(waiters: [CheckedContinuation<Void, Never>])
+        case running
+        case stopped
+
+        var isRunning: Bool { if case .running = self { true } else { false } }
+    }
 
     private let logger: Logger
     private let loop = MainLoopThread()
@@ -72,30 +81,50 @@ public final class FingerprintReader: Sendable {
     /// Having no reader is not an error. A reader can be started once.
     public func start() async throws {
         let fresh = lifecycle.withLock { state in
-            guard state == .created else { return false }
-            state = .running
+            guard case .created = state else { return false }
+            state = .starting(waiters: [])
             return true
         }
         guard fresh else { throw FingerprintError(.busy, "the reader service was already started") }
         do {
             try await loop.start()
         } catch {
-            lifecycle.withLock { $0 = .stopped }
+            finishStarting(as: .stopped)
             hub.finish()
             throw error
         }
         await withCheckedContinuation { (continuation: CheckedContinuation<Void, Never>) in
             loop.perform { [engine] in engine.start { continuation.resume() } }
         }
+        finishStarting(as: .running)
         logger.debug("fingerprint reader service started", metadata: ["readers": "\(hub.readers.count)"])
+    }
+
+    /// Ends `starting`, and lets a `shutdown()` that came meanwhile go on.
+    private func finishStarting(as state: Lifecycle) {
+        let waiters = lifecycle.withLock { current -> [CheckedContinuation<Void, Never>] in
+            guard case .starting(let waiters) = current else { return [] }
+            current = state
+            return waiters
+        }
+        for waiter in waiters { waiter.resume() }
     }
 
     /// Cancels the running operation (and any waiting ones), closes the readers and stops the
     /// thread. Event streams finish. Safe to call more than once, or without `start()`.
     public func shutdown() async {
+        // A start under way ends first (its library load cannot be interrupted).
+        await withCheckedContinuation { (continuation: CheckedContinuation<Void, Never>) in
+            let startDone = lifecycle.withLock { state -> Bool in
+                guard case .starting(let waiters) = state else { return true }
+                state = .starting(waiters: waiters + [continuation])
+                return false
+            }
+            if startDone { continuation.resume() }
+        }
         let wasRunning = lifecycle.withLock { state in
             defer { state = .stopped }
-            return state == .running
+            return state.isRunning
         }
         guard wasRunning else {
             hub.finish()
@@ -206,7 +235,7 @@ public final class FingerprintReader: Sendable {
     /// Whether two templates denote the same print for libfprint (same reader and same data;
     /// for storage readers, the same on-sensor record). Needs no touch and no reader.
     public func isSamePrint(_ first: [UInt8], _ second: [UInt8]) async -> Bool {
-        guard lifecycle.withLock({ $0 == .running }) else { return false }
+        guard lifecycle.withLock({ $0.isRunning }) else { return false }
         return await withCheckedContinuation { continuation in
             loop.perform { [engine] in continuation.resume(returning: engine.areSamePrint(first, second)) }
         }
@@ -216,7 +245,7 @@ public final class FingerprintReader: Sendable {
     /// nil for a template that cannot be decoded. A template is usable only on the reader with
     /// that id. Needs no touch and no reader.
     public func readerIDs(of templates: [[UInt8]]) async -> [String?] {
-        guard lifecycle.withLock({ $0 == .running }), !templates.isEmpty else {
+        guard lifecycle.withLock({ $0.isRunning }), !templates.isEmpty else {
             return templates.map { _ in nil }
         }
         return await withCheckedContinuation { continuation in
@@ -255,7 +284,7 @@ public final class FingerprintReader: Sendable {
 
     /// Fails fast, without queueing, when nothing could serve the operation.
     private func ensureReaderPresent(_ readerID: String?) throws {
-        guard lifecycle.withLock({ $0 == .running }) else {
+        guard lifecycle.withLock({ $0.isRunning }) else {
             throw FingerprintError(.noReader, "the reader service is not running")
         }
         let readers = hub.readers

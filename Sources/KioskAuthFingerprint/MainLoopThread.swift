@@ -76,7 +76,8 @@ final class MainLoopThread: Sendable {
 
     private func run() {
         // libfprint is loaded here, on the thread that will drive it, while the daemon's start-up
-        // goes on elsewhere (CFPrint.h). Nothing in this process has used GLib before.
+        // goes on elsewhere (CFPrint.h); in a daemon nothing has loaded it before (a later call
+        // returns the first one's result).
         do { try loadLibfprint() } catch {
             Self.contextClaimed.withLock { $0 = false }
             finishStart(with: error)

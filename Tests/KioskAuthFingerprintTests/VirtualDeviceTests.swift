@@ -265,6 +265,26 @@ extension FingerprintReaderTests {
             withExtendedLifetime(environment) {}
         }
 
+        @Test func shutdownWhileStarting_waitsForTheStart_thenStops() async throws {
+            // libfprint is loaded and the readers opened by start(); a shutdown() that comes
+            // meanwhile must neither reach the half-started loop nor be lost.
+            // A shutdown() that wins the race stops the reader before it starts: start() is then
+            // refused as for any stopped reader (.busy), and nothing runs.
+            let environment = try VirtualEnvironment(.device)
+            for delay in [0, 0, 200, 500, 1000, 2000] {
+                let reader = FingerprintReader(configuration: .init(), logger: .init(label: "test"))
+                let starting = Task { try await reader.start() }
+                try await Task.sleep(for: .microseconds(delay))
+                try await within(.seconds(10)) { await reader.shutdown() }
+                let started = try await within(.seconds(10)) { await failureCode { try await starting.value } }
+                #expect(started == nil || started == .busy)
+                #expect(await reader.readers.isEmpty)
+                #expect(await failureCode { try await reader.verify(template: [1]) } == .noReader)
+                #expect(await reader.readerIDs(of: [[1]]) == [nil])
+            }
+            withExtendedLifetime(environment) {}
+        }
+
         @Test func shutdown_cancelsARunningScan() async throws {
             let environment = try VirtualEnvironment(.device)
             let reader = FingerprintReader(configuration: .init(), logger: .init(label: "test"))

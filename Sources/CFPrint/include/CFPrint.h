@@ -104,11 +104,9 @@ struct kioskauth_fprint_functions {
 extern const struct kioskauth_fprint_functions *const _Nonnull kioskauth_fprint;
 
 // Loads libfprint (KIOSKAUTH_FPRINT_LIBRARY, by the name its package installs) and resolves
-// every function of the table through it. Once per process: later calls return the first
+// every function of the table through it; when one is missing the library is closed again
+// (GLib's GObject stays: it cannot be unloaded). Once per process: later calls return the first
 // one's result. NULL on success, else why it failed (static storage).
 const char *_Nullable kioskauth_fprint_load(void);
-
-// Whether libfprint is mapped in this process (loaded by kioskauth_fprint_load or otherwise).
-int kioskauth_fprint_is_mapped(void);
 
 #define KIOSKAUTH_FPRINT_LIBRARY "libfprint-2.so.2"
