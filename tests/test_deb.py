@@ -157,6 +157,8 @@ def test_packages_dependOnlyOnDebianLibraries(packages):
         # exported (Swift's static link exports them all: tens of thousands, which every start
         # then searched through).
         dynamic = run(["readelf", "-d", scratch / program]).stdout
+        # No library search path of its own ($ORIGIN: /usr/sbin first, for libfprint's dlopen too).
+        assert not re.search(r"\((RUNPATH|RPATH)\)", dynamic), (program, dynamic)
         assert re.search(r"\(FLAGS\)\s+BIND_NOW", dynamic) and re.search(r"\(FLAGS_1\).*\bNOW\b", dynamic), dynamic
         exported = run(["nm", "-D", "--defined-only", scratch / program]).stdout.splitlines()
         assert len(exported) < 100, f"{program} exports {len(exported)} dynamic symbols"
