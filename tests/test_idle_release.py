@@ -139,10 +139,12 @@ def test_background_work_that_maps_code_in_is_released_without_a_call(make_daemo
                     f"[Metrics]\nTextfilePath={tmp_path / 'kioskauth.prom'}\nTextfileIntervalSec=2\n")
     d.start()
     wait_until(lambda: releases(d, "start-up"), 30, message="the start-up release")
-    wait_until(lambda: releases(d, "background"), 20, message="a release after the metrics file was written")
+    # A megabyte or more released (each write of the file maps some of it in again; a release
+    # waits for the figure to hold still first, so one that ran under a write, freeing nothing,
+    # is rare, but the next one frees what that write mapped).
+    wait_until(lambda: [r for r in releases(d, "background") if r[0] - r[1] >= 1024], 20,
+               message="a release of a megabyte or more after the metrics file was written")
     assert releases(d, "idle") == [], "no call was made"
-    before, after = releases(d, "background")[0]
-    assert before - after >= 1024, (before, after)
 
 
 def test_shutdown_is_prompt_while_a_release_waits(make_daemon):

@@ -45,6 +45,10 @@ final class IdleRelease: Sendable {
     /// Growth of file-backed resident memory since the last release that background work must
     /// have caused for a release of its own.
     static let regrowthKiB = 1024
+    /// How long, and within how much, background work's figure must hold still before it is
+    /// released: a release under work still mapping code in is undone at once.
+    static let stillFor: Duration = .milliseconds(100)
+    static let stillKiB = 64
     private let wakeups: AsyncStream<Void>
     private let wake: AsyncStream<Void>.Continuation
     /// How long start-up's release waits without a call after the store sweep (less when
@@ -157,9 +161,20 @@ final class IdleRelease: Sendable {
             }
             let after = lastRelease.load(ordering: .relaxed)
             guard after >= 0, untilQuiet(nanoseconds(quiet)) == 0 else { continue }
-            if kioskauth_resident_file_kib() - after >= Self.regrowthKiB {
-                release(reason: "background", logger: logger)
+            let grown = kioskauth_resident_file_kib()
+            guard grown - after >= Self.regrowthKiB else { continue }
+            // The work may still be running and mapping code in (the metrics file being
+            // written): released under it, its pages fault straight back. Only once the figure
+            // holds still for a moment; else the next round looks again.
+            do {
+                try await cancelWhenGracefulShutdown { try await Task.sleep(for: Self.stillFor) }
+            } catch {
+                return
             }
+            guard kioskauth_resident_file_kib() - grown < Self.stillKiB, untilQuiet(nanoseconds(quiet)) == 0 else {
+                continue
+            }
+            release(reason: "background", logger: logger)
         }
     }
 
