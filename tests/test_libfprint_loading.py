@@ -15,7 +15,9 @@ import re
 import subprocess
 from pathlib import Path
 
+from elf_residency import mapped
 from fprint_virtual import environment
+from idp_testing import set_passcode
 from kioskauth_testing import FAST_HASH_CONFIG, KIOSKAUTHD
 
 REPO = Path(__file__).resolve().parent.parent
@@ -24,17 +26,12 @@ FPRINT_TREE = re.compile(r"lib(fprint-2|glib-2\.0|gobject-2\.0|gio-2\.0|gusb|usb
 
 
 def mapped_libraries(pid: int) -> set[str]:
-    libraries = set()
-    for line in Path(f"/proc/{pid}/maps").read_text().splitlines():
-        fields = line.split()
-        if len(fields) >= 6 and ".so" in fields[5]:
-            libraries.add(Path(fields[5]).name)
-    return libraries
+    return {Path(path).name for path in mapped(pid)}
 
 
 def passcodes_work(d) -> None:
     assert d.ctl("user", "add", "sarah").returncode == 0
-    assert d.ctl("passcode", "set", "sarah", input="482913\n482913\n").returncode == 0
+    set_passcode(d, "sarah")
     assert d.ctl("passcode", "verify", "sarah", input="482913\n").returncode == 0
     assert d.ctl("passcode", "verify", "sarah", input="000000\n").returncode != 0
 

@@ -78,18 +78,14 @@ final class MainLoopThread: Sendable {
         // libfprint is loaded here, on the thread that will drive it, while the daemon's start-up
         // goes on elsewhere (CFPrint.h); in a daemon nothing has loaded it before (a later call
         // returns the first one's result).
-        do { try loadLibfprint() } catch {
+        func refuse(_ error: FingerprintError) {
             Self.contextClaimed.withLock { $0 = false }
             finishStart(with: error)
-            return
         }
+        do { try loadLibfprint() } catch { return refuse(error) }
         let context = lib.g_main_context_default()
         guard lib.g_main_context_acquire(context) != 0 else {
-            Self.contextClaimed.withLock { $0 = false }
-            finishStart(
-                with: FingerprintError(
-                    .deviceFailure, "GLib's default main context is owned by another thread"))
-            return
+            return refuse(FingerprintError(.deviceFailure, "GLib's default main context is owned by another thread"))
         }
         let loop = lib.g_main_loop_new(context, 0)
         self.loop = loop
