@@ -384,3 +384,18 @@ def test_nothing_written_on_the_way_to_ready_waits_for_an_fsync_of_its_own(tmp_p
     finally:
         daemon.close()
 
+
+
+def test_a_drop_in_directory_that_cannot_be_listed_stops_start_up_with_78():
+    """A `kioskauthd.conf.d` the daemon cannot list is refused with its path, not skipped: the
+    drop-in left out could be the one that narrows who may do what."""
+    d = Daemon()
+    try:
+        drop_ins = Path(str(d.config_path) + ".d")
+        drop_ins.write_text("[Access]\nPasscodeServices=\n")  # a file, not a directory
+        d.start(expect_ready=False)
+        assert d.wait_exit() == 78, d.log_text()
+        assert not d.notify.wait_for("READY=1", 0.01)
+        assert f"configuration: {drop_ins}:0: cannot list: Not a directory" in d.log_text()
+    finally:
+        d.close()

@@ -1,6 +1,10 @@
 public import FoundationEssentials
 public import KioskAuthFingerprint
 
+#if canImport(Glibc)
+    import Glibc
+#endif
+
 /// The daemon's configuration: `kioskauthd.conf` plus drop-ins, systemd-style INI
 /// (`[Section]`, `Key=value`, `#`/`;` comments). Every key has an embedded default, so the
 /// daemon runs with no file at all. The README and kioskauthd.conf(5) list every key.
@@ -172,23 +176,75 @@ public struct DaemonConfiguration: Sendable {
         public var description: String { "\(file):\(line): \(message)" }
     }
 
-    /// Loads `path` (absent is fine) and then `path.d/*.conf` in lexical order; later files
-    /// override earlier ones. Unknown keys are reported through `warn` and ignored.
+    /// Loads `path` (absent is fine) and then `path.d/*.conf` in the byte order of their names
+    /// (as systemd orders drop-ins); later files override earlier ones. Unknown keys are reported
+    /// through `warn` and ignored. A drop-in directory that exists but cannot be listed, and a
+    /// file that cannot be read or is not UTF-8, are errors: a drop-in left out silently could be
+    /// the one that narrows who may do what.
+    ///
+    /// Plain system calls, not `FileManager`: the file manager's first use (and the error it builds
+    /// for a directory that is not there) cost about 0.4 ms of every start, before anything else.
     public static func load(path: String, warn: (String) -> Void) throws(ParseError) -> DaemonConfiguration {
         var configuration = DaemonConfiguration()
         var files: [String] = []
-        if FileManager.default.fileExists(atPath: path) { files.append(path) }
-        let dropInDirectory = path + ".d"
-        if let names = try? FileManager.default.contentsOfDirectory(atPath: dropInDirectory) {
-            files += names.filter { $0.hasSuffix(".conf") }.sorted().map { dropInDirectory + "/" + $0 }
-        }
+        if Glibc.access(path, F_OK) == 0 { files.append(path) }
+        files += try dropIns(in: path + ".d")
         for file in files {
-            guard let text = try? String(contentsOfFile: file, encoding: .utf8) else {
-                throw ParseError(file: file, line: 0, message: "cannot read")
-            }
-            try configuration.apply(text, file: file, warn: warn)
+            try configuration.apply(try readText(file), file: file, warn: warn)
         }
         return configuration
+    }
+
+    /// The paths of the `*.conf` entries of `directory`, in the byte order of their names; none
+    /// when it does not exist.
+    static func dropIns(in directory: String) throws(ParseError) -> [String] {
+        guard let stream = opendir(directory) else {
+            if errno == ENOENT { return [] }
+            throw ParseError(file: directory, line: 0, message: "cannot list: \(String(cString: strerror(errno)))")
+        }
+        defer { closedir(stream) }
+        var names: [[UInt8]] = []
+        while true {
+            errno = 0
+            guard let entry = readdir(stream) else {
+                guard errno == 0 else {
+                    throw ParseError(
+                        file: directory, line: 0, message: "cannot list: \(String(cString: strerror(errno)))")
+                }
+                break
+            }
+            let name = withUnsafeBytes(of: entry.pointee.d_name) { raw in
+                Array(raw.prefix(while: { $0 != 0 }))
+            }
+            if name.count > 5, name.suffix(5).elementsEqual(".conf".utf8) { names.append(name) }
+        }
+        return names.sorted { $0.lexicographicallyPrecedes($1) }.map {
+            directory + "/" + String(decoding: $0, as: UTF8.self)
+        }
+    }
+
+    /// The whole of the file at `path`, which must be UTF-8.
+    static func readText(_ path: String) throws(ParseError) -> String {
+        let fd = open(path, O_RDONLY | O_CLOEXEC)
+        guard fd >= 0 else {
+            throw ParseError(file: path, line: 0, message: "cannot read: \(String(cString: strerror(errno)))")
+        }
+        defer { close(fd) }
+        var bytes: [UInt8] = []
+        var chunk = [UInt8](repeating: 0, count: 16_384)
+        while true {
+            let count = chunk.withUnsafeMutableBytes { read(fd, $0.baseAddress, $0.count) }
+            if count == 0 { break }
+            guard count > 0 else {
+                if errno == EINTR { continue }
+                throw ParseError(file: path, line: 0, message: "cannot read: \(String(cString: strerror(errno)))")
+            }
+            bytes += chunk.prefix(count)
+        }
+        guard let text = String(validating: bytes, as: UTF8.self) else {
+            throw ParseError(file: path, line: 0, message: "cannot read: not UTF-8 text")
+        }
+        return text
     }
 
     /// Applies one file's text.
