@@ -59,8 +59,8 @@ public final class Authority {
         self.fleet = FleetAgent(
             store: store, configuration: configuration.fleet, credentialsDirectory: credentialsDirectory,
             logger: logger, now: now,
-            readerTags: {
-                guard let first = await reader?.readers.first else { return nil }
+            readerTags: { [context] in
+                guard let first = await context.reader?.readers.first else { return nil }
                 return FleetReaderTags(driver: first.driver, deviceType: first.name, isMatchOnChip: first.hasStorage)
             },
             apply: { changes, fleet in await credentials.applyFleetChanges(changes, fleet) },
@@ -99,6 +99,11 @@ public final class Authority {
 
     /// `GetStatus` on the connection's event loop (see `TerminalAuthority.immediateStatus`).
     nonisolated func immediateStatus(_ caller: Caller) -> Message.Status? { terminal.immediateStatus(caller) }
+
+    /// Attaches the reader service once its start finished. Start-up builds the authority and
+    /// records the start while libfprint still comes up on its own thread, and attaches the reader
+    /// before it reconciles the sensor and serves anything.
+    public func attach(reader: FingerprintReader?) { context.attach(reader: reader) }
 
     /// Loads the online state (see `OnlineAuthority.startOnline`).
     public func startOnline() { online.startOnline() }

@@ -20,8 +20,10 @@ final class AuthorityContext {
     let startedAt: Date
     let isSocketActivated: Bool
     let usesDevelopmentKey: Bool
-    /// The fingerprint reader service; nil when fingerprints are disabled.
-    let reader: FingerprintReader?
+    /// The fingerprint reader service; nil when fingerprints are disabled or libfprint could not
+    /// be started. The daemon attaches it once its start finished (`Authority.attach(reader:)`),
+    /// before anything is served.
+    private(set) var reader: FingerprintReader?
     /// The clock, the identity provider, the event hub and audit delivery.
     let services: OnlineServices
     let access: AccessControl
@@ -55,6 +57,8 @@ final class AuthorityContext {
             metrics: services.metrics,
             refusalSummaryInterval: configuration.access.refusalSummaryInterval)
     }
+
+    func attach(reader: FingerprintReader?) { self.reader = reader }
 
     // MARK: Steady time
 

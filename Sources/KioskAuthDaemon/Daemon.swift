@@ -156,7 +156,7 @@ public enum Daemon {
         timeline.mark("socket")
         try await serve(
             paths: paths, loaded: loaded, store: store, keySource: source, clock: clock, notifier: notifier,
-            reader: await readerStart?.value, listener: listener, eventLoops: eventLoops,
+            readerStart: readerStart, listener: listener, eventLoops: eventLoops,
             lookups: await lookups.value, timeline: timeline)
     }
 
@@ -284,16 +284,16 @@ public enum Daemon {
         return (store, source)
     }
 
-    /// Starts the reader, the identity provider, the authority and the long-lived services, serves
-    /// the socket until SIGTERM/SIGINT, and shuts down.
+    /// Starts the identity provider, the authority and the long-lived services, attaches the
+    /// reader once `readerStart` finished, serves the socket until SIGTERM/SIGINT, and shuts down.
     static func serve(
         paths: DaemonPaths, loaded: LoadedConfiguration, store: Store, keySource source: StoreKeySource,
-        clock: DaemonClock, notifier: SystemdNotifier, reader: FingerprintReader?, listener: VarlinkListener,
+        clock: DaemonClock, notifier: SystemdNotifier, readerStart: Task<FingerprintReader?, Never>?,
+        listener: VarlinkListener,
         eventLoops: MultiThreadedEventLoopGroup, lookups: (groups: AccessGroups, processors: Int),
         timeline: StartupTimeline
     ) async throws {
         var timeline = timeline
-        timeline.mark("reader")
         let configuration = loaded.configuration
         let logger = loaded.logger
         let readyLogger = logger
@@ -309,7 +309,6 @@ public enum Daemon {
                 steps: configuration.store.passcodeHashPriority, workers: hashWorkers, processors: lookups.processors,
                 logger: logger))
         timeline.mark("groups")
-        // The reader was started before the socket is served, so READY=1 means readers present are usable.
         var provider: IdentityProviderClient?
         if let identityProviderConfiguration {
             do {
@@ -317,6 +316,7 @@ public enum Daemon {
             } catch {
                 await listener.abandon()
                 try? await eventLoops.shutdownGracefully()
+                if let reader = await readerStart?.value { await reader.shutdown() }
                 throw StartupError(
                     message: "configuration: [IdentityProvider]: \(error)", exitCode: StartupError.configurationExitCode
                 )
@@ -337,7 +337,7 @@ public enum Daemon {
             store: store, configuration: configuration, groups: lookups.groups, hashingPool: hashingPool,
             isSocketActivated: listener.isInherited,
             usesDevelopmentKey: { if case .developmentKeyFile = source { true } else { false } }(),
-            reader: reader, logger: logger, services: onlineServices,
+            reader: nil, logger: logger, services: onlineServices,
             credentialsDirectory: paths.credentialsDirectory, fleetEventLoops: eventLoops, now: { clock.now() })
         timeline.mark("authority")
         // The method table (generic metadata for every method's input and reply types, about
@@ -352,12 +352,20 @@ public enum Daemon {
         await authority.recordInterruptedPasscodeChecks()
         timeline.mark("audit")
         await authority.startOnline()
+        timeline.mark("online")
+        // libfprint has come up on its own thread meanwhile (its library load, USB and udev
+        // enumeration, opening the readers found), while the steps above ran here; nothing needs
+        // it before the sensor is reconciled. Attached before anything is served, so READY=1
+        // still means the readers present are usable.
+        let reader = await readerStart?.value
+        await authority.attach(reader: reader)
+        timeline.mark("reader")
         // Commits are durable again from here (Store.holdSyncsUntilServing): reconciling a reader
         // that keeps prints itself may delete some from it, which cannot be undone, so its record
         // must not wait for the background sync.
         store.serving()
         await authority.reconcileSensor()
-        timeline.mark("online")
+        timeline.mark("sensor")
         let startup = timeline
 
         let (serving, servingContinuation) = AsyncStream<Void>.makeStream()
