@@ -190,7 +190,11 @@ public struct DaemonConfiguration: Sendable {
         if Glibc.access(path, F_OK) == 0 { files.append(path) }
         files += try dropIns(in: path + ".d")
         for file in files {
-            try configuration.apply(try readText(file), file: file, warn: warn)
+            let text: String
+            do { text = try TextFile.read(file) } catch {
+                throw ParseError(file: file, line: 0, message: error.message)
+            }
+            try configuration.apply(text, file: file, warn: warn)
         }
         return configuration
     }
@@ -221,30 +225,6 @@ public struct DaemonConfiguration: Sendable {
         return names.sorted { $0.lexicographicallyPrecedes($1) }.map {
             directory + "/" + String(decoding: $0, as: UTF8.self)
         }
-    }
-
-    /// The whole of the file at `path`, which must be UTF-8.
-    static func readText(_ path: String) throws(ParseError) -> String {
-        let fd = open(path, O_RDONLY | O_CLOEXEC)
-        guard fd >= 0 else {
-            throw ParseError(file: path, line: 0, message: "cannot read: \(String(cString: strerror(errno)))")
-        }
-        defer { close(fd) }
-        var bytes: [UInt8] = []
-        var chunk = [UInt8](repeating: 0, count: 16_384)
-        while true {
-            let count = chunk.withUnsafeMutableBytes { read(fd, $0.baseAddress, $0.count) }
-            if count == 0 { break }
-            guard count > 0 else {
-                if errno == EINTR { continue }
-                throw ParseError(file: path, line: 0, message: "cannot read: \(String(cString: strerror(errno)))")
-            }
-            bytes += chunk.prefix(count)
-        }
-        guard let text = String(validating: bytes, as: UTF8.self) else {
-            throw ParseError(file: path, line: 0, message: "cannot read: not UTF-8 text")
-        }
-        return text
     }
 
     /// Applies one file's text.

@@ -27,7 +27,7 @@ public struct SystemAccounts: Sendable {
     /// The system's password database (getpwnam), and `SYS_UID_MAX` from `loginDefs`
     /// (999 when it is absent or does not set it).
     public static func system(loginDefs: String = "/etc/login.defs") -> SystemAccounts {
-        let text = (try? String(contentsOfFile: loginDefs, encoding: .utf8)) ?? ""
+        let text = (try? TextFile.read(loginDefs)) ?? ""
         return SystemAccounts(
             uidOfAccount: { name in passwordEntryUID(name) },
             accountOfUID: { uid in passwordEntryName(uid) },

@@ -8,17 +8,41 @@ public enum AccountBinding {
     /// or ``defaultSystemUIDMax`` when it sets none (or an unreadable one). The last setting wins,
     /// as in shadow's own reader.
     ///
-    /// Read as bytes: this runs at every start, and splitting Debian's 12 KB login.defs into
-    /// Characters (grapheme breaking) cost more than the rest of the configuration together.
+    /// Read as bytes in one pass, with nothing allocated: this runs at every start, and splitting
+    /// Debian's 12 KB login.defs into Characters (grapheme breaking), and later into arrays of
+    /// lines and fields, cost more than the rest of the configuration together.
     public static func systemUIDMax(loginDefs text: String) -> Int {
-        var result = defaultSystemUIDMax
-        let key = "SYS_UID_MAX".utf8
-        for line in text.utf8.split(whereSeparator: { (0x0A...0x0D).contains($0) }) {
-            let fields = line.split(whereSeparator: { $0 == UInt8(ascii: " ") || $0 == UInt8(ascii: "\t") })
-            guard fields.count >= 2, fields[0].elementsEqual(key) else { continue }
-            if let value = Int(Substring(fields[1])), value >= 0 { result = value }
+        var text = text
+        return text.withUTF8 { bytes in
+            var result = defaultSystemUIDMax
+            var index = 0
+            while index < bytes.count {
+                var end = index
+                while end < bytes.count, !(0x0A...0x0D).contains(bytes[end]) { end += 1 }
+                if let value = settingValue(UnsafeBufferPointer(rebasing: bytes[index..<end])) { result = value }
+                index = end + 1
+            }
+            return result
         }
-        return result
+    }
+
+    /// The value of a `SYS_UID_MAX VALUE` line: its first two fields (separated by spaces and
+    /// tabs), when the first is the key and the second a number from 0 up; nil for any other line.
+    private static func settingValue(_ line: UnsafeBufferPointer<UInt8>) -> Int? {
+        func isBlank(_ byte: UInt8) -> Bool { byte == UInt8(ascii: " ") || byte == UInt8(ascii: "\t") }
+        var start = 0
+        while start < line.count, isBlank(line[start]) { start += 1 }
+        var end = start
+        while end < line.count, !isBlank(line[end]) { end += 1 }
+        guard line[start..<end].elementsEqual("SYS_UID_MAX".utf8) else { return nil }
+        var valueStart = end
+        while valueStart < line.count, isBlank(line[valueStart]) { valueStart += 1 }
+        var valueEnd = valueStart
+        while valueEnd < line.count, !isBlank(line[valueEnd]) { valueEnd += 1 }
+        guard valueStart < valueEnd, let value = Int(String(decoding: line[valueStart..<valueEnd], as: UTF8.self)),
+            value >= 0
+        else { return nil }
+        return value
     }
 
     /// Why a person may not be bound to `uid`, or nil when they may: uid 0 and system uids (at or
