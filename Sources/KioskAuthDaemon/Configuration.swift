@@ -177,17 +177,23 @@ public struct DaemonConfiguration: Sendable {
     }
 
     /// Loads `path` (absent is fine) and then `path.d/*.conf` in the byte order of their names
-    /// (as systemd orders drop-ins); later files override earlier ones. Unknown keys are reported
-    /// through `warn` and ignored. A drop-in directory that exists but cannot be listed, and a
-    /// file that cannot be read or is not UTF-8, are errors: a drop-in left out silently could be
-    /// the one that narrows who may do what.
+    /// (as systemd orders drop-ins; hidden names, starting with `.`, are skipped as systemd skips
+    /// them); later files override earlier ones. Unknown keys are reported through `warn` and
+    /// ignored. A main file or drop-in directory that exists but cannot be read or listed, a
+    /// drop-in whose name is not UTF-8, and a file that is not UTF-8 (a leading byte-order mark
+    /// is fine) are errors: a drop-in left out silently could be the one that narrows who may do
+    /// what.
     ///
     /// Plain system calls, not `FileManager`: the file manager's first use (and the error it builds
     /// for a directory that is not there) cost about 0.4 ms of every start, before anything else.
     public static func load(path: String, warn: (String) -> Void) throws(ParseError) -> DaemonConfiguration {
         var configuration = DaemonConfiguration()
         var files: [String] = []
-        if Glibc.access(path, F_OK) == 0 { files.append(path) }
+        if Glibc.access(path, F_OK) == 0 {
+            files.append(path)
+        } else if errno != ENOENT {
+            throw ParseError(file: path, line: 0, message: "cannot read: \(String(cString: strerror(errno)))")
+        }
         files += try dropIns(in: path + ".d")
         for file in files {
             let text: String
@@ -220,10 +226,18 @@ public struct DaemonConfiguration: Sendable {
             let name = withUnsafeBytes(of: entry.pointee.d_name) { raw in
                 Array(raw.prefix(while: { $0 != 0 }))
             }
-            if name.count > 5, name.suffix(5).elementsEqual(".conf".utf8) { names.append(name) }
+            guard name.first != UInt8(ascii: "."), name.count > 5, name.suffix(5).elementsEqual(".conf".utf8) else {
+                continue
+            }
+            names.append(name)
         }
-        return names.sorted { $0.lexicographicallyPrecedes($1) }.map {
-            directory + "/" + String(decoding: $0, as: UTF8.self)
+        return try names.sorted { $0.lexicographicallyPrecedes($1) }.map { (name) throws(ParseError) in
+            guard let text = String(validating: name, as: UTF8.self) else {
+                throw ParseError(
+                    file: directory + "/" + String(decoding: name, as: UTF8.self), line: 0,
+                    message: "cannot read: the name is not UTF-8")
+            }
+            return directory + "/" + text
         }
     }
 

@@ -22,8 +22,9 @@ public struct DaemonPaths: Sendable {
 
     public init(
         configuration: String?, stateDirectory: String?, runtimeDirectory: String?, socket: String?,
-        environment: [String: String] = ProcessInfo.processInfo.environment
+        environment given: [String: String]? = nil
     ) {
+        let environment = EnvironmentLookup(given)
         // systemd may pass several directories separated by ':'; the first is ours.
         func first(_ value: String?) -> String? { value?.split(separator: ":").first.map(String.init) }
         self.configuration = configuration ?? "/etc/kioskauth/kioskauthd.conf"

@@ -27,12 +27,10 @@ public struct DaemonClock: Sendable {
     var source: (@Sendable () -> ClockReading)? = nil
 
     /// The system clocks.
-    public static func system(environment: [String: String] = ProcessInfo.processInfo.environment) -> DaemonClock {
-        let bootID =
-            (try? String(contentsOfFile: "/proc/sys/kernel/random/boot_id", encoding: .utf8))?
-            .trimmingWhitespace() ?? ""
+    public static func system(environment: [String: String]? = nil) -> DaemonClock {
+        let bootID = (try? TextFile.read("/proc/sys/kernel/random/boot_id"))?.trimmingWhitespace() ?? ""
         #if DEBUG
-            let file = environment["KIOSKAUTH_TEST_CLOCK_FILE"].flatMap { $0.isEmpty ? nil : $0 }
+            let file = EnvironmentLookup(environment)["KIOSKAUTH_TEST_CLOCK_FILE"].flatMap { $0.isEmpty ? nil : $0 }
             return DaemonClock(bootID: bootID.isEmpty ? "unknown-boot" : bootID, testClockFile: file)
         #else
             return DaemonClock(bootID: bootID.isEmpty ? "unknown-boot" : bootID)

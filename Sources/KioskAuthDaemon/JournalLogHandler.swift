@@ -59,9 +59,10 @@ public struct JournalLogHandler: LogHandler {
         }
     }
 
-    /// One line, newline included. Line breaks inside the message and the values are written as
-    /// `\n` and `\r`, so one event is always one line: a value from outside (a reason an identity
-    /// provider gave, say) cannot start a line of its own, with a priority prefix of its own.
+    /// One line, newline included. What ends a line for journald's stream (LF, and NUL) and CR
+    /// inside the message and the values are written as `\n`, `\0` and `\r`, so one event is
+    /// always one line: a value from outside (a reason an identity provider gave, say) cannot
+    /// start a line of its own, with a priority prefix of its own.
     ///
     /// Built from bytes: the daemon logs on every audited call and at every start, and the
     /// Character-based replacing and quoting this replaced cost tens of microseconds a line.
@@ -81,24 +82,27 @@ public struct JournalLogHandler: LogHandler {
         return text
     }
 
-    /// `message` with its line feeds and carriage returns written as `\n` and `\r`.
+    /// `message` with its line feeds, carriage returns and NULs written as `\n`, `\r` and `\0`.
     static func singleLine(_ message: String) -> String {
-        guard message.utf8.contains(where: { $0 == 0x0A || $0 == 0x0D }) else { return message }
+        guard message.utf8.contains(where: { $0 == 0x0A || $0 == 0x0D || $0 == 0 }) else { return message }
         var bytes: [UInt8] = []
         bytes.reserveCapacity(message.utf8.count + 8)
         for byte in message.utf8 {
             switch byte {
             case 0x0A: bytes += [0x5C, 0x6E]
             case 0x0D: bytes += [0x5C, 0x72]
+            case 0x00: bytes += [0x5C, 0x30]
             default: bytes.append(byte)
             }
         }
         return String(decoding: bytes, as: UTF8.self)
     }
 
-    /// A metadata value as one token: quoted when it is empty or has spaces, quotes, `=` or line
-    /// breaks (any of Unicode's: LF, VT, FF, CR, NEL, LS, PS); inside the quotes `"` and `\` are
-    /// escaped, and LF and CR written as `\n` and `\r`.
+    /// A metadata value as one token: quoted when it is empty or has spaces, quotes, `=`, NULs or
+    /// line breaks (any of Unicode's: LF, VT, FF, CR, NEL, LS, PS); inside the quotes `"` and `\`
+    /// are escaped, and LF, CR and NUL written as `\n`, `\r` and `\0`. Scalar by scalar: a quote
+    /// or a space followed by a combining mark is quoted too (the Character-based quoting before
+    /// it saw one Character there, neither a quote nor a space, and let it through).
     static func quoted(_ value: String) -> String {
         // Printable ASCII other than space, quote and `=`: most values, taken as they are.
         if !value.isEmpty,
@@ -109,7 +113,7 @@ public struct JournalLogHandler: LogHandler {
         let needsQuotes =
             value.isEmpty
             || value.unicodeScalars.contains {
-                $0 == " " || $0 == "\"" || $0 == "=" || ("\n"..."\r").contains($0) || $0 == "\u{85}"
+                $0 == " " || $0 == "\"" || $0 == "=" || $0 == "\0" || ("\n"..."\r").contains($0) || $0 == "\u{85}"
                     || $0 == "\u{2028}" || $0 == "\u{2029}"
             }
         guard needsQuotes else { return value }
@@ -120,6 +124,7 @@ public struct JournalLogHandler: LogHandler {
             case "\\": out += "\\\\"
             case "\n": out += "\\n"
             case "\r": out += "\\r"
+            case "\0": out += "\\0"
             default: out.unicodeScalars.append(scalar)
             }
         }

@@ -27,7 +27,8 @@ public struct SystemAccounts: Sendable {
     /// The system's password database (getpwnam), and `SYS_UID_MAX` from `loginDefs`
     /// (999 when it is absent or does not set it).
     public static func system(loginDefs: String = "/etc/login.defs") -> SystemAccounts {
-        let text = (try? TextFile.read(loginDefs)) ?? ""
+        // Not required to be UTF-8: a stray Latin-1 byte in a comment must not hide the setting.
+        let text = (try? TextFile.bytes(loginDefs)).map { String(decoding: $0, as: UTF8.self) } ?? ""
         return SystemAccounts(
             uidOfAccount: { name in passwordEntryUID(name) },
             accountOfUID: { uid in passwordEntryName(uid) },

@@ -14,8 +14,8 @@ public struct SystemdNotifier: Sendable {
     private let socketPath: String?
 
     /// Reads `NOTIFY_SOCKET` from `environment`; with none set, notifications do nothing.
-    public init(environment: [String: String] = ProcessInfo.processInfo.environment) {
-        socketPath = environment["NOTIFY_SOCKET"].flatMap { $0.isEmpty ? nil : $0 }
+    public init(environment: [String: String]? = nil) {
+        socketPath = EnvironmentLookup(environment)["NOTIFY_SOCKET"].flatMap { $0.isEmpty ? nil : $0 }
     }
 
     /// Whether a service manager listens.
@@ -52,15 +52,17 @@ public struct SystemdNotifier: Sendable {
     /// The watchdog interval the manager expects, from `WATCHDOG_USEC` (and `WATCHDOG_PID`,
     /// which must be ours when set).
     public static func watchdogInterval(
-        environment: [String: String] = ProcessInfo.processInfo.environment
+        environment given: [String: String]? = nil
     ) -> Duration? {
+        let environment = EnvironmentLookup(given)
         guard let text = environment["WATCHDOG_USEC"], let usec = UInt64(text), usec > 0 else { return nil }
         if let pid = environment["WATCHDOG_PID"], Int32(pid) != getpid() { return nil }
         return .microseconds(usec)
     }
 
     /// The first socket passed by the manager (`LISTEN_FDS`, fd 3), when it is for us.
-    public static func listenedSocket(environment: [String: String] = ProcessInfo.processInfo.environment) -> Int32? {
+    public static func listenedSocket(environment given: [String: String]? = nil) -> Int32? {
+        let environment = EnvironmentLookup(given)
         guard let count = environment["LISTEN_FDS"].flatMap(Int.init), count >= 1 else { return nil }
         if let pid = environment["LISTEN_PID"], Int32(pid) != getpid() { return nil }
         let fd: Int32 = 3

@@ -5,6 +5,20 @@
     import Glibc
 #endif
 
+/// The process environment, one variable at a time (`getenv`), or the dictionary a test gives.
+/// `ProcessInfo.environment` builds a dictionary of every variable on each use, and start-up
+/// read it five times.
+struct EnvironmentLookup: Sendable {
+    private let given: [String: String]?
+
+    init(_ given: [String: String]?) { self.given = given }
+
+    subscript(_ name: String) -> String? {
+        if let given { return given[name] }
+        return getenv(name).map { String(cString: $0) }
+    }
+}
+
 /// Reading a small text file with plain system calls: what start-up reads (the configuration,
 /// login.defs) is read before anything else runs, and the first use of FoundationEssentials' file
 /// reading costs a good part of a millisecond there.
@@ -14,8 +28,19 @@ enum TextFile {
         var message: String
     }
 
-    /// The whole of the file at `path`, which must be UTF-8.
+    /// The whole of the file at `path`, which must be UTF-8; a leading byte-order mark is dropped
+    /// (as systemd's own parser and FoundationEssentials' reading did).
     static func read(_ path: String) throws(Failure) -> String {
+        var bytes = try self.bytes(path)
+        if bytes.starts(with: [0xEF, 0xBB, 0xBF]) { bytes.removeFirst(3) }
+        guard let text = String(validating: bytes, as: UTF8.self) else {
+            throw Failure(message: "cannot read: not UTF-8 text")
+        }
+        return text
+    }
+
+    /// The whole of the file at `path`, as it is.
+    static func bytes(_ path: String) throws(Failure) -> [UInt8] {
         let fd = open(path, O_RDONLY | O_CLOEXEC)
         guard fd >= 0 else { throw Failure(message: "cannot read: \(String(cString: strerror(errno)))") }
         defer { close(fd) }
@@ -30,10 +55,7 @@ enum TextFile {
             }
             bytes += chunk.prefix(count)
         }
-        guard let text = String(validating: bytes, as: UTF8.self) else {
-            throw Failure(message: "cannot read: not UTF-8 text")
-        }
-        return text
+        return bytes
     }
 }
 

@@ -61,11 +61,16 @@ import Testing
                 "keep.conf": "[Daemon]\nLogLevel=debug\n",
                 "skip.conf.orig": "[Daemon]\nLogLevel=error\n",
                 "skip.conf~": "[Daemon]\nLogLevel=error\n",
-                ".conf": "[Daemon]\nLogLevel=error\n",
+                // Hidden names are skipped, as systemd skips them (an editor's lock file, say);
+                // these sort after keep.conf and set what nothing else sets.
+                ".conf": "[Daemon]\nIdleReleaseSec=5\n",
+                ".~lock.z.conf": "[Daemon]\nIdleReleaseSec=6\n",
                 "README": "not a configuration file",
+                "zz.conf.d": "[Daemon]\nIdleReleaseSec=7\n",
             ])
         let (configuration, warnings) = try directory.load()
         #expect(configuration.logLevel == "debug")
+        #expect(configuration.idleRelease == DaemonConfiguration().idleRelease)
         #expect(warnings.isEmpty)
     }
 
@@ -95,11 +100,52 @@ import Testing
         #expect(error?.message == "cannot read: not UTF-8 text")
     }
 
+    @Test func aLeadingByteOrderMark_isDropped() throws {
+        let directory = try Directory(main: nil)
+        try Data([0xEF, 0xBB, 0xBF] + Array("[Daemon]\nLogLevel=debug\n".utf8)).write(
+            to: URL(fileURLWithPath: directory.path))
+        let (configuration, warnings) = try directory.load()
+        #expect(configuration.logLevel == "debug")
+        #expect(warnings.isEmpty)
+    }
+
+    @Test func aDropInWhoseNameIsNotUTF8_isRefused() throws {
+        let directory = try Directory(main: nil, dropIns: ["a.conf": "[Daemon]\nLogLevel=debug\n"])
+        let name = Array((directory.dropIns + "/b").utf8) + [0xFF] + Array(".conf".utf8) + [0]
+        let fd = name.withUnsafeBufferPointer { bytes in
+            bytes.withMemoryRebound(to: CChar.self) { open($0.baseAddress!, O_WRONLY | O_CREAT | O_EXCL, 0o600) }
+        }
+        #expect(fd >= 0)
+        close(fd)
+        let error = #expect(throws: DaemonConfiguration.ParseError.self) { try directory.load() }
+        #expect(error?.message == "cannot read: the name is not UTF-8")
+    }
+
+    @Test func aMainFileThatCannotBeLookedAt_isRefused_notTakenAsAbsent() throws {
+        let directory = try Directory(main: nil)
+        try FileManager.default.createSymbolicLink(atPath: directory.path, withDestinationPath: directory.path)
+        let error = #expect(throws: DaemonConfiguration.ParseError.self) { try directory.load() }
+        #expect(error?.file == directory.path)
+        #expect(error?.message == "cannot read: Too many levels of symbolic links")
+    }
+
     @Test func aLargeFile_isReadWhole() throws {
         // Longer than one read: the key at the end still applies.
         let padding = String(repeating: "# padding line of a long comment block\n", count: 2_000)
         let directory = try Directory(main: "[Daemon]\n" + padding + "LogLevel=debug\n")
         let (configuration, _) = try directory.load()
         #expect(configuration.logLevel == "debug")
+    }
+}
+
+/// `SystemAccounts.system` reads login.defs as bytes: text that is not UTF-8 elsewhere in the
+/// file must not hide `SYS_UID_MAX` (and so make uids below it bindable).
+@Suite struct LoginDefsReadingTests {
+    @Test func aLatin1ByteInAComment_doesNotHideTheSetting() throws {
+        let path = FileManager.default.temporaryDirectory.appendingPathComponent("login.defs-\(UUID())").path
+        defer { try? FileManager.default.removeItem(atPath: path) }
+        try Data(Array("# Voreinstellungen f".utf8) + [0xFC] + Array("r Benutzer\nSYS_UID_MAX 1999\n".utf8)).write(
+            to: URL(fileURLWithPath: path))
+        #expect(SystemAccounts.system(loginDefs: path).systemUIDMax == 1999)
     }
 }

@@ -32,7 +32,23 @@ import Testing
         )
     }
 
-    /// What the Character-based quoting before it did, for every value without CR or LF.
+    /// journald's stream ends a line at a NUL too.
+    @Test func nulsInTheMessageAndTheValues_stayInsideTheOneLine() {
+        let text = Self.line("refused\0<3>forged", ["reason": .string("x\0<2>y")])
+        #expect(!text.utf8.contains(0))
+        #expect(text == "<6>refused\\0<3>forged reason=\"x\\0<2>y\"\n")
+    }
+
+    /// A quote, a space or `=` followed by a combining mark is one Character, which the quoting
+    /// before this looked at whole and let through; it is quoted (and escaped) now.
+    @Test func aQuoteOrSpaceFollowedByACombiningMark_isQuoted() {
+        #expect(JournalLogHandler.quoted("a \u{301}b") == "\"a \u{301}b\"")
+        #expect(JournalLogHandler.quoted("\"\u{301}") == "\"\\\"\u{301}\"")
+        #expect(JournalLogHandler.quoted("k=\u{301}v") == "\"k=\u{301}v\"")
+    }
+
+    /// What the Character-based quoting before it did, for every value without CR, LF, NUL, or a
+    /// quote, space or `=` followed by a combining mark.
     static func reference(_ value: String) -> String {
         guard value.isEmpty || value.contains(where: { $0 == " " || $0 == "\"" || $0 == "=" || $0.isNewline }) else {
             return value
@@ -62,7 +78,7 @@ import Testing
     /// Every code point, alone and between letters.
     @Test func quoting_matchesTheReference_forEveryCodePoint() {
         var differing: [UInt32] = []
-        for value in UInt32(0)...0x10FFFF where value != 0x0A && value != 0x0D {
+        for value in UInt32(1)...0x10FFFF where value != 0x0A && value != 0x0D {
             guard let scalar = Unicode.Scalar(value) else { continue }
             for text in ["\(scalar)", "a\(scalar)b"]
             where JournalLogHandler.quoted(text) != Self.reference(text) {

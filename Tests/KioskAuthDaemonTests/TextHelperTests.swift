@@ -40,4 +40,15 @@ import Testing
             #expect(text.trimmingWhitespace(newlines: false) == text.trimmingCharacters(in: .whitespaces))
         }
     }
+
+    /// On a Substring that starts inside its string (a configuration value after `Key=`): the
+    /// indices the trimming finds are the base string's.
+    @Test func trimmingWhitespace_ofASubstring_isWhatFoundationTrims() {
+        for text in Self.samples {
+            let line = "Kéy=" + text + "\u{2003}tail"
+            let value = line[line.index(line.startIndex, offsetBy: 4)..<line.index(line.endIndex, offsetBy: -5)]
+            #expect(value.trimmingWhitespace() == value.trimmingCharacters(in: .whitespacesAndNewlines))
+            #expect(value.trimmingWhitespace(newlines: false) == value.trimmingCharacters(in: .whitespaces))
+        }
+    }
 }
