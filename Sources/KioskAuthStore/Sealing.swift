@@ -1,6 +1,10 @@
 public import Crypto
 public import FoundationEssentials
 
+#if canImport(Glibc)
+    import Glibc
+#endif
+
 /// The store key: 32 secret bytes from which every other key is derived. Held as a
 /// `SymmetricKey`, which wipes itself; never logged.
 public struct StoreKey: Sendable {
@@ -30,10 +34,64 @@ public struct StoreKey: Sendable {
         try key.withUnsafeBytes(body)
     }
 
-    /// A subkey for one purpose; purposes never share a key.
+    /// A subkey for one purpose; purposes never share a key: HKDF-SHA256 (RFC 5869) of the store
+    /// key, salted with `kioskauth store v1`, with `purpose` as the info, 32 bytes long.
+    ///
+    /// The same bytes as swift-crypto's `HKDF<SHA256>.deriveKey` (the tests compare them), written
+    /// out over `SHA256` (`StoreHKDF`): the store derives five subkeys before it can serve, and
+    /// the generic HKDF spent most of its time there instantiating its generic code (a good part
+    /// of a millisecond of every start).
     func derived(for purpose: String) -> SymmetricKey {
-        HKDF<SHA256>.deriveKey(
-            inputKeyMaterial: key, salt: Data("kioskauth store v1".utf8), info: Data(purpose.utf8), outputByteCount: 32)
+        var info = Array(purpose.utf8)
+        info.append(1)  // the counter of the one output block
+        var block = key.withUnsafeBytes { inputKeyMaterial in
+            var pseudoRandomKey = StoreHKDF.hmacSHA256(key: StoreHKDF.salt, message: inputKeyMaterial)
+            defer { StoreHKDF.wipe(&pseudoRandomKey) }
+            return info.withUnsafeBytes { StoreHKDF.hmacSHA256(key: pseudoRandomKey, message: $0) }
+        }
+        defer { StoreHKDF.wipe(&block) }
+        return SymmetricKey(data: block)
+    }
+}
+
+/// HMAC-SHA256 (RFC 2104) over swift-crypto's `SHA256`, for `StoreKey.derived(for:)`'s HKDF.
+enum StoreHKDF {
+    static let salt = Array("kioskauth store v1".utf8)
+    static let blockSize = 64
+
+    /// HMAC-SHA256 of `message` under `key` (any length; one longer than a block is hashed first).
+    static func hmacSHA256(key: [UInt8], message: UnsafeRawBufferPointer) -> [UInt8] {
+        key.withUnsafeBytes { hmacSHA256(key: $0, message: message) }
+    }
+
+    static func hmacSHA256(key: UnsafeRawBufferPointer, message: UnsafeRawBufferPointer) -> [UInt8] {
+        var block = [UInt8](repeating: 0, count: blockSize)
+        if key.count > blockSize {
+            var hash = SHA256()
+            hash.update(bufferPointer: key)
+            hash.finalize().withUnsafeBytes { digest in block.withUnsafeMutableBytes { $0.copyMemory(from: digest) } }
+        } else {
+            block.withUnsafeMutableBytes { $0.copyMemory(from: key) }
+        }
+        var pad = block.map { $0 ^ 0x36 }
+        var inner = SHA256()
+        pad.withUnsafeBytes { inner.update(bufferPointer: $0) }
+        inner.update(bufferPointer: message)
+        let innerDigest = inner.finalize()
+        for index in 0..<blockSize { pad[index] = block[index] ^ 0x5C }
+        var outer = SHA256()
+        pad.withUnsafeBytes { outer.update(bufferPointer: $0) }
+        innerDigest.withUnsafeBytes { outer.update(bufferPointer: $0) }
+        wipe(&block)
+        wipe(&pad)
+        return outer.finalize().withUnsafeBytes { Array($0) }
+    }
+
+    /// Zeroes key material that is done with (`explicit_bzero`: not optimised away).
+    static func wipe(_ bytes: inout [UInt8]) {
+        bytes.withUnsafeMutableBytes { buffer in
+            if let base = buffer.baseAddress { explicit_bzero(base, buffer.count) }
+        }
     }
 }
 
