@@ -111,12 +111,15 @@ public enum Daemon {
         defer { pathLock?.release() }
         // Looked up while the store opens: the access groups (a group missing from /etc/group
         // sends NSS on to systemd's module, or a directory's: about a millisecond here) and the
-        // processors the cgroup allows (the hashing pool's default size and its priority).
+        // processors the cgroup allows (the hashing pool's default size and its priority); and
+        // the metrics registry built (a fifth of a millisecond), while the store waits for its
+        // first syncs.
         let access = loaded.configuration.access
         let lookups = Task {
             (
                 groups: AccessGroups.resolve(admin: access.adminGroup, authenticator: access.authenticatorGroup),
-                processors: ProcessInfo.processInfo.activeProcessorCount
+                processors: ProcessInfo.processInfo.activeProcessorCount,
+                metrics: DaemonMetrics()
             )
         }
         let readerStart = startReader(configuration: loaded.configuration, logger: logger)
@@ -291,7 +294,8 @@ public enum Daemon {
         paths: DaemonPaths, loaded: LoadedConfiguration, store: Store, keySource source: StoreKeySource,
         clock: DaemonClock, notifier: SystemdNotifier, readerStart: Task<FingerprintReader?, Never>?,
         listener: VarlinkListener,
-        eventLoops: MultiThreadedEventLoopGroup, lookups: (groups: AccessGroups, processors: Int),
+        eventLoops: MultiThreadedEventLoopGroup,
+        lookups: (groups: AccessGroups, processors: Int, metrics: DaemonMetrics),
         timeline: StartupTimeline
     ) async throws {
         var timeline = timeline
@@ -333,7 +337,8 @@ public enum Daemon {
         if let auditEndpoint {
             logger.info("audit delivery configured", metadata: ["endpoint": "\(auditEndpoint.endpointHost)"])
         }
-        let onlineServices = OnlineServices(clock: clock, provider: provider, auditDelivery: auditMonitor)
+        let onlineServices = OnlineServices(
+            clock: clock, provider: provider, auditDelivery: auditMonitor, metrics: lookups.metrics)
         let authority = Authority(
             store: store, configuration: configuration, groups: lookups.groups, hashingPool: hashingPool,
             isSocketActivated: listener.isInherited,

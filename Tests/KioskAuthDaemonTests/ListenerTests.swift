@@ -32,6 +32,15 @@ struct ListenerTests {
     }
 
     /// `listeningSocket(at:holding:)` with the path's lock taken for the call and let go of after.
+    @Test func theSocketsDirectory_isEverythingBeforeTheLastSlash() {
+        #expect(VarlinkListener.parentDirectory(of: "/run/kioskauth/io.kioskauth") == "/run/kioskauth")
+        #expect(VarlinkListener.parentDirectory(of: "/run/kioskauth/") == "/run/kioskauth")
+        #expect(VarlinkListener.parentDirectory(of: "run//io.kioskauth") == "run/")
+        #expect(VarlinkListener.parentDirectory(of: "/io.kioskauth") == "/")
+        #expect(VarlinkListener.parentDirectory(of: "io.kioskauth") == ".")
+        #expect(VarlinkListener.parentDirectory(of: "/tmp/é/sock") == "/tmp/é")
+    }
+
     private func listenLocked(at path: String) throws -> (Int32, VarlinkListener.FileIdentity) {
         let lock = try SocketPathLock.acquire(for: path)
         defer { lock.release() }
