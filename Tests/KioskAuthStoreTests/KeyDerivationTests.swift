@@ -1,5 +1,6 @@
 import Crypto
 import Foundation
+import KioskAuthCore
 import Testing
 
 @testable import KioskAuthStore
@@ -7,16 +8,7 @@ import Testing
 /// `StoreKey.derived(for:)` is HKDF-SHA256 written out over `SHA256`: every store's keys come
 /// from it, so it must give exactly the bytes swift-crypto's own HKDF gives.
 @Suite struct KeyDerivationTests {
-    static func hex(_ text: String) -> [UInt8] {
-        var bytes: [UInt8] = []
-        var index = text.startIndex
-        while index < text.endIndex {
-            let next = text.index(index, offsetBy: 2)
-            bytes.append(UInt8(text[index..<next], radix: 16)!)
-            index = next
-        }
-        return bytes
-    }
+    static func hex(_ text: String) -> [UInt8] { Hex.decode(text)! }
 
     static func bytes(_ key: SymmetricKey) -> [UInt8] { key.withUnsafeBytes { Array($0) } }
 

@@ -1,4 +1,5 @@
 import CArgon2
+import KioskAuthCore
 import Testing
 
 @testable import KioskAuthStore
@@ -51,13 +52,4 @@ struct PasscodeHashingTests {
     }
 }
 
-private func hexBytes(_ hex: String) -> [UInt8] {
-    var bytes: [UInt8] = []
-    var index = hex.startIndex
-    while index < hex.endIndex {
-        let next = hex.index(index, offsetBy: 2)
-        bytes.append(UInt8(hex[index..<next], radix: 16)!)
-        index = next
-    }
-    return bytes
-}
+private func hexBytes(_ hex: String) -> [UInt8] { Hex.decode(hex)! }
