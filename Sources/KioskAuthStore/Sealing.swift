@@ -3,6 +3,8 @@ public import FoundationEssentials
 
 #if canImport(Glibc)
     import Glibc
+#elseif canImport(Musl)
+    import Musl
 #endif
 
 /// The store key: 32 secret bytes from which every other key is derived. Held as a
@@ -87,7 +89,11 @@ enum StoreHKDF {
         return outer.finalize().withUnsafeBytes { Array($0) }
     }
 
-    /// Zeroes key material that is done with (`explicit_bzero`: not optimised away).
+    /// Zeroes key material that is done with (`explicit_bzero`: not optimised away): the padded
+    /// key blocks, the pseudorandom key and the output once it is in a `SymmetricKey` (which wipes
+    /// its own copy). The `SHA256Digest` values in between (the inner hash, which with the public
+    /// salt gives the pseudorandom key) are immutable temporaries left to the stack, as in
+    /// swift-crypto's own HMAC; swift-crypto wipes its hash contexts itself.
     static func wipe(_ bytes: inout [UInt8]) {
         bytes.withUnsafeMutableBytes { buffer in
             if let base = buffer.baseAddress { explicit_bzero(base, buffer.count) }

@@ -31,7 +31,6 @@ struct ListenerTests {
         return fd
     }
 
-    /// `listeningSocket(at:holding:)` with the path's lock taken for the call and let go of after.
     @Test func theSocketsDirectory_isEverythingBeforeTheLastSlash() {
         #expect(VarlinkListener.parentDirectory(of: "/run/kioskauth/io.kioskauth") == "/run/kioskauth")
         #expect(VarlinkListener.parentDirectory(of: "/run/kioskauth/") == "/run/kioskauth")
@@ -41,6 +40,7 @@ struct ListenerTests {
         #expect(VarlinkListener.parentDirectory(of: "/tmp/é/sock") == "/tmp/é")
     }
 
+    /// `listeningSocket(at:holding:)` with the path's lock taken for the call and let go of after.
     private func listenLocked(at path: String) throws -> (Int32, VarlinkListener.FileIdentity) {
         let lock = try SocketPathLock.acquire(for: path)
         defer { lock.release() }
