@@ -125,11 +125,9 @@ public enum Daemon {
         let readerStart = startReader(configuration: loaded.configuration, logger: logger)
         let eventLoops = MultiThreadedEventLoopGroup(numberOfThreads: 1)
         let listening = Task { try await VarlinkListener.bind(target: target, group: eventLoops, logger: logger) }
-        // Start-up ends here without serving: whatever was started is stopped again.
         func abandon() async {
-            if let listener = try? await listening.value { await listener.abandon() }
-            try? await eventLoops.shutdownGracefully()
-            if let reader = await readerStart?.value { await reader.shutdown() }
+            await abandonStart(
+                listener: try? await listening.value, eventLoops: eventLoops, readerStart: readerStart)
         }
         #if DEBUG
             // Test-only: start-up holds here with the socket bound, so a test can connect before
@@ -162,6 +160,17 @@ public enum Daemon {
             paths: paths, loaded: loaded, store: store, keySource: source, clock: clock, notifier: notifier,
             readerStart: readerStart, listener: listener, eventLoops: eventLoops,
             lookups: await lookups.value, timeline: timeline)
+    }
+
+    /// Start-up ends without serving: whatever it started is stopped again (the socket, the event
+    /// loop, and the reader once its start finished).
+    static func abandonStart(
+        listener: VarlinkListener?, eventLoops: MultiThreadedEventLoopGroup,
+        readerStart: Task<FingerprintReader?, Never>?
+    ) async {
+        await listener?.abandon()
+        try? await eventLoops.shutdownGracefully()
+        if let reader = await readerStart?.value { await reader.shutdown() }
     }
 
     /// Starts the fingerprint reader service in the background when fingerprints are enabled;
@@ -319,9 +328,7 @@ public enum Daemon {
             do {
                 provider = try IdentityProviderClient(configuration: identityProviderConfiguration, logger: logger)
             } catch {
-                await listener.abandon()
-                try? await eventLoops.shutdownGracefully()
-                if let reader = await readerStart?.value { await reader.shutdown() }
+                await abandonStart(listener: listener, eventLoops: eventLoops, readerStart: readerStart)
                 throw StartupError(
                     message: "configuration: [IdentityProvider]: \(error)", exitCode: StartupError.configurationExitCode
                 )
