@@ -29,20 +29,22 @@ public enum AccountBinding {
     /// The value of a `SYS_UID_MAX VALUE` line: its first two fields (separated by spaces and
     /// tabs), when the first is the key and the second a number from 0 up; nil for any other line.
     private static func settingValue(_ line: UnsafeBufferPointer<UInt8>) -> Int? {
-        func isBlank(_ byte: UInt8) -> Bool { byte == UInt8(ascii: " ") || byte == UInt8(ascii: "\t") }
-        var start = 0
-        while start < line.count, isBlank(line[start]) { start += 1 }
-        var end = start
-        while end < line.count, !isBlank(line[end]) { end += 1 }
-        guard line[start..<end].elementsEqual("SYS_UID_MAX".utf8) else { return nil }
-        var valueStart = end
-        while valueStart < line.count, isBlank(line[valueStart]) { valueStart += 1 }
-        var valueEnd = valueStart
-        while valueEnd < line.count, !isBlank(line[valueEnd]) { valueEnd += 1 }
-        guard valueStart < valueEnd, let value = Int(String(decoding: line[valueStart..<valueEnd], as: UTF8.self)),
-            value >= 0
-        else { return nil }
-        return value
+        /// The field that starts at or after `index`: blanks skipped, then up to the next blank.
+        func field(from index: Int) -> Range<Int> {
+            func isBlank(_ byte: UInt8) -> Bool { byte == UInt8(ascii: " ") || byte == UInt8(ascii: "\t") }
+            var start = index
+            while start < line.count, isBlank(line[start]) { start += 1 }
+            var end = start
+            while end < line.count, !isBlank(line[end]) { end += 1 }
+            return start..<end
+        }
+        let key = field(from: 0)
+        guard line[key].elementsEqual("SYS_UID_MAX".utf8) else { return nil }
+        let value = field(from: key.upperBound)
+        guard !value.isEmpty, let number = Int(String(decoding: line[value], as: UTF8.self)), number >= 0 else {
+            return nil
+        }
+        return number
     }
 
     /// Why a person may not be bound to `uid`, or nil when they may: uid 0 and system uids (at or
