@@ -1,4 +1,5 @@
 import Foundation
+import KioskAuthCore
 import Testing
 
 @testable import KioskAuthDaemon
@@ -52,6 +53,17 @@ import Testing
         let (configuration, _) = try directory.load()
         #expect(configuration.logLevel == "debug")  // a.conf is last
         #expect(configuration.idleRelease == 7)  // Z.conf comes after 10-first and 9-second
+    }
+
+    /// Swift orders Strings by canonical equivalence: a name with a decomposed é (`e` and U+0301)
+    /// sorts as the precomposed é would, after `f`; its bytes (0x65 …) sort before `f` (0x66),
+    /// which is where systemd (strcmp) puts it.
+    @Test func dropIns_areOrderedByBytes_notByCanonicalEquivalence() throws {
+        let directory = try Directory(
+            main: nil,
+            dropIns: ["e\u{301}.conf": "[Daemon]\nLogLevel=error\n", "f.conf": "[Daemon]\nLogLevel=debug\n"])
+        let (configuration, _) = try directory.load()
+        #expect(configuration.logLevel == "debug")
     }
 
     @Test func onlyConfFilesAreRead() throws {
@@ -146,6 +158,10 @@ import Testing
         defer { try? FileManager.default.removeItem(atPath: path) }
         try Data(Array("# Voreinstellungen f".utf8) + [0xFC] + Array("r Benutzer\nSYS_UID_MAX 1999\n".utf8)).write(
             to: URL(fileURLWithPath: path))
-        #expect(SystemAccounts.system(loginDefs: path).systemUIDMax == 1999)
+        let accounts = SystemAccounts.system(loginDefs: path)
+        #expect(accounts.systemUIDMax == 1999)
+        // What it decides: binding uid 1500 is refused as a system uid.
+        #expect(AccountBinding.uidRefusal(1500, systemUIDMax: accounts.systemUIDMax) != nil)
+        #expect(AccountBinding.uidRefusal(2000, systemUIDMax: accounts.systemUIDMax) == nil)
     }
 }
