@@ -50,6 +50,8 @@ REPO = Path(__file__).resolve().parent.parent
 ORDER_FILE = REPO / "debian" / "kioskauthd.text-order"
 # The line after kioskauthd's functions, before the helper's (tests/test_deb.py reads it).
 HELPER_MARKER = "# kioskauth-fleet: the functions of the fleet helper that ran, not listed above"
+# Where the .bss part begins (bench/bss_order.py writes it; this script keeps it).
+BSS_MARKER = "# .bss: the input sections a start of kioskauthd touches, in the order it first touches them"
 sys.path.insert(0, str(REPO / "bench" / "pam"))
 from pam_part import load_compare  # noqa: E402  (bench/compare's functions, as a module)
 
@@ -280,11 +282,16 @@ def main() -> int:
             if not added:
                 sys.exit("no function of kioskauth-fleet to list: nothing written")
         if not args.check:
+            # The .bss part (bench/bss_order.py) is kept as it is.
+            current = args.output.read_text().splitlines() if args.output.exists() else []
+            bss = current[current.index(BSS_MARKER):] if BSS_MARKER in current else []
             args.output.write_text(
                 "# Written by bench/text_order.py: the functions of kioskauthd that ran in a kiosk's day in\n"
                 "# short, then those of kioskauth-fleet in a fleet member's, for lld's\n"
-                "# --symbol-ordering-file (debian/rules). Regenerate it; do not edit it.\n"
-                + "\n".join(chosen) + "\n" + HELPER_MARKER + "\n" + "\n".join(added) + "\n")
+                "# --symbol-ordering-file (debian/rules); then, from bench/bss_order.py, the .bss input\n"
+                "# sections a start touches. Regenerate it; do not edit it.\n"
+                + "\n".join(chosen) + "\n" + HELPER_MARKER + "\n" + "\n".join(added) + "\n"
+                + "".join(line + "\n" for line in bss))
             print(f"wrote {args.output}")
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
