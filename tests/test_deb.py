@@ -467,6 +467,10 @@ ctl fleet migrate 'postgres://kiosk@127.0.0.1:1/fleet?sslmode=disable' > /tmp/fl
     assert status["version"] == version and status["people"] == 1 and not status["developmentKey"], status
     step(f"store created by kioskauthd {version}: schema {status['schemaVersion']}, one person, "
          "key sealed by the key unit's script with systemd-creds")
+    # The package links the .bss a start touches together at the start of .bss (its symbol
+    # order), and the daemon made that part resident at the top of main (tests/test_startup.py).
+    ready = [line for line in (root / "tmp/kioskauthd.log").read_text().splitlines() if " ready " in line]
+    assert ready and re.search(r" hot_bss=\d+KiB ", ready[-1]), ready
     # The installed daemon found its fleet helper (/usr/libexec/kioskauth) and the helper ran as
     # the service user: the directory (nobody listens there) is what failed, not the helper.
     fleet = (root / "tmp/fleet-v1.txt").read_text()

@@ -399,3 +399,31 @@ def test_a_drop_in_directory_that_cannot_be_listed_stops_start_up_with_78():
         assert f"configuration: {drop_ins}:0: cannot list: Not a directory" in d.log_text()
     finally:
         d.close()
+
+
+def test_the_part_of_bss_a_start_touches_is_made_resident_only_when_linked_together():
+    """kioskauthd makes the .bss input sections a start touches resident in one call at the top
+    of main, when the package's symbol order linked them together at the start of .bss (between
+    kioskauth_hot_bss_start and kioskauth_hot_bss_end); linked without it (a development build),
+    they lie anywhere, and nothing is made resident. The ready line says which."""
+    from kioskauth_testing import KIOSKAUTHD
+
+    listing = subprocess.run(["nm", "--defined-only", str(KIOSKAUTHD)], capture_output=True, text=True,
+                             check=True).stdout
+    address = {fields[2]: int(fields[0], 16) for fields in (line.split() for line in listing.splitlines())
+               if len(fields) == 3 and fields[2] in ("__bss_start", "kioskauth_hot_bss_start", "kioskauth_hot_bss_end")}
+    ordered = address["kioskauth_hot_bss_start"] == address["__bss_start"]
+    daemon = Daemon()
+    try:
+        daemon.start()
+        line = next(line for line in daemon.log_text().splitlines() if " ready " in line)
+    finally:
+        daemon.close()
+    reported = re.search(r"hot_bss=(\S+)", line).group(1)
+    if ordered:
+        span = address["kioskauth_hot_bss_end"] + 1 - address["kioskauth_hot_bss_start"]
+        assert 0 < span <= 1 << 20, span
+        kib = int(reported.removesuffix("KiB"))
+        assert reported.endswith("KiB") and span // 1024 <= kib <= span // 1024 + 8, (reported, span)
+    else:
+        assert reported == "unordered", line

@@ -66,8 +66,11 @@ func startupError(_ error: StoreError, database: String) -> StartupError {
 public enum Daemon {
     /// Runs the daemon: loads configuration and key, opens the store, serves the socket, and
     /// shuts down gracefully. Throws `StartupError` for anything that stops it from starting.
+    /// `hotBSS` is what `kioskauth_populate_hot_bss` returned at the top of `main` (the ready
+    /// line reports it).
     public static func run(
-        paths: DaemonPaths, developmentKeyFile: Bool, acceptStoreRollback: Bool = false, logger baseLogger: Logger
+        paths: DaemonPaths, developmentKeyFile: Bool, acceptStoreRollback: Bool = false, hotBSS: Int = 0,
+        logger baseLogger: Logger
     ) async throws {
         MemoryBounds.boundAllocator()
         var timeline = StartupTimeline()
@@ -159,7 +162,7 @@ public enum Daemon {
         try await serve(
             paths: paths, loaded: loaded, store: store, keySource: source, clock: clock, notifier: notifier,
             readerStart: readerStart, listener: listener, eventLoops: eventLoops,
-            lookups: await lookups.value, timeline: timeline)
+            lookups: await lookups.value, timeline: timeline, hotBSS: hotBSS)
     }
 
     /// Start-up ends without serving: whatever it started is stopped again (the socket, the event
@@ -305,7 +308,7 @@ public enum Daemon {
         listener: VarlinkListener,
         eventLoops: MultiThreadedEventLoopGroup,
         lookups: (groups: AccessGroups, processors: Int, metrics: DaemonMetrics),
-        timeline: StartupTimeline
+        timeline: StartupTimeline, hotBSS: Int = 0
     ) async throws {
         var timeline = timeline
         let configuration = loaded.configuration
@@ -392,7 +395,11 @@ public enum Daemon {
             var startup = startup
             startup.mark("listen")
             readyLogger.info(
-                "ready", metadata: ["version": "\(KioskAuthVersion.string)", "startup_ms": "\(startup.summary)"])
+                "ready",
+                metadata: [
+                    "version": "\(KioskAuthVersion.string)", "startup_ms": "\(startup.summary)",
+                    "hot_bss": "\(describeHotBSS(hotBSS))",
+                ])
             servingContinuation.finish()
         }
         // Every service is named here: without a name ServiceLifecycle makes one by interpolating
@@ -500,6 +507,16 @@ public enum Daemon {
         hashingPool.shutdown()
         try? await eventLoops.shutdownGracefully()
         logger.info("stopped")
+    }
+
+    /// What the ready line says of the part of `.bss` made resident at the top of `main`
+    /// (`kioskauth_populate_hot_bss`): `404KiB`; `unordered` for a program linked without the
+    /// package's symbol order (a development build); or the errno `madvise` gave (`EINVAL`: a
+    /// kernel before 5.14).
+    static func describeHotBSS(_ result: Int) -> String {
+        if result > 0 { return "\(result / 1024)KiB" }
+        if result == 0 { return "unordered" }
+        return -result == Int(EINVAL) ? "EINVAL" : "errno \(-result)"
     }
 
     /// The kernel's host name (never a DNS lookup, which could block start-up).

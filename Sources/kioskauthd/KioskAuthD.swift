@@ -1,3 +1,4 @@
+import CKioskAuthSystem
 import Dispatch
 import FoundationEssentials
 import KioskAuthDaemon
@@ -31,15 +32,18 @@ enum KioskAuthD {
         } catch {
             fail(DaemonCommandLine.usageMessage(error), status: 64)  // EX_USAGE
         }
+        // Before any other thread runs: the part of .bss a start touches, resident in one call
+        // instead of a page fault (often two) for each of its pages (docs/footprint.md).
+        let hotBSS = kioskauth_populate_hot_bss()
         let finished = DispatchSemaphore(value: 0)
         Task.detached {
-            await run(options)
+            await run(options, hotBSS: hotBSS)
             finished.signal()
         }
         finished.wait()
     }
 
-    static func run(_ options: DaemonCommandLine) async {
+    static func run(_ options: DaemonCommandLine, hotBSS: Int) async {
         // Everything the daemon creates (database, WAL, key file) is private to it.
         umask(0o077)
         let level = options.logLevel.flatMap(Logger.Level.init(rawValue:)) ?? .info
@@ -57,7 +61,7 @@ enum KioskAuthD {
         do {
             try await Daemon.run(
                 paths: paths, developmentKeyFile: options.developmentKeyFile,
-                acceptStoreRollback: options.acceptStoreRollback, logger: logger)
+                acceptStoreRollback: options.acceptStoreRollback, hotBSS: hotBSS, logger: logger)
         } catch let error as StartupError {
             fail("kioskauthd: \(error.message)\n", status: error.exitCode)
         } catch {

@@ -63,6 +63,19 @@ struct kioskauth_release_report {
     int error;
 };
 
+/// The most of the program's .bss `kioskauth_populate_hot_bss` makes resident.
+#define KIOSKAUTH_HOT_BSS_LIMIT (1L << 20)
+
+/// Makes resident, writable, the part of the program's .bss a start of the daemon touches (linked
+/// first by the symbol ordering file), in one `madvise(MADV_POPULATE_WRITE)` instead of a page
+/// fault for each of its pages, two for the many read before they are written (the Swift
+/// runtime's lazy caches), each a TLB shootdown once other threads run. Call it before other
+/// threads start. Returns the bytes made resident, 0 when the program was linked without that
+/// order (the part is then not known, or would be more than KIOSKAUTH_HOT_BSS_LIMIT), or minus
+/// the errno of `madvise` (EINVAL before Linux 5.14). The pages would have been touched anyway:
+/// what stays resident is what a start makes resident.
+long kioskauth_populate_hot_bss(void);
+
 /// Resident KiB backed by files (with shared memory), from `/proc/self/statm`; -1 if unreadable.
 long kioskauth_resident_file_kib(void);
 
