@@ -42,6 +42,8 @@ ORDER_FILE = REPO / "debian" / "kioskauthd.text-order"
 # The line before the .bss part (bench/text_order.py keeps everything from it on).
 BSS_MARKER = "# .bss: the input sections a start of kioskauthd touches, in the order it first touches them"
 FIRST, LAST = "kioskauth_hot_bss_start", "kioskauth_hot_bss_end"
+# Symbols the linker defines itself: lld ignores them in an ordering file.
+LINKER_DEFINED = {"__bss_start", "_edata", "edata", "_end", "end", FIRST, LAST}
 sys.path.insert(0, str(REPO / "bench" / "pam"))
 from pam_part import load_compare  # noqa: E402  (bench/compare's functions, as a module)
 
@@ -161,7 +163,7 @@ def main() -> int:
                 if named[position][0] >= end:
                     break
                 inside.append(named[position][1])
-            unique = [name for name in inside if occurrences[name] == 1 and name not in (FIRST, LAST)]
+            unique = [name for name in inside if occurrences[name] == 1 and name not in LINKER_DEFINED]
             if unique:
                 order.append(unique[0])
             else:

@@ -276,6 +276,7 @@ def main() -> int:
             # Kept from the current file, so that the helper's functions stay packed.
             current = args.output.read_text().splitlines() if args.output.exists() else []
             kept = current[current.index(HELPER_MARKER) + 1:] if HELPER_MARKER in current else []
+            kept = kept[:kept.index(BSS_MARKER)] if BSS_MARKER in kept else kept  # not the .bss part
             added = [name for name in kept if name and name not in listed]
             print(f"callgrind could not profile kioskauth-fleet: its {len(added)} functions are kept from "
                   f"{args.output.name}")

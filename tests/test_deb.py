@@ -470,7 +470,11 @@ ctl fleet migrate 'postgres://kiosk@127.0.0.1:1/fleet?sslmode=disable' > /tmp/fl
     # The package links the .bss a start touches together at the start of .bss (its symbol
     # order), and the daemon made that part resident at the top of main (tests/test_startup.py).
     ready = [line for line in (root / "tmp/kioskauthd.log").read_text().splitlines() if " ready " in line]
-    assert ready and re.search(r" hot_bss=\d+KiB ", ready[-1]), ready
+    hot = re.search(r" hot_bss=(\S+) ", ready[-1]) if ready else None
+    assert hot, ready
+    if hot.group(1) != "EINVAL":  # a kernel before 5.14 has no MADV_POPULATE_WRITE
+        # Much less than the 404 KiB of the last bench/bss_order.py run: the order has gone stale.
+        assert hot.group(1).endswith("KiB") and int(hot.group(1)[:-3]) >= 200, hot.group(1)
     # The installed daemon found its fleet helper (/usr/libexec/kioskauth) and the helper ran as
     # the service user: the directory (nobody listens there) is what failed, not the helper.
     fleet = (root / "tmp/fleet-v1.txt").read_text()

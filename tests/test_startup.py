@@ -408,22 +408,29 @@ def test_the_part_of_bss_a_start_touches_is_made_resident_only_when_linked_toget
     they lie anywhere, and nothing is made resident. The ready line says which."""
     from kioskauth_testing import KIOSKAUTHD
 
-    listing = subprocess.run(["nm", "--defined-only", str(KIOSKAUTHD)], capture_output=True, text=True,
-                             check=True).stdout
+    listing = subprocess.run(["nm", "--defined-only", str(KIOSKAUTHD)], capture_output=True, text=True).stdout
+    wanted = ("__bss_start", "kioskauth_hot_bss_start", "kioskauth_hot_bss_end")
     address = {fields[2]: int(fields[0], 16) for fields in (line.split() for line in listing.splitlines())
-               if len(fields) == 3 and fields[2] in ("__bss_start", "kioskauth_hot_bss_start", "kioskauth_hot_bss_end")}
+               if len(fields) == 3 and fields[2] in wanted}
+    if len(address) < len(wanted):
+        pytest.skip(f"{KIOSKAUTHD} has no symbol table to tell how it was linked")
     ordered = address["kioskauth_hot_bss_start"] == address["__bss_start"]
     daemon = Daemon()
     try:
         daemon.start()
-        line = next(line for line in daemon.log_text().splitlines() if " ready " in line)
     finally:
+        daemon.stop()  # the ready line is written just after READY=1: read it once the daemon is gone
+        log = daemon.log_text()
         daemon.close()
-    reported = re.search(r"hot_bss=(\S+)", line).group(1)
-    if ordered:
-        span = address["kioskauth_hot_bss_end"] + 1 - address["kioskauth_hot_bss_start"]
-        assert 0 < span <= 1 << 20, span
-        kib = int(reported.removesuffix("KiB"))
-        assert reported.endswith("KiB") and span // 1024 <= kib <= span // 1024 + 8, (reported, span)
-    else:
-        assert reported == "unordered", line
+    reported = re.search(r" ready .*\bhot_bss=(\S+)", log).group(1)
+    if not ordered:
+        assert reported == "unordered", log
+        return
+    if reported == "EINVAL":
+        pytest.skip("this kernel has no MADV_POPULATE_WRITE (Linux 5.14)")
+    span = address["kioskauth_hot_bss_end"] + 1 - address["kioskauth_hot_bss_start"]
+    assert 0 < span <= 1 << 20, span
+    page = os.sysconf("SC_PAGE_SIZE")
+    first = address["kioskauth_hot_bss_start"] // page * page
+    beyond = -(-(address["kioskauth_hot_bss_end"] + 1) // page) * page
+    assert reported == f"{(beyond - first) // 1024}KiB", (reported, span)

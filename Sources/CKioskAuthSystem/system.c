@@ -490,9 +490,10 @@ long kioskauth_populate_hot_bss(void) {
     uintptr_t end = ((uintptr_t)kioskauth_hot_bss_end + 1 + page - 1) & ~(page - 1);
     /* Linked without that order (a development build), the two lie anywhere in .bss: the first
      * comes first only with it. */
-    if ((uintptr_t)kioskauth_hot_bss_start != (uintptr_t)__bss_start || end <= start ||
-        end - start > KIOSKAUTH_HOT_BSS_LIMIT)
+    if ((uintptr_t)kioskauth_hot_bss_start != (uintptr_t)__bss_start || end <= start)
         return 0;
+    if (end - start > KIOSKAUTH_HOT_BSS_LIMIT)
+        return -ERANGE;
     if (madvise((void *)start, end - start, MADV_POPULATE_WRITE) != 0)
         return -errno;
     return (long)(end - start);

@@ -511,12 +511,16 @@ public enum Daemon {
 
     /// What the ready line says of the part of `.bss` made resident at the top of `main`
     /// (`kioskauth_populate_hot_bss`): `404KiB`; `unordered` for a program linked without the
-    /// package's symbol order (a development build); or the errno `madvise` gave (`EINVAL`: a
-    /// kernel before 5.14).
+    /// package's symbol order (a development build); `too-large` when the part is over its limit
+    /// (nothing made resident); or the errno `madvise` gave (`EINVAL`: a kernel before 5.14).
     static func describeHotBSS(_ result: Int) -> String {
         if result > 0 { return "\(result / 1024)KiB" }
         if result == 0 { return "unordered" }
-        return -result == Int(EINVAL) ? "EINVAL" : "errno \(-result)"
+        switch Int32(-result) {
+        case ERANGE: return "too-large"
+        case EINVAL: return "EINVAL"
+        default: return "errno-\(-result)"
+        }
     }
 
     /// The kernel's host name (never a DNS lookup, which could block start-up).

@@ -70,10 +70,11 @@ struct kioskauth_release_report {
 /// first by the symbol ordering file), in one `madvise(MADV_POPULATE_WRITE)` instead of a page
 /// fault for each of its pages, two for the many read before they are written (the Swift
 /// runtime's lazy caches), each a TLB shootdown once other threads run. Call it before other
-/// threads start. Returns the bytes made resident, 0 when the program was linked without that
-/// order (the part is then not known, or would be more than KIOSKAUTH_HOT_BSS_LIMIT), or minus
-/// the errno of `madvise` (EINVAL before Linux 5.14). The pages would have been touched anyway:
-/// what stays resident is what a start makes resident.
+/// threads start. Returns the bytes made resident; 0 when the program was linked without that
+/// order (the part is then not known); -ERANGE when the part is larger than
+/// KIOSKAUTH_HOT_BSS_LIMIT; or minus the errno of `madvise` (EINVAL before Linux 5.14). The part
+/// is made of whole input sections, of which a start touches most pages but not every one: in
+/// all, fewer pages than a start touched before its sections were linked together.
 long kioskauth_populate_hot_bss(void);
 
 /// Resident KiB backed by files (with shared memory), from `/proc/self/statm`; -1 if unreadable.
