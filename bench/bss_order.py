@@ -29,7 +29,6 @@ import argparse
 import bisect
 import collections
 import os
-import re
 import shutil
 import signal
 import subprocess
@@ -47,25 +46,12 @@ LINKER_DEFINED = {"__bss_start", "_edata", "edata", "_end", "end", FIRST, LAST}
 sys.path.insert(0, str(REPO / "bench" / "pam"))
 from pam_part import load_compare  # noqa: E402  (bench/compare's functions, as a module)
 
+import linkmap  # noqa: E402  (bench/linkmap.py)
+
 
 def bss_sections(map_path: Path) -> list[tuple[int, int, str]]:
     """(start, end, input section) of every input section lld's map places in .bss, by address."""
-    found, output = [], None
-    row = re.compile(r"^\s*([0-9a-f]+)\s+[0-9a-f]+\s+([0-9a-f]+)\s+\d+( +)(.*)$")
-    with open(map_path) as lines:
-        next(lines)  # the header
-        for line in lines:
-            match = row.match(line)
-            if not match:
-                continue
-            text = match.group(4)
-            if len(match.group(3)) < 3 and " " not in text:
-                output = text
-            elif output == ".bss" and ":(" in text:
-                start, size = int(match.group(1), 16), int(match.group(2), 16)
-                if size:
-                    found.append((start, start + size, text))
-    return sorted(found)
+    return [(start, end, name) for start, end, name, output in linkmap.input_sections(map_path) if output == ".bss"]
 
 
 def symbols(binary: Path, low: int, high: int) -> tuple[list[tuple[int, str]], collections.Counter]:

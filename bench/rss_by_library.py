@@ -44,6 +44,8 @@ sys.path.insert(0, str(REPO / "bench" / "pam"))
 sys.path.insert(0, str(REPO / "tests"))
 from pam_part import load_compare  # noqa: E402  (bench/compare's functions, as a module)
 
+import linkmap  # noqa: E402  (bench/linkmap.py)
+
 # Output sections that are not loaded.
 UNLOADED = (".debug", ".comment", ".symtab", ".strtab", ".shstrtab", ".swift_modhash", ".gnu_debug")
 # Groups that only postgres-nio brings into the daemon (its modules import Foundation proper).
@@ -78,24 +80,7 @@ def link_with_map(compare, map_path: Path) -> Path:
 
 def input_sections(map_path: Path) -> list[tuple[int, int, str, str]]:
     """(start, end, input section, output section) of every loaded input section, by address."""
-    found = []
-    output = None
-    row = re.compile(r"^\s*([0-9a-f]+)\s+[0-9a-f]+\s+([0-9a-f]+)\s+\d+( +)(.*)$")
-    with open(map_path) as lines:
-        next(lines)  # the header
-        for line in lines:
-            match = row.match(line)
-            if not match:
-                continue
-            text = match.group(4)
-            if len(match.group(3)) < 3 and " " not in text:
-                output = text
-            elif ":(" in text and output and not output.startswith(UNLOADED):
-                start, size = int(match.group(1), 16), int(match.group(2), 16)
-                if size:
-                    found.append((start, start + size, text, output))
-    found.sort()
-    return found
+    return [section for section in linkmap.input_sections(map_path) if not section[3].startswith(UNLOADED)]
 
 
 def loads(binary: Path) -> list[tuple[int, int, int]]:
