@@ -37,9 +37,6 @@ import tempfile
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-ORDER_FILE = REPO / "debian" / "kioskauthd.text-order"
-# The line before the .bss part (bench/text_order.py keeps everything from it on).
-BSS_MARKER = "# .bss: the input sections a start of kioskauthd touches, in the order it first touches them"
 FIRST, LAST = "kioskauth_hot_bss_start", "kioskauth_hot_bss_end"
 # Symbols the linker defines itself: lld ignores them in an ordering file.
 LINKER_DEFINED = {"__bss_start", "_edata", "edata", "_end", "end", FIRST, LAST}
@@ -47,6 +44,7 @@ sys.path.insert(0, str(REPO / "bench" / "pam"))
 from pam_part import load_compare  # noqa: E402  (bench/compare's functions, as a module)
 
 import linkmap  # noqa: E402  (bench/linkmap.py)
+from text_order import BSS_MARKER, ORDER_FILE  # noqa: E402  (the file, and where its .bss part begins)
 
 
 def bss_sections(map_path: Path) -> list[tuple[int, int, str]]:
@@ -64,6 +62,18 @@ def symbols(binary: Path, low: int, high: int) -> tuple[list[tuple[int, str]], c
         if len(fields) == 3 and fields[1] in "bBdDvV" and low <= int(fields[0], 16) < high:
             found.append((int(fields[0], 16), fields[2]))
     return found, collections.Counter(name for _, name in found)
+
+
+def own_symbol(named: list[tuple[int, str]], occurrences: collections.Counter, start: int, end: int) -> str | None:
+    """A symbol defined in [start, end) and nowhere else (so that it names that input section),
+    not one the linker defines; None when there is none."""
+    first = bisect.bisect_left(named, (start, ""))
+    for address, name in named[first:]:
+        if address >= end:
+            return None
+        if occurrences[name] == 1 and name not in LINKER_DEFINED:
+            return name
+    return None
 
 
 def touched_addresses(log: Path, low: int, high: int) -> list[int]:
@@ -134,7 +144,6 @@ def main() -> int:
         base = run_under_lackey(compare, binary, log)
         touched = touched_addresses(log, base + low, base + high)
         starts = [start for start, _, _ in sections]
-        addresses = [address for address, _ in named]
         order, listed, pages, unnamed = [], set(), set(), 0
         for address in touched:
             link = address - base
@@ -143,15 +152,9 @@ def main() -> int:
             if index < 0 or index in listed or not sections[index][0] <= link < sections[index][1]:
                 continue
             listed.add(index)
-            start, end, _ = sections[index]
-            inside = []
-            for position in range(bisect.bisect_left(addresses, start), len(named)):
-                if named[position][0] >= end:
-                    break
-                inside.append(named[position][1])
-            unique = [name for name in inside if occurrences[name] == 1 and name not in LINKER_DEFINED]
-            if unique:
-                order.append(unique[0])
+            name = own_symbol(named, occurrences, sections[index][0], sections[index][1])
+            if name:
+                order.append(name)
             else:
                 unnamed += 1
         hot_bytes = sum(sections[index][1] - sections[index][0] for index in listed)

@@ -265,6 +265,7 @@ def main() -> int:
             # callgrind_control reaches a process through valgrind's gdbserver, whose pipes in /tmp
             # the helper's Landlock domain may no longer open: no profile then.
             pass
+        current = args.output.read_text().splitlines() if args.output.exists() else []  # the file as it is
         helper_sizes = functions(helper)
         helper_ran = [name for name in functions_run(sorted(helper_profiles.iterdir())) if name in helper_sizes]
         if helper_ran:
@@ -274,7 +275,6 @@ def main() -> int:
                   f"{text_size(helper) / 2**20:.1f} MiB of text; {len(added)} not listed for kioskauthd")
         else:
             # Kept from the current file, so that the helper's functions stay packed.
-            current = args.output.read_text().splitlines() if args.output.exists() else []
             kept = current[current.index(HELPER_MARKER) + 1:] if HELPER_MARKER in current else []
             kept = kept[:kept.index(BSS_MARKER)] if BSS_MARKER in kept else kept  # not the .bss part
             added = [name for name in kept if name and name not in listed]
@@ -284,7 +284,6 @@ def main() -> int:
                 sys.exit("no function of kioskauth-fleet to list: nothing written")
         if not args.check:
             # The .bss part (bench/bss_order.py) is kept as it is.
-            current = args.output.read_text().splitlines() if args.output.exists() else []
             bss = current[current.index(BSS_MARKER):] if BSS_MARKER in current else []
             args.output.write_text(
                 "# Written by bench/text_order.py: the functions of kioskauthd that ran in a kiosk's day in\n"
