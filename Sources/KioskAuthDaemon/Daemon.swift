@@ -308,7 +308,7 @@ public enum Daemon {
         listener: VarlinkListener,
         eventLoops: MultiThreadedEventLoopGroup,
         lookups: (groups: AccessGroups, processors: Int, metrics: DaemonMetrics),
-        timeline: StartupTimeline, hotBSS: Int = 0
+        timeline: StartupTimeline, hotBSS: Int
     ) async throws {
         var timeline = timeline
         let configuration = loaded.configuration
